@@ -1,0 +1,18 @@
+"""qkv: the Transformer of "Attention Is All You Need" and the recurrent models it replaced.
+
+    import qkv
+    model = qkv.load("runs/default/best")
+    model.translate(["three hundred twenty-one"])
+"""
+
+__version__ = "0.1.0"
+
+
+def load(path, device="cpu"):
+    """Load a checkpoint directory as a :class:`qkv.api.Translator` (see :func:`qkv.api.load`)."""
+    from qkv.api import load as _load
+
+    return _load(path, device)
+
+
+__all__ = ["load", "__version__"]

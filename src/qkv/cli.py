@@ -1,0 +1,386 @@
+"""The ``qkv`` command: a thin layer over the public functions.
+
+    qkv train      train a model (on the embedded default task when no data is given)
+    qkv translate  translate arguments, a file or stdin with a trained model
+    qkv evaluate   sacreBLEU and chrF of a hypothesis file, or of a model's output, against references
+    qkv info       parameter count by component and training FLOPs per token
+
+Model, training and decoding flags are generated from the fields of ``ModelConfig``,
+``TrainConfig`` and ``DecodeConfig``. Settings are taken, later winning, from: the preset, the
+``--config`` TOML file, the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict, load_toml, override, preset, PRESETS
+from qkv.errors import QkvError
+
+HIDDEN_FIELDS = {"src_vocab_size", "tgt_vocab_size"}
+
+FIELD_HELP = {
+    "arch": "architecture",
+    "d_model": "model width d_model",
+    "n_heads": "attention heads h (d_k = d_v = d_model / h)",
+    "d_ff": "inner width of the position-wise FFN",
+    "n_encoder_layers": "encoder layers N",
+    "n_decoder_layers": "decoder layers N",
+    "dropout": "P_drop on embedding sums and sublayer outputs",
+    "attention_dropout": "dropout on attention weights",
+    "positional": "sinusoidal | learned",
+    "max_positions": "positions in the (learned or initial sinusoidal) table",
+    "norm_first": "pre-norm residual blocks instead of the paper's post-norm",
+    "share_embeddings": "share source/target/output embeddings (needs a joint vocabulary)",
+    "tie_output": "share the target embedding with the pre-softmax projection",
+    "tokenizer": "SentencePiece model type: bpe | unigram | char",
+    "vocab_size": "SentencePiece vocabulary size (a cap for char)",
+    "joint_vocab": "one vocabulary for source and target",
+    "max_len": "skip (and count) training pairs longer than this many tokens",
+    "max_tokens": "token budget per batch (padded), as fairseq's --max-tokens",
+    "lr_scale": "factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)",
+    "warmup_steps": "linear warmup steps of the schedule",
+    "adam_beta1": "Adam β1", "adam_beta2": "Adam β2", "adam_eps": "Adam ε",
+    "weight_decay": "L2 weight decay (the paper uses none)",
+    "label_smoothing": "ε_ls of the label-smoothed cross-entropy",
+    "clip_norm": "clip the gradient norm to this (0: off)",
+    "update_freq": "accumulate gradients over this many batches per update",
+    "max_steps": "stop after this many updates",
+    "max_epochs": "stop after this many epochs (0: no limit)",
+    "max_time": "stop after this many seconds of training (0: no limit)",
+    "eval_every": "validate and checkpoint every this many updates",
+    "eval_bleu_samples": "validation sentences decoded greedily for BLEU",
+    "keep_last": "numbered checkpoints to keep",
+    "seed": "random seed",
+    "threads": "torch CPU threads (0: torch's default)",
+    "beam_size": "beam size (1: greedy)",
+    "length_penalty": "α of the length penalty ((5+|Y|)/6)^α",
+    "max_len_a": "max output length = a·source length + b",
+    "max_len_b": "max output length = a·source length + b",
+    "nbest": "hypotheses to output per sentence",
+    "batch_size": "sentences per decoding batch",
+}
+
+
+# --- flags from dataclasses --------------------------------------------------------------------------
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+    group = parser.add_argument_group(title)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        if f.name in HIDDEN_FIELDS:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        helptext = f"{FIELD_HELP.get(f.name, f.name)} (default: {getattr(defaults, f.name)!r}, or the preset's)"
+        if f.type in (bool, "bool"):
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=helptext)
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=f.name.upper(), help=helptext)
+
+
+def flags_for(args: argparse.Namespace, cls: type) -> dict:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+            if f.name not in HIDDEN_FIELDS and getattr(args, f.name, None) is not None}
+
+
+def resolve_configs(args: argparse.Namespace, default_preset: str = "small") -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
+    """preset < --config file < flags."""
+    file = load_toml(args.config) if getattr(args, "config", None) else {}
+    name = args.preset or file.get("preset") or default_preset
+    model_cfg, train_cfg = preset(name)
+    decode_cfg = DecodeConfig()
+    src = str(args.config) if getattr(args, "config", None) else "config"
+    model_cfg = override(model_cfg, file.get("model", {}), src)
+    train_cfg = override(train_cfg, file.get("train", {}), src)
+    decode_cfg = override(decode_cfg, file.get("decode", {}), src)
+    model_cfg = override(model_cfg, flags_for(args, ModelConfig), "flags")
+    train_cfg = override(train_cfg, flags_for(args, TrainConfig), "flags")
+    decode_cfg = override(decode_cfg, flags_for(args, DecodeConfig), "flags")
+    return model_cfg.validate(), train_cfg.validate(), decode_cfg.validate()
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from qkv.data import toy
+    from qkv.data.corpus import read_parallel
+    from qkv.training.trainer import ParallelData, train
+
+    data_files = [args.src_train, args.tgt_train]
+    if any(data_files) and not all(data_files):
+        raise QkvError("give both --src-train and --tgt-train (or neither, for the embedded default task)")
+    if bool(args.src_valid) != bool(args.tgt_valid):
+        raise QkvError("give both --src-valid and --tgt-valid (or neither)")
+    out = Path(args.out)
+    if args.resume:
+        model_cfg, train_cfg, decode_cfg = resumed_configs(out / "last", args)
+    elif args.src_train:
+        model_cfg, train_cfg, decode_cfg = resolve_configs(args, default_preset="small")
+    else:
+        model_cfg, train_cfg, decode_cfg = resolve_configs_toy(args)
+
+    test_pairs = None
+    if args.src_train:
+        t = read_parallel(args.src_train, args.tgt_train)
+        log(t.report.summary())
+        train_data = ParallelData(t.src, t.tgt, f"{args.src_train}/{args.tgt_train}", t.line_numbers, t.report)
+        valid_data = None
+        if args.src_valid:
+            v = read_parallel(args.src_valid, args.tgt_valid)
+            log(v.report.summary())
+            valid_data = ParallelData(v.src, v.tgt, f"{args.src_valid}/{args.tgt_valid}", v.line_numbers, v.report)
+    else:
+        log("no data given: training on the embedded default task, English number words -> German number words")
+        splits = toy.default_splits()
+        train_data = ParallelData(*zip(*splits["train"]), name="toy/train")
+        train_data.src, train_data.tgt = list(train_data.src), list(train_data.tgt)
+        valid_data = ParallelData([s for s, _ in splits["valid"]], [t for _, t in splits["valid"]], name="toy/valid")
+        test_pairs = splits["test"]
+
+    result = train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out, resume=args.resume, log=log)
+    if test_pairs is not None:
+        show_toy_results(out, test_pairs)
+    return 0
+
+
+def resolve_configs_toy(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
+    from qkv.data import toy
+
+    if args.preset or args.config:
+        return resolve_configs(args)
+    model_cfg = override(toy.MODEL, flags_for(args, ModelConfig), "flags")
+    train_cfg = override(toy.TRAIN, flags_for(args, TrainConfig), "flags")
+    decode_cfg = override(DecodeConfig(), flags_for(args, DecodeConfig), "flags")
+    return model_cfg.validate(), train_cfg.validate(), decode_cfg.validate()
+
+
+def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
+    """Resuming keeps the run's own settings; flags may change only limits and evaluation cadence."""
+    from qkv.training.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(last)
+    src = f"{last}/config.json"
+    model_cfg = from_dict(ModelConfig, ckpt.config["model"], src)
+    train_cfg = from_dict(TrainConfig, ckpt.config["train"], src)
+    decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
+    changeable = {"max_steps", "max_epochs", "max_time", "eval_every", "eval_bleu_samples", "keep_last", "threads"}
+    asked = flags_for(args, TrainConfig)
+    refused = sorted(set(asked) - changeable) + sorted(flags_for(args, ModelConfig))
+    if refused:
+        raise QkvError(f"--resume continues the run as configured; these flags cannot change now: "
+                       f"{', '.join('--' + r.replace('_', '-') for r in refused)}")
+    train_cfg = override(train_cfg, asked, "flags")
+    decode_cfg = override(decode_cfg, flags_for(args, DecodeConfig), "flags")
+    return model_cfg, train_cfg, decode_cfg
+
+
+def show_toy_results(out: Path, test_pairs: list[tuple[str, str]]) -> None:
+    """After training on the embedded default: held-out exact match and a few translations."""
+    import qkv
+    from qkv.metrics import exact_match
+
+    model = qkv.load(out / "best")
+    src = [s for s, _ in test_pairs]
+    refs = [t for _, t in test_pairs]
+    hyps = model.translate(src)
+    em = exact_match(hyps, refs)
+    print(f"held-out test: {100 * em:.1f}% exact match on {len(src)} numbers never seen in training "
+          f"(beam {model.decode_cfg.beam_size})")
+    for s, h, r in list(zip(src, hyps, refs))[:8]:
+        mark = "ok " if h == r else "ERR"
+        print(f"  {mark} {s:<55} -> {h}" + ("" if h == r else f"   (expected {r})"))
+    print(f"try it: qkv translate {out}/best \"four thousand three hundred twenty-one\"")
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    import qkv
+    from qkv.data.corpus import read_lines
+
+    model = qkv.load(args.model)
+    overrides = flags_for(args, DecodeConfig)
+    if args.text:
+        lines = list(args.text)
+    elif args.input and args.input != "-":
+        lines = read_lines(args.input)
+    else:
+        data = sys.stdin.buffer.read()
+        try:
+            lines = data.decode("utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            line = data[: e.start].count(b"\n") + 1
+            raise QkvError(f"<stdin>:{line}: invalid UTF-8 (byte {e.start})") from None
+    nbest = overrides.get("nbest", model.decode_cfg.nbest)
+    out_fh = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        bs = overrides.get("batch_size", model.decode_cfg.batch_size) * 8
+        for start in range(0, len(lines), bs):  # a chunk at a time, so output streams on long inputs
+            chunk = lines[start : start + bs]
+            keep = [i for i, line in enumerate(chunk) if line.strip()]  # empty lines stay empty
+            scored = model.translate_scored([chunk[i] for i in keep], **overrides) if keep else []
+            results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in chunk]
+            for i, s in zip(keep, scored):
+                results[i] = s
+            for k, hyps in enumerate(results):
+                if nbest > 1:
+                    for text, score in hyps:
+                        out_fh.write(f"{start + k}\t{score:.4f}\t{text}\n")
+                else:
+                    out_fh.write(hyps[0][0] + "\n")
+            out_fh.flush()
+    finally:
+        if args.output:
+            out_fh.close()
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from qkv.data.corpus import read_lines
+    from qkv.metrics import bleu, chrf
+
+    refs = read_lines(args.ref)
+    if args.model:
+        import qkv
+
+        if not args.src:
+            raise QkvError("evaluating a model needs --src (the source sentences to translate)")
+        src = read_lines(args.src)
+        if len(src) != len(refs):
+            raise QkvError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
+        model = qkv.load(args.model)
+        hyps = model.translate(src, **flags_for(args, DecodeConfig))
+        if args.output:
+            Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    elif args.hyp:
+        hyps = read_lines(args.hyp)
+        if len(hyps) != len(refs):
+            raise QkvError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
+    else:
+        raise QkvError("give a MODEL with --src, or --hyp, to evaluate against --ref")
+    print(bleu(hyps, refs).text())
+    print(chrf(hyps, refs).text())
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
+    from qkv.info import parameter_breakdown, transformer_flops
+    from qkv.models import build_model
+
+    if args.model:
+        import qkv
+
+        model = qkv.load(args.model).model
+        cfg = model.cfg
+    else:
+        model_cfg, _, _ = resolve_configs(args, default_preset="base")
+        v = args.vocab_size or 37000
+        cfg = dataclasses.replace(model_cfg, src_vocab_size=v, tgt_vocab_size=v)
+        with torch.device("meta"):  # shapes only: no memory, no time
+            model = build_model(cfg)
+    parts = parameter_breakdown(model)
+    print(f"{cfg.arch}: d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
+          f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
+          f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions")
+    width = max(len(k) for k in parts)
+    for k, n in parts.items():
+        print(f"  {k:<{width}}  {n:>13,}  ({n / 1e6:.1f}M)")
+    fl = transformer_flops(cfg, args.src_len, args.tgt_len)
+    print(f"FLOPs per target token (matmuls, source {args.src_len} / target {args.tgt_len} tokens): "
+          f"forward {fl.forward / 1e6:.1f} MFLOP, training (3x) {fl.training / 1e6:.1f} MFLOP")
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------------------
+
+def log(msg: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(msg, file=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qkv",
+        description="The Transformer of 'Attention Is All You Need', trained and used end to end.",
+        epilog="Run 'qkv COMMAND --help' for a command's options. With no data, 'qkv train' learns the "
+               "embedded default task (English number words -> German) in a few minutes on a CPU.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Train an encoder-decoder Transformer on parallel text (one sentence a line, "
+                                   "plain or gzip). With no data, trains on the embedded default task. "
+                                   "Checkpoints go to OUT/last and OUT/best, metrics to OUT/metrics.jsonl.")
+    t.add_argument("--src-train", help="training source file")
+    t.add_argument("--tgt-train", help="training target file (same number of lines)")
+    t.add_argument("--src-valid", help="validation source file")
+    t.add_argument("--tgt-valid", help="validation target file")
+    t.add_argument("--out", default="runs/default", help="run directory")
+    t.add_argument("--resume", action="store_true", help="continue the run in OUT from OUT/last exactly where it stopped")
+    t.add_argument("--preset", choices=PRESETS, help="model and training preset (default: small, or the "
+                                                      "embedded task's own recipe when no data is given)")
+    t.add_argument("--config", help="TOML file with [model], [train], [decode] tables (and 'preset')")
+    add_config_flags(t, ModelConfig, "model (ModelConfig)")
+    add_config_flags(t, TrainConfig, "training (TrainConfig)")
+    add_config_flags(t, DecodeConfig, "decoding for validation and the saved model (DecodeConfig)")
+    t.set_defaults(func=cmd_train)
+
+    tr = sub.add_parser("translate", help="translate with a trained model",
+                        description="Translate sentences given as arguments, a file (--input) or stdin, one "
+                                    "per line, to stdout (or --output). Empty lines stay empty. With --nbest N "
+                                    "each line is 'index<TAB>score<TAB>translation'.")
+    tr.add_argument("model", help="checkpoint directory, e.g. runs/default/best")
+    tr.add_argument("text", nargs="*", help="sentences to translate (else --input or stdin)")
+    tr.add_argument("--input", "-i", help="file to translate, plain or gzip ('-' = stdin)")
+    tr.add_argument("--output", "-o", help="write translations here instead of stdout")
+    add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
+    tr.set_defaults(func=cmd_translate)
+
+    ev = sub.add_parser("evaluate", help="BLEU and chrF (sacreBLEU) against references",
+                        description="Score detokenized output against raw references with sacreBLEU (BLEU, "
+                                    "cased, 13a tokenization; chrF) and print the signatures. Either score a "
+                                    "hypothesis file (--hyp) or translate --src with MODEL first.")
+    ev.add_argument("model", nargs="?", help="checkpoint directory (translate --src, then score)")
+    ev.add_argument("--src", help="source file to translate with MODEL")
+    ev.add_argument("--hyp", help="hypothesis file (instead of MODEL)")
+    ev.add_argument("--ref", required=True, help="reference file (raw text, one line per sentence)")
+    ev.add_argument("--output", "-o", help="also save MODEL's translations here")
+    add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
+    ev.set_defaults(func=cmd_evaluate)
+
+    i = sub.add_parser("info", help="parameter count and training FLOPs",
+                       description="Print the parameter count by component and the training FLOPs per target "
+                                   "token, for a preset (no weights are allocated) or a trained MODEL.")
+    i.add_argument("model", nargs="?", help="checkpoint directory (instead of a preset)")
+    i.add_argument("--preset", choices=PRESETS, help="model preset (default: base)")
+    i.add_argument("--config", help="TOML file with a [model] table")
+    i.add_argument("--vocab-size", type=int, dest="vocab_size", help="shared vocabulary size (default: 37000)")
+    i.add_argument("--src-len", type=int, default=25, help="source tokens per sentence for the FLOPs")
+    i.add_argument("--tgt-len", type=int, default=25, help="target tokens per sentence for the FLOPs")
+    add_config_flags(i, ModelConfig, "model (ModelConfig)")
+    i.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except QkvError as e:
+        print(f"qkv {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"qkv {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `qkv translate ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

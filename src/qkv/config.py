@@ -1,0 +1,252 @@
+"""Configuration: frozen dataclasses per area, named presets, TOML files, validation.
+
+``ModelConfig`` describes the network, ``TrainConfig`` the optimisation and data, and
+``DecodeConfig`` the search. Presets follow the paper (Table 3): ``base`` is the base model,
+``big`` the big one; ``tiny`` is for tests and ``small`` for CPU-sized experiments.
+
+Configs are never mutated: derive a new one with :func:`dataclasses.replace`. Every field is
+checked by ``validate()``, which names the field at fault in a :class:`~qkv.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from qkv.errors import ConfigError
+
+# Special token ids, fixed across the project (tokenizer, models, batching, decoding).
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+def _check(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid config field '{field}': {msg}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network. Defaults are the paper's base model (Table 3, row "base")."""
+
+    arch: str = "transformer"
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    dropout: float = 0.1  # P_drop: embedding sums and sublayer outputs
+    attention_dropout: float = 0.1  # on the attention weights
+    positional: str = "sinusoidal"  # or "learned"
+    max_positions: int = 1024
+    norm_first: bool = False  # False: post-norm, LayerNorm(x + Dropout(Sublayer(x))), as the paper
+    share_embeddings: bool = True  # source/target/pre-softmax share one matrix (joint vocabulary)
+    tie_output: bool = True  # target embedding and pre-softmax linear share weights
+    src_vocab_size: int = 0  # filled in from the tokenizer
+    tgt_vocab_size: int = 0
+
+    def validate(self) -> "ModelConfig":
+        _check(self.arch in ("transformer",), "arch", f"unknown architecture {self.arch!r}")
+        for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
+            _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(
+            self.d_model % self.n_heads == 0,
+            "n_heads",
+            f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}",
+        )
+        if self.positional == "sinusoidal":
+            _check(self.d_model % 2 == 0, "d_model", "sinusoidal positions need an even d_model")
+        for name in ("dropout", "attention_dropout"):
+            v = getattr(self, name)
+            _check(0.0 <= v < 1.0, name, f"must be in [0, 1), got {v}")
+        _check(self.positional in ("sinusoidal", "learned"), "positional", "must be 'sinusoidal' or 'learned'")
+        _check(self.src_vocab_size >= 0 and self.tgt_vocab_size >= 0, "src_vocab_size", "must be >= 0")
+        if self.share_embeddings and self.src_vocab_size and self.tgt_vocab_size:
+            _check(
+                self.src_vocab_size == self.tgt_vocab_size,
+                "share_embeddings",
+                f"sharing needs one vocabulary, got {self.src_vocab_size} and {self.tgt_vocab_size}",
+            )
+        return self
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and data. Defaults follow the paper's setup (section 5)."""
+
+    # data
+    tokenizer: str = "bpe"  # bpe | unigram | char
+    vocab_size: int = 8000
+    joint_vocab: bool = True
+    max_len: int = 256  # tokens; longer training pairs are skipped and counted
+    max_tokens: int = 4096  # token budget per batch (source or target side, padded)
+    # optimisation
+    lr_scale: float = 1.0  # the noam schedule's overall factor
+    warmup_steps: int = 4000
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 disables clipping
+    update_freq: int = 1  # gradient accumulation
+    max_steps: int = 100_000
+    max_epochs: int = 0  # 0: no epoch limit
+    max_time: float = 0.0  # seconds of training, 0: no limit
+    # evaluation and checkpoints
+    eval_every: int = 1000
+    eval_bleu_samples: int = 200  # validation sentences decoded greedily for BLEU
+    keep_last: int = 1  # numbered step checkpoints kept besides last/ and best/
+    seed: int = 1
+    threads: int = 0  # torch intra-op threads; 0: torch's default
+
+    def validate(self) -> "TrainConfig":
+        _check(self.tokenizer in ("bpe", "unigram", "char"), "tokenizer", "must be bpe, unigram or char")
+        for name in ("vocab_size", "max_len", "max_tokens", "warmup_steps", "update_freq", "max_steps", "eval_every"):
+            _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(self.max_tokens >= self.max_len + 2, "max_tokens", f"must hold one sentence of max_len={self.max_len} (+2)")
+        _check(self.lr_scale > 0, "lr_scale", "must be positive")
+        _check(0.0 <= self.adam_beta1 < 1.0 and 0.0 <= self.adam_beta2 < 1.0, "adam_beta1", "betas must be in [0, 1)")
+        _check(self.adam_eps > 0, "adam_eps", "must be positive")
+        _check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
+        _check(self.clip_norm >= 0, "clip_norm", "must be >= 0")
+        for name in ("max_epochs", "max_time", "eval_bleu_samples", "keep_last", "threads", "weight_decay"):
+            _check(getattr(self, name) >= 0, name, "must be >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Search. Defaults are the paper's: beam 4, length penalty alpha 0.6, max length = input + 50."""
+
+    beam_size: int = 4
+    length_penalty: float = 0.6  # alpha in ((5 + |Y|) / 6) ** alpha (Wu et al., 2016)
+    max_len_a: float = 1.0  # maximum output length = a * source length + b
+    max_len_b: int = 50
+    nbest: int = 1
+    batch_size: int = 64  # sentences per decoding batch
+
+    def validate(self) -> "DecodeConfig":
+        _check(self.beam_size >= 1, "beam_size", "must be >= 1")
+        _check(self.length_penalty >= 0, "length_penalty", "must be >= 0")
+        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "max_len_b", "must be >= 0")
+        _check(1 <= self.nbest <= self.beam_size, "nbest", f"must be in [1, beam_size={self.beam_size}]")
+        _check(self.batch_size >= 1, "batch_size", "must be >= 1")
+        return self
+
+
+# --- presets -------------------------------------------------------------------------------------
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        d_model=32, n_heads=2, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+        dropout=0.0, attention_dropout=0.0, max_positions=256,
+    ),
+    "small": ModelConfig(
+        d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
+        dropout=0.1, attention_dropout=0.1,
+    ),
+    "base": ModelConfig(),
+    "big": ModelConfig(
+        d_model=1024, n_heads=16, d_ff=4096, dropout=0.3, attention_dropout=0.3,
+    ),
+}
+
+TRAIN_PRESETS: dict[str, TrainConfig] = {
+    "tiny": TrainConfig(vocab_size=200, max_tokens=1024, warmup_steps=100, max_steps=200, eval_every=100, label_smoothing=0.1),
+    "small": TrainConfig(vocab_size=8000, max_tokens=4096, warmup_steps=4000),
+    "base": TrainConfig(vocab_size=37000, max_tokens=25000, warmup_steps=4000),
+    "big": TrainConfig(vocab_size=37000, max_tokens=25000, warmup_steps=4000, max_steps=300_000),
+}
+
+PRESETS = tuple(MODEL_PRESETS)
+
+
+def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return MODEL_PRESETS[name], TRAIN_PRESETS[name]
+
+
+# --- files and overrides ---------------------------------------------------------------------------
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, data: dict[str, Any], source: str = "config") -> Any:
+    """Build ``cls`` from a dict, rejecting unknown keys and mistyped values by name."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)} for [{_section_of(cls)}]")
+    kwargs = {}
+    for key, value in data.items():
+        kwargs[key] = _coerce(known[key], value, source)
+    return cls(**kwargs)
+
+
+def override(cfg: Any, data: dict[str, Any], source: str = "config") -> Any:
+    """``dataclasses.replace`` with type checks and a clear error for unknown fields."""
+    if not data:
+        return cfg
+    known = {f.name: f for f in fields(cfg)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)} for [{_section_of(type(cfg))}]")
+    return dataclasses.replace(cfg, **{k: _coerce(known[k], v, source) for k, v in data.items()})
+
+
+def _section_of(cls: type) -> str:
+    return {ModelConfig: "model", TrainConfig: "train", DecodeConfig: "decode"}.get(cls, cls.__name__)
+
+
+def _coerce(f: dataclasses.Field, value: Any, source: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+                return value.lower() in ("true", "1", "yes")
+            raise ValueError
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: field '{f.name}' must be of type {kind}, got {value!r}") from None
+    return value
+
+
+def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read a config file with optional ``[model]``, ``[train]``, ``[decode]`` tables and ``preset``."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not valid UTF-8: {e}") from None
+    allowed = {"preset", "model", "train", "decode", "data"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(f"{p}: unknown section(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    return data

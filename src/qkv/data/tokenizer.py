@@ -1,0 +1,208 @@
+"""Subword tokenizers: a thin wrapper around SentencePiece with qkv's fixed special ids.
+
+The paper encodes WMT 2014 English-German "using byte-pair encoding [...] which has a shared
+source-target vocabulary of about 37000 tokens" (section 5.1). :class:`Tokenizer` trains and
+applies such a model (``bpe``, ``unigram`` or ``char``) with SentencePiece, always with the ids
+``pad=0, unk=1, bos=2, eos=3`` of :mod:`qkv.config`. :class:`TokenizerPair` holds the source and
+target tokenizers, which are one and the same object when the vocabulary is joint.
+
+Training happens in memory (SentencePiece reads an iterator and writes the model into a buffer);
+the serialized model bytes are kept, so ``save`` writes exactly the trained model.
+Small corpora are fine: ``hard_vocab_limit=False`` lets SentencePiece return a smaller
+vocabulary than asked for when the text does not support more pieces.
+"""
+
+from __future__ import annotations
+
+import io
+import unicodedata
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from qkv.config import BOS, EOS, PAD, UNK
+from qkv.errors import QkvError
+
+MODEL_TYPES = ("bpe", "unigram", "char")
+
+
+class Tokenizer:
+    """One SentencePiece model: text <-> lists of ids, with ``pad=0, unk=1, bos=2, eos=3``."""
+
+    def __init__(self, model_bytes: bytes, source: str = "<memory>") -> None:
+        """Load a serialized SentencePiece model; ``source`` names it in error messages."""
+        try:
+            self.sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+        except RuntimeError:
+            raise QkvError(f"{source}: not a valid SentencePiece model") from None
+        specials = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if specials != (PAD, UNK, BOS, EOS):
+            raise QkvError(
+                f"{source}: tokenizer has special ids pad/unk/bos/eos = {specials}, "
+                f"qkv needs {(PAD, UNK, BOS, EOS)}"
+            )
+        self.model_bytes = model_bytes
+
+    # --- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int,
+        model_type: str = "bpe",
+        character_coverage: float = 1.0,
+    ) -> "Tokenizer":
+        """Train a SentencePiece model on ``texts`` (one sentence per item), silently.
+
+        ``vocab_size`` counts the four special pieces. It is an upper bound: a corpus too small
+        for that many pieces gets fewer (``hard_vocab_limit=False``). For ``model_type="char"``
+        the vocabulary is exactly the characters the corpus needs, whatever ``vocab_size`` says.
+        A ``vocab_size`` smaller than the corpus' characters (+4 specials) is a :class:`QkvError`.
+        """
+        if model_type not in MODEL_TYPES:
+            raise QkvError(f"unknown tokenizer model type {model_type!r}; choose one of {', '.join(MODEL_TYPES)}")
+        sentences = [t for t in texts if t.strip()]
+        if not sentences:
+            raise QkvError("cannot train a tokenizer on an empty corpus")
+        if model_type == "char":
+            vocab_size = _char_vocab_bound(sentences)
+        buffer = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences),
+                model_writer=buffer,
+                model_type=model_type,
+                vocab_size=vocab_size,
+                character_coverage=character_coverage,
+                hard_vocab_limit=False,
+                pad_id=PAD,
+                unk_id=UNK,
+                bos_id=BOS,
+                eos_id=EOS,
+                minloglevel=2,  # errors only: training is silent
+            )
+        except RuntimeError as e:
+            raise QkvError(f"tokenizer training failed ({model_type}, vocab_size={vocab_size}): {e}") from None
+        return cls(buffer.getvalue())
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Tokenizer":
+        """Load a model written by :meth:`save` (or any SentencePiece ``.model`` with qkv's ids)."""
+        p = Path(path)
+        if not p.is_file():
+            raise QkvError(f"tokenizer model not found: {p}")
+        return cls(p.read_bytes(), source=str(p))
+
+    def save(self, path: str | Path) -> None:
+        """Write the serialized model (the exact bytes that were trained or loaded)."""
+        Path(path).write_bytes(self.model_bytes)
+
+    # --- use --------------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, the four special ones included."""
+        return self.sp.get_piece_size()
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Texts -> ids, without BOS/EOS (``collate`` adds those)."""
+        return self.sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """Ids -> texts. Everything from the first EOS on is cut; PAD and BOS are dropped."""
+        cleaned = []
+        for row in ids:
+            row = list(row)
+            if EOS in row:
+                row = row[: row.index(EOS)]
+            cleaned.append([i for i in row if i not in (PAD, BOS)])
+        return self.sp.decode(cleaned)
+
+    def id_to_piece(self, i: int) -> str:
+        """The piece for id ``i``, e.g. ``'▁Haus'`` (for display)."""
+        return self.sp.id_to_piece(i)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size})"
+
+
+def _char_vocab_bound(sentences: list[str]) -> int:
+    """An upper bound on a character model's vocabulary: specials + '▁' + every character.
+
+    Characters are counted before and after NFKC normalization (which SentencePiece applies),
+    since normalization can create characters (e.g. '½' -> '1⁄2').
+    """
+    chars: set[str] = set()
+    for s in sentences:
+        chars.update(s)
+        chars.update(unicodedata.normalize("NFKC", s))
+    return 4 + 1 + len(chars)
+
+
+class TokenizerPair:
+    """Source and target tokenizers; ``src is tgt`` when the vocabulary is joint (shared)."""
+
+    JOINT_FILE = "spm.model"
+    SRC_FILE = "spm.src.model"
+    TGT_FILE = "spm.tgt.model"
+
+    def __init__(self, src: Tokenizer, tgt: Tokenizer) -> None:
+        self.src = src
+        self.tgt = tgt
+
+    @property
+    def joint(self) -> bool:
+        """True when source and target share one model (and so one vocabulary)."""
+        return self.src is self.tgt
+
+    @classmethod
+    def train(
+        cls,
+        src_texts: Sequence[str],
+        tgt_texts: Sequence[str],
+        vocab_size: int,
+        model_type: str = "bpe",
+        joint: bool = True,
+        character_coverage: float = 1.0,
+    ) -> "TokenizerPair":
+        """Train one model on both sides (``joint``) or one model per side."""
+        if joint:
+            shared = Tokenizer.train([*src_texts, *tgt_texts], vocab_size, model_type, character_coverage)
+            return cls(shared, shared)
+        src = Tokenizer.train(src_texts, vocab_size, model_type, character_coverage)
+        tgt = Tokenizer.train(tgt_texts, vocab_size, model_type, character_coverage)
+        return cls(src, tgt)
+
+    def files(self) -> list[str]:
+        """Names of the files :meth:`save` writes."""
+        return [self.JOINT_FILE] if self.joint else [self.SRC_FILE, self.TGT_FILE]
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model`` into ``directory``."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        if self.joint:
+            self.src.save(d / self.JOINT_FILE)
+        else:
+            self.src.save(d / self.SRC_FILE)
+            self.tgt.save(d / self.TGT_FILE)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "TokenizerPair":
+        """Read whichever layout :meth:`save` wrote into ``directory``."""
+        d = Path(directory)
+        if (d / cls.JOINT_FILE).is_file():
+            shared = Tokenizer.from_file(d / cls.JOINT_FILE)
+            return cls(shared, shared)
+        if (d / cls.SRC_FILE).is_file() or (d / cls.TGT_FILE).is_file():
+            return cls(Tokenizer.from_file(d / cls.SRC_FILE), Tokenizer.from_file(d / cls.TGT_FILE))
+        raise QkvError(
+            f"{d}: no tokenizer found (expected {cls.JOINT_FILE}, or {cls.SRC_FILE} and {cls.TGT_FILE})"
+        )
+
+    def __repr__(self) -> str:
+        if self.joint:
+            return f"TokenizerPair(joint, vocab_size={self.src.vocab_size})"
+        return f"TokenizerPair(src vocab_size={self.src.vocab_size}, tgt vocab_size={self.tgt.vocab_size})"

@@ -1,0 +1,157 @@
+"""The embedded default task: English number words -> German number words.
+
+A translation task generated in code, so that ``qkv`` can train and be tested without
+downloading anything, yet one with real structure: German reorders the units before the tens
+("twenty-one" -> "einundzwanzig"), writes a number as one word, and inflects "eins"/"ein".
+
+    english(321) == "three hundred twenty-one"
+    german(321)  == "dreihunderteinundzwanzig"
+
+Numbers run from 1 to 999 999.
+"""
+
+from __future__ import annotations
+
+import random
+
+from qkv.errors import QkvError
+
+MAX_NUMBER = 999_999
+
+_EN_UNITS = [
+    "", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
+]
+_EN_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+_DE_UNITS = [
+    "", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn",
+    "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn", "siebzehn", "achtzehn", "neunzehn",
+]
+_DE_TENS = ["", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig", "neunzig"]
+
+
+def _check_range(n: int) -> None:
+    if not 1 <= n <= MAX_NUMBER:
+        raise ValueError(f"number words are defined for 1..{MAX_NUMBER}, got {n}")
+
+
+# --- English ---------------------------------------------------------------------------------------
+
+def _english_below_1000(n: int) -> str:
+    """1..999 -> e.g. "three hundred twenty-one" (American style, no "and")."""
+    hundreds, rest = divmod(n, 100)
+    words = []
+    if hundreds:
+        words.append(f"{_EN_UNITS[hundreds]} hundred")
+    if 0 < rest < 20:
+        words.append(_EN_UNITS[rest])
+    elif rest >= 20:
+        tens, units = divmod(rest, 10)
+        words.append(_EN_TENS[tens] + (f"-{_EN_UNITS[units]}" if units else ""))
+    return " ".join(words)
+
+
+def english(n: int) -> str:
+    """1..999999 in English words: 321 -> "three hundred twenty-one", 1005 -> "one thousand five"."""
+    _check_range(n)
+    thousands, rest = divmod(n, 1000)
+    words = []
+    if thousands:
+        words.append(f"{_english_below_1000(thousands)} thousand")
+    if rest:
+        words.append(_english_below_1000(rest))
+    return " ".join(words)
+
+
+# --- German ----------------------------------------------------------------------------------------
+
+def _german_below_1000(n: int, final: bool) -> str:
+    """1..999 as one German word.
+
+    A one standing alone in the last two places is "eins" at the very end of the whole number
+    (``final``) and "ein" before "tausend": "eins", "einhunderteins", but "eintausend",
+    "einhunderteintausend". Before "und" and "hundert" it is always "ein": "einundzwanzig",
+    "einhundert".
+    """
+    hundreds, rest = divmod(n, 100)
+    word = ""
+    if hundreds:
+        word += ("ein" if hundreds == 1 else _DE_UNITS[hundreds]) + "hundert"
+    if rest == 1:
+        word += "eins" if final else "ein"
+    elif rest < 20:
+        word += _DE_UNITS[rest]
+    else:
+        tens, units = divmod(rest, 10)
+        if units:
+            word += ("ein" if units == 1 else _DE_UNITS[units]) + "und"
+        word += _DE_TENS[tens]
+    return word
+
+
+def german(n: int) -> str:
+    """1..999999 in German words: 321 -> "dreihunderteinundzwanzig", 1001 -> "eintausendeins"."""
+    _check_range(n)
+    thousands, rest = divmod(n, 1000)
+    word = ""
+    if thousands:
+        word += _german_below_1000(thousands, final=False) + "tausend"
+    if rest:
+        word += _german_below_1000(rest, final=True)
+    return word
+
+
+# --- data set --------------------------------------------------------------------------------------
+
+def number_pairs(
+    max_number: int = MAX_NUMBER,
+    n_train: int = 20_000,
+    n_valid: int = 500,
+    n_test: int = 500,
+    seed: int = 1,
+) -> dict[str, list[tuple[str, str]]]:
+    """(english, german) pairs for ``train``/``valid``/``test``; no number is in two splits.
+
+    The numbers are drawn without replacement from 1..max_number by a generator seeded with
+    ``seed``, so the same arguments always give the same splits.
+    """
+    if not 1 <= max_number <= MAX_NUMBER:
+        raise QkvError(f"toy task: max_number must be in 1..{MAX_NUMBER}, got {max_number}")
+    total = n_train + n_valid + n_test
+    if min(n_train, n_valid, n_test) < 0 or total > max_number:
+        raise QkvError(
+            f"toy task: cannot draw {n_train} + {n_valid} + {n_test} distinct numbers from 1..{max_number}"
+        )
+    numbers = random.Random(seed).sample(range(1, max_number + 1), total)
+    splits = {
+        "train": numbers[:n_train],
+        "valid": numbers[n_train : n_train + n_valid],
+        "test": numbers[n_train + n_valid :],
+    }
+    return {name: [(english(n), german(n)) for n in chosen] for name, chosen in splits.items()}
+
+
+# --- the recipe `qkv train` uses when no data is given ---------------------------------------------
+
+def default_splits() -> dict[str, list[tuple[str, str]]]:
+    """The embedded default's data: 20,000 training numbers, 500 validation, 500 held-out test."""
+    return number_pairs()
+
+
+def _recipe():
+    from qkv.config import ModelConfig, TrainConfig
+
+    model = ModelConfig(
+        d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
+        dropout=0.1, attention_dropout=0.0, max_positions=128,
+    )
+    train = TrainConfig(
+        tokenizer="bpe", vocab_size=300, joint_vocab=True, max_len=64, max_tokens=4096,
+        lr_scale=2.0, warmup_steps=400, label_smoothing=0.1, clip_norm=1.0,
+        max_steps=1200, eval_every=300, eval_bleu_samples=200, seed=1,
+    )
+    return model, train
+
+
+MODEL, TRAIN = _recipe()

@@ -1,0 +1,10 @@
+"""Decoding: greedy search and beam search over the incremental model interface.
+
+A model offers ``start(src) -> state`` and ``step(tokens, state) -> (logits, state)``, and
+the state offers ``reorder(indices)``; both decoders work for any such model.
+"""
+
+from qkv.decoding.beam_search import Hypothesis, beam_search, length_penalty
+from qkv.decoding.greedy import greedy, max_output_len
+
+__all__ = ["greedy", "beam_search", "Hypothesis", "length_penalty", "max_output_len"]

@@ -1,0 +1,200 @@
+"""Beam search with the GNMT length penalty, as used by the paper (beam 4, alpha 0.6, Sec. 6.1).
+
+Every sentence keeps ``k = beam_size`` live hypotheses; the batch runs as ``N * k`` rows of
+the model (N = sentences still being searched), laid out sentence-major: row ``i * k + j`` is
+beam ``j`` of active sentence ``i`` (fairseq's "batch x beam" layout).
+
+One step, for each active sentence (all sentences at once, as tensors):
+
+1. score every extension of every live hypothesis:
+       s(y_1..t, v) = s(y_1..t) + log p(v | y_1..t, x)         (k x V candidates)
+2. keep the top ``2k`` of them. At most ``k`` of these end in EOS (one per beam), so at
+   least ``k`` do not: the beam can always be refilled.
+3. EOS candidates ranked within the top ``k`` become finished hypotheses, scored
+       score(Y) = log P(Y | x) / lp(Y),   lp(Y) = ((5 + |Y|) / 6) ** alpha,
+   with |Y| counting the EOS (see :func:`length_penalty`).
+4. the best ``k`` non-EOS candidates are the new live hypotheses; ``state.reorder`` follows
+   their back-pointers (the beam each came from).
+
+At the first step all ``k`` rows hold the same prefix (BOS), so only beam 0 is live (the
+others start at -inf) — otherwise the beam would fill with ``k`` copies of each candidate.
+
+Stopping rule (fairseq's): a sentence is done as soon as it has ``k`` finished hypotheses,
+or when it reaches ``max_len`` (at step ``max_len[i]`` only EOS is allowed, so every live
+hypothesis is finished with the model's log-prob of EOS). With ``alpha > 0`` a still-live
+hypothesis could in principle have overtaken a finished one after more steps; this rule
+does not look for it (neither does fairseq), and in exchange ``beam_size=1`` is exactly
+greedy decoding for every ``alpha``. Done sentences are removed from the batch
+(``state.reorder`` with fewer rows), so they cost nothing in later steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from qkv.config import BOS, EOS
+from qkv.decoding.greedy import IncrementalDecoder, as_max_len, force_eos, log_probs
+from qkv.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A finished translation: ``tokens`` without BOS/EOS, its length-normalised ``score``
+    (``logprob / lp(len(tokens) + 1)``) and ``logprob`` (sum of token log-probs, EOS included)."""
+
+    tokens: list[int]
+    score: float
+    logprob: float
+
+
+def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty (Wu et al., 2016, "Google's Neural Machine Translation System", Sec. 7):
+
+        lp(Y) = (5 + |Y|)**alpha / (5 + 1)**alpha = ((5 + |Y|) / 6) ** alpha
+
+    Beam search ranks finished hypotheses by ``log P(Y | x) / lp(Y)``: since log-probs are
+    negative, dividing by a larger lp favours longer outputs. ``alpha = 0`` gives lp = 1
+    (raw log-probs); the paper uses ``alpha = 0.6``.
+    """
+    return ((5 + length) / 6) ** alpha
+
+
+@dataclass
+class _Beams:
+    """The live hypotheses of the N sentences still being searched."""
+
+    sents: Tensor  # (N,) index of each active sentence in the input batch
+    max_len: Tensor  # (N,) its output budget
+    scores: Tensor  # (N, k) cumulative log-prob of each live hypothesis
+    prefixes: Tensor  # (N, k, t) tokens emitted so far (no BOS)
+
+
+@dataclass
+class _Candidates:
+    """The top 2k extensions of each active sentence, best first."""
+
+    scores: Tensor  # (N, 2k) cumulative log-prob
+    beams: Tensor  # (N, 2k) the live hypothesis (0..k-1) each extends
+    tokens: Tensor  # (N, 2k) the token it appends
+
+
+def _initial_beams(max_len: Tensor, beam_size: int) -> _Beams:
+    """Beam 0 live with score 0, beams 1..k-1 at -inf (all rows start from the same BOS)."""
+    batch_size = max_len.size(0)
+    scores = torch.full((batch_size, beam_size), -math.inf, device=max_len.device)
+    scores[:, 0] = 0.0
+    return _Beams(
+        sents=torch.arange(batch_size, device=max_len.device),
+        max_len=max_len,
+        scores=scores,
+        prefixes=torch.empty((batch_size, beam_size, 0), dtype=torch.long, device=max_len.device),
+    )
+
+
+def _top_candidates(scores: Tensor, logp: Tensor, n_cand: int) -> _Candidates:
+    """Top ``n_cand`` of ``scores[i, j] + logp[i, j, v]`` over (j, v) for each sentence i."""
+    n, k, vocab = logp.shape
+    total = (scores.unsqueeze(2) + logp).view(n, k * vocab)  # (N, k*V)
+    top_scores, top_idx = total.topk(min(n_cand, k * vocab), dim=1)  # (N, 2k)
+    return _Candidates(top_scores, top_idx // vocab, top_idx % vocab)
+
+
+def _finalize(
+    cand: _Candidates, beams: _Beams, step: int, alpha: float, finished: list[list[Hypothesis]]
+) -> None:
+    """Move EOS candidates ranked within the top k into their sentence's finished list
+    (at most k per sentence, best first). Their length is ``step + 1`` (EOS included)."""
+    k = beams.scores.size(1)
+    is_eos = (cand.tokens[:, :k] == EOS) & torch.isfinite(cand.scores[:, :k])  # (N, k)
+    if not is_eos.any():
+        return
+    lp = length_penalty(step + 1, alpha)
+    for i, rank in is_eos.nonzero().tolist():  # row-major: best rank first within a sentence
+        hyps = finished[int(beams.sents[i])]
+        if len(hyps) < k:
+            logprob = float(cand.scores[i, rank])
+            tokens = beams.prefixes[i, cand.beams[i, rank]].tolist()
+            hyps.append(Hypothesis(tokens=tokens, score=logprob / lp, logprob=logprob))
+
+
+def _select_live(cand: _Candidates, k: int) -> Tensor:
+    """Positions (N, k) of the best k non-EOS candidates, in rank order.
+
+    EOS candidates are pushed behind all others by adding ``2k`` to their rank."""
+    n_cand = cand.tokens.size(1)
+    rank = torch.arange(n_cand, device=cand.tokens.device) + n_cand * (cand.tokens == EOS)  # (N, 2k)
+    return rank.topk(k, dim=1, largest=False).indices  # (N, k), ascending rank
+
+
+def _done(beams: _Beams, live_scores: Tensor, step: int, finished: list[list[Hypothesis]]) -> Tensor:
+    """Stopping rule: k finished hypotheses, or the step budget is spent, or nothing is live."""
+    k = live_scores.size(1)
+    n_finished = torch.tensor([len(finished[s]) for s in beams.sents.tolist()], device=live_scores.device)
+    return (n_finished >= k) | (beams.max_len <= step) | ~torch.isfinite(live_scores[:, 0])  # (N,)
+
+
+def _advance(beams: _Beams, cand: _Candidates, live: Tensor, keep: Tensor) -> tuple[_Beams, Tensor, Tensor]:
+    """Follow back-pointers for the sentences in ``keep`` (N',).
+
+    Returns the new beams, the state rows to keep (N'*k,) and the next input tokens (N'*k,)."""
+    k = live.size(1)
+    live = live[keep]  # (N', k) positions among the candidates
+    from_beam = cand.beams[keep].gather(1, live)  # (N', k)
+    tokens = cand.tokens[keep].gather(1, live)  # (N', k)
+    rows = (keep.unsqueeze(1) * k + from_beam).view(-1)  # (N'*k,) rows of the current state
+    prefixes = beams.prefixes[keep.unsqueeze(1), from_beam]  # (N', k, t)
+    new = _Beams(
+        sents=beams.sents[keep],
+        max_len=beams.max_len[keep],
+        scores=cand.scores[keep].gather(1, live),  # (N', k)
+        prefixes=torch.cat([prefixes, tokens.unsqueeze(2)], dim=2),  # (N', k, t+1)
+    )
+    return new, rows, tokens.view(-1)
+
+
+@torch.inference_mode()
+def beam_search(
+    model: IncrementalDecoder,
+    src: Tensor,
+    beam_size: int,
+    length_penalty: float,
+    max_len: Tensor | int,
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
+    """Beam-search a batch; returns, per sentence, its ``nbest`` best hypotheses (best first).
+
+    src: LongTensor (B, S) padded with PAD. length_penalty: alpha of :func:`length_penalty`.
+    max_len: LongTensor (B,) (or an int), tokens each sentence may emit before EOS is forced.
+    Hypotheses are ranked by ``score = logprob / lp(|Y|)``. See the module docstring for
+    the algorithm and the stopping rule.
+    """
+    if beam_size < 1:
+        raise ConfigError(f"invalid config field 'beam_size': must be >= 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ConfigError(f"invalid config field 'nbest': must be in [1, beam_size={beam_size}], got {nbest}")
+    alpha, k = length_penalty, beam_size
+    batch_size = src.size(0)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    if batch_size == 0:
+        return []
+    beams = _initial_beams(as_max_len(max_len, batch_size, src.device), k)
+    state = model.start(src).reorder(torch.arange(batch_size, device=src.device).repeat_interleave(k))
+    tokens = torch.full((batch_size * k,), BOS, dtype=torch.long, device=src.device)  # (B*k,)
+    for step in range(int(beams.max_len.max()) + 1):
+        logits, state = model.step(tokens, state)
+        at_limit = (beams.max_len <= step).repeat_interleave(k)  # (N*k,)
+        logp = force_eos(log_probs(logits), at_limit)  # (N*k, V)
+        cand = _top_candidates(beams.scores, logp.view(-1, k, logp.size(-1)), 2 * k)  # (N, 2k)
+        _finalize(cand, beams, step, alpha, finished)
+        live = _select_live(cand, k)  # (N, k)
+        done = _done(beams, cand.scores.gather(1, live), step, finished)  # (N,)
+        keep = (~done).nonzero().squeeze(1)  # (N',)
+        if keep.numel() == 0:
+            break
+        beams, rows, tokens = _advance(beams, cand, live, keep)
+        state = state.reorder(rows)
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]

@@ -1,0 +1,122 @@
+"""Greedy decoding: at every step emit the most probable next token.
+
+    y_t = argmax_v log p(v | y_<t, x)
+
+Decoding is incremental: ``model.start(src)`` encodes the source once and each
+``model.step(tokens, state)`` feeds only the last emitted token (BOS first), so a step costs
+one position, not the whole prefix. Sentences that have emitted EOS are dropped from the
+batch (``state.reorder`` with the indices of the rows still running).
+
+Shared conventions (also used by :mod:`qkv.decoding.beam_search`):
+
+* the model returns unnormalised logits; the decoder takes ``log_softmax`` in float32;
+* PAD and BOS are never emitted (their log-probs are set to -inf after the softmax, so the
+  scores stay the model's own log-probs); UNK is allowed;
+* ``max_len[i]`` is the number of tokens (EOS excluded) sentence ``i`` may produce: at step
+  ``t = max_len[i]`` every token but EOS is masked, so EOS is forced there and its log-prob
+  is the model's own ``log p(EOS | y_<t, x)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from qkv.config import BOS, EOS, PAD
+
+
+class DecoderState(Protocol):
+    """Incremental decoding state: opaque to the decoders except for ``reorder``."""
+
+    def reorder(self, indices: Tensor) -> "DecoderState":
+        """Select / reorder batch rows: row ``j`` of the result is row ``indices[j]``."""
+        ...
+
+
+class IncrementalDecoder(Protocol):
+    """What a model offers to greedy and beam search (see SPEC "Model decoding interface")."""
+
+    def start(self, src: Tensor) -> Any:
+        """Encode ``src`` (B, S) and return the initial state (B rows)."""
+        ...
+
+    def step(self, tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
+        """Feed ``tokens`` (B,) and return ``(logits (B, V), new state)``."""
+        ...
+
+
+def max_output_len(src_lengths: Tensor, a: float, b: int) -> Tensor:
+    """Per-sentence output budget ``floor(a * |x| + b)`` (the paper: ``|x| + 50``, a=1, b=50).
+
+    ``src_lengths`` is a LongTensor (B,) of source lengths in tokens (the caller chooses what
+    it counts, e.g. the non-PAD tokens of ``src``). Returns a LongTensor (B,) for ``max_len``.
+    """
+    src_lengths = torch.as_tensor(src_lengths)
+    return torch.floor(a * src_lengths.double() + b).clamp(min=0).long()
+
+
+def log_probs(logits: Tensor) -> Tensor:
+    """``log_softmax`` over the vocabulary in float32, with PAD and BOS set to -inf.
+
+    log p(v | y_<t, x) = z_v - log sum_u exp(z_u), for logits z (N, V).
+
+    The mask is applied after the softmax (as fairseq does), so scores stay the model's own
+    log-probs: the remaining tokens are not renormalised.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+    logp[:, PAD] = -math.inf
+    logp[:, BOS] = -math.inf
+    return logp
+
+
+def force_eos(logp: Tensor, at_limit: Tensor) -> Tensor:
+    """Where ``at_limit`` (N,) is True, keep only EOS: every other token gets -inf."""
+    only_eos = torch.full_like(logp, -math.inf)
+    only_eos[:, EOS] = logp[:, EOS]
+    return torch.where(at_limit.unsqueeze(1), only_eos, logp)  # (N, V)
+
+
+def as_max_len(max_len: Tensor | int, batch_size: int, device: torch.device) -> Tensor:
+    """``max_len`` as a LongTensor (B,) on ``device`` (an int is broadcast to every sentence)."""
+    max_len = torch.as_tensor(max_len, dtype=torch.long, device=device)
+    if max_len.dim() == 0:
+        max_len = max_len.expand(batch_size)
+    if max_len.shape != (batch_size,):
+        raise ValueError(f"max_len must have shape ({batch_size},), got {tuple(max_len.shape)}")
+    return max_len
+
+
+@torch.inference_mode()
+def greedy(model: IncrementalDecoder, src: Tensor, max_len: Tensor | int) -> list[list[int]]:
+    """Greedy-decode a batch; returns one token list per sentence, without BOS/EOS.
+
+    src: LongTensor (B, S) padded with PAD. max_len: LongTensor (B,) (or an int), the number
+    of tokens each sentence may emit before EOS is forced. Decoding stops when every sentence
+    has emitted EOS; finished sentences are removed from the batch as they end.
+    """
+    batch_size = src.size(0)
+    outputs: list[list[int]] = [[] for _ in range(batch_size)]
+    if batch_size == 0:
+        return outputs
+    max_len = as_max_len(max_len, batch_size, src.device)
+    state = model.start(src)
+    rows = torch.arange(batch_size, device=src.device)  # sentence id of each active row
+    tokens = torch.full((batch_size,), BOS, dtype=torch.long, device=src.device)  # (N,)
+    for t in range(int(max_len.max()) + 1):
+        logits, state = model.step(tokens, state)
+        logp = force_eos(log_probs(logits), at_limit=max_len[rows] <= t)  # (N, V)
+        tokens = logp.argmax(dim=-1)  # (N,)
+        for sent, tok in zip(rows.tolist(), tokens.tolist()):
+            if tok != EOS:
+                outputs[sent].append(tok)
+        running = tokens != EOS
+        if not running.any():
+            break
+        if not running.all():
+            keep = running.nonzero().squeeze(1)  # (N',)
+            state = state.reorder(keep)
+            rows, tokens = rows[keep], tokens[keep]
+    return outputs

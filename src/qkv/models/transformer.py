@@ -1,0 +1,140 @@
+"""The Transformer encoder–decoder (section 3, Figure 1).
+
+    src tokens -> Embedding·√d_model + PE -> Dropout -> N × EncoderLayer            = memory
+    tgt tokens (shifted right) -> Embedding·√d_model + PE -> Dropout
+               -> N × DecoderLayer(masked self-attention, cross-attention to memory, FFN)
+               -> Linear (shared with the embeddings) -> softmax
+
+Training runs the whole target at once (teacher forcing, causal mask). Decoding runs one position
+at a time through :meth:`Transformer.start` / :meth:`Transformer.step` with an explicit
+:class:`TransformerState`: self-attention keys/values are cached per layer, cross-attention
+keys/values are computed once per sentence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.config import ModelConfig
+from qkv.masks import padding_mask
+from qkv.nn.attention import KVCache
+from qkv.nn.embedding import ScaledEmbedding
+from qkv.nn.layers import DecoderLayer, DecoderLayerWeights, EncoderLayer
+from qkv.nn.positional import positional_encoding
+
+
+@dataclass
+class TransformerState:
+    """Incremental decoding state: everything :meth:`Transformer.step` needs, nothing hidden."""
+
+    memory_mask: torch.Tensor  # (B, 1, 1, S)
+    cross_kv: list[KVCache]  # per decoder layer, (B, h, S, d_k): computed once
+    self_kv: list[KVCache]  # per decoder layer, (B, h, t, d_k): grows by one per step
+    position: int  # number of target positions decoded so far
+
+    def reorder(self, indices: torch.Tensor) -> "TransformerState":
+        """Select/reorder batch rows (beam back-pointers, dropping finished sentences)."""
+        return TransformerState(
+            self.memory_mask.index_select(0, indices),
+            [kv.reorder(indices) for kv in self.cross_kv],
+            [kv.reorder(indices) for kv in self.self_kv],
+            self.position,
+        )
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of every layer and head, returned when ``need_weights=True``."""
+
+    encoder: list[torch.Tensor]  # per layer (B, h, S, S)
+    decoder_self: list[torch.Tensor]  # per layer (B, h, T, T)
+    cross: list[torch.Tensor]  # per layer (B, h, T, S)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        if cfg.src_vocab_size <= 0 or cfg.tgt_vocab_size <= 0:
+            raise ValueError("ModelConfig.src_vocab_size and tgt_vocab_size must be set (from the tokenizer)")
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else ScaledEmbedding(cfg.tgt_vocab_size, d)
+        self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+        self.src_pos = positional_encoding(cfg.positional, d, cfg.max_positions)
+        self.tgt_pos = positional_encoding(cfg.positional, d, cfg.max_positions)
+        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(cfg.n_decoder_layers))
+        # Pre-norm stacks end with a LayerNorm (the residual stream is otherwise never normalised).
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+
+    # --- pieces ------------------------------------------------------------------------------------
+
+    def _embed(self, tokens: torch.Tensor, embed: ScaledEmbedding, pos: nn.Module, offset: int = 0) -> torch.Tensor:
+        x = embed(tokens) + pos(tokens.size(1), offset)  # (B, T, d)
+        return F.dropout(x, self.cfg.dropout, self.training)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tgt_embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
+
+    def encode(self, src: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """``src (B, S)`` -> memory ``(B, S, d)``, its padding mask ``(B, 1, 1, S)``, encoder weights."""
+        mask = padding_mask(src)  # (B, 1, 1, S)
+        x = self._embed(src, self.src_embed, self.src_pos)
+        weights = []
+        for layer in self.encoder_layers:
+            x, w = layer(x, mask, need_weights)
+            weights.append(w)
+        return self.encoder_norm(x), mask, weights
+
+    def decode(
+        self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, list[DecoderLayerWeights]]:
+        """Teacher forcing: ``tgt_in (B, T)`` (BOS + target) -> logits ``(B, T, V)``."""
+        x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos)
+        weights = []
+        for layer in self.decoder_layers:
+            x, _, w = layer(x, layer.cross_attn.project_kv(memory), memory_mask, need_weights=need_weights)
+            weights.append(w)
+        return self._logits(self.decoder_norm(x)), weights
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """``src (B, S)``, ``tgt_in (B, T)`` -> logits ``(B, T, V)``."""
+        memory, mask, _ = self.encode(src)
+        logits, _ = self.decode(tgt_in, memory, mask)
+        return logits
+
+    def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> AttentionMaps:
+        """Every layer's attention weights from one forward pass (for the visualiser)."""
+        memory, mask, enc_w = self.encode(src, need_weights=True)
+        _, dec_w = self.decode(tgt_in, memory, mask, need_weights=True)
+        return AttentionMaps(enc_w, [w.self_attn for w in dec_w], [w.cross_attn for w in dec_w])
+
+    # --- incremental decoding ----------------------------------------------------------------------
+
+    def start(self, src: torch.Tensor) -> TransformerState:
+        """Encode ``src (B, S)`` and project the cross-attention keys/values once per layer."""
+        memory, mask, _ = self.encode(src)
+        b = src.size(0)
+        cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        h, d_k = self.cfg.n_heads, self.cfg.d_k
+        empty = memory.new_zeros(b, h, 0, d_k)  # (B, h, 0, d_k)
+        self_kv = [KVCache(empty, empty) for _ in self.decoder_layers]
+        return TransformerState(mask, cross, self_kv, 0)
+
+    def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
+        """One decoding step: the last tokens ``(B,)`` -> next-token logits ``(B, V)``."""
+        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_pos, offset=state.position)  # (B, 1, d)
+        new_kv = []
+        for layer, cross, cache in zip(self.decoder_layers, state.cross_kv, state.self_kv):
+            x, cache, _ = layer(x, cross, state.memory_mask, self_cache=cache)
+            new_kv.append(cache)
+        logits = self._logits(self.decoder_norm(x))[:, 0]  # (B, V)
+        return logits, TransformerState(state.memory_mask, state.cross_kv, new_kv, state.position + 1)

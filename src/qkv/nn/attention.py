@@ -1,0 +1,157 @@
+"""Scaled dot-product attention and multi-head attention (section 3.2).
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V                                   (eq. 1)
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+        head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+with W_i^Q, W_i^K ∈ R^{d_model × d_k}, W_i^V ∈ R^{d_model × d_v}, W^O ∈ R^{h d_v × d_model} and
+d_k = d_v = d_model / h.
+
+The fast path is :func:`torch.nn.functional.scaled_dot_product_attention` (fused kernels, flash
+attention on GPUs). :func:`attention_reference` is eq. 1 written out; it also returns the weights
+when a caller asks for them (``need_weights=True``, e.g. for attention maps). A test checks the two
+agree, and that :class:`MultiHeadAttention` matches :class:`torch.nn.MultiheadAttention`.
+
+Masks are boolean, True = may attend (see :mod:`qkv.masks`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 1 written out. ``q (B, h, T_q, d_k)``, ``k (B, h, T_k, d_k)``, ``v (B, h, T_k, d_v)``.
+
+    Returns the output ``(B, h, T_q, d_v)`` and the weights ``(B, h, T_q, T_k)`` (after dropout
+    is applied to the output's weights, the returned weights are the pre-dropout softmax).
+    """
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, h, T_q, T_k)
+    if is_causal:
+        t_q, t_k = scores.shape[-2:]
+        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q)
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)  # (B, h, T_q, T_k)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights  # (B, h, T_q, d_v)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    need_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eq. 1 through torch's fused kernel; the explicit formula when the weights are wanted."""
+    if need_weights:
+        return attention_reference(q, k, v, mask, dropout_p, is_causal)
+    if is_causal and mask is not None:  # SDPA takes one or the other
+        t_q, t_k = q.size(-2), k.size(-2)
+        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q)
+        mask, is_causal = mask & causal, False
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+    return out, None
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one attention layer kept across decoding steps, ``(B, h, T, d_k)``.
+
+    For self-attention they grow by one position per step; for cross-attention they are computed
+    once from the encoder output and reused at every step.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def reorder(self, indices: torch.Tensor) -> "KVCache":
+        return KVCache(self.k.index_select(0, indices), self.v.index_select(0, indices))
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with h heads, d_k = d_v = d_model / h (section 3.2.2).
+
+    The h projections W_i^Q, W_i^K, W_i^V are stored as one ``(3 d_model, d_model)`` matrix
+    (``in_proj``), the layout of :class:`torch.nn.MultiheadAttention`: self-attention projects
+    Q, K and V in one matrix multiply; cross-attention projects the queries and the memory's
+    keys/values separately (the latter once per sentence when decoding).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+        super().__init__()
+        assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V] for all heads
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+
+    def project_kv(self, memory: torch.Tensor) -> KVCache:
+        """K = memory W^K, V = memory W^V for every head, ``(B, h, T_k, d_k)`` each."""
+        w, b = self.in_proj.weight[self.d_model :], self.in_proj.bias[self.d_model :]
+        k, v = F.linear(memory, w, b).chunk(2, dim=-1)  # (B, T_k, d_model) each
+        return KVCache(self._split(k), self._split(v))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache: KVCache | None = None,
+        static_kv: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
+        """Attend from ``x (B, T_q, d_model)``.
+
+        * self-attention: ``memory=None``; with a ``cache`` the new keys/values are appended to it
+          (incremental decoding) and the grown cache is returned;
+        * cross-attention: keys/values from ``memory (B, T_k, d_model)``, or from ``cache`` when
+          ``static_kv`` (computed once by :meth:`project_kv`).
+
+        Returns ``(output (B, T_q, d_model), cache, weights (B, h, T_q, T_k) or None)``.
+        """
+        b, t, _ = x.shape
+        if memory is None and not static_kv:
+            q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, T, d_model) each: fused QKV
+            q, k, v = self._split(q), self._split(k), self._split(v)  # (B, h, T, d_k)
+            if cache is not None:
+                k = torch.cat([cache.k, k], dim=2)  # (B, h, T_past + T, d_k)
+                v = torch.cat([cache.v, v], dim=2)
+                cache = KVCache(k, v)
+        else:
+            w, bias = self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]
+            q = self._split(F.linear(x, w, bias))  # (B, h, T_q, d_k)
+            if not static_kv:
+                cache = self.project_kv(memory)
+            k, v = cache.k, cache.v
+        p = self.dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask, p, is_causal, need_weights)
+        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T_q, h * d_v): Concat(heads)
+        return self.out_proj(out), cache, weights

@@ -1,0 +1,101 @@
+"""Encoder and decoder layers (section 3.1, Figure 1).
+
+Each sublayer is wrapped in a residual connection and layer normalisation:
+
+    post-norm (the paper):  LayerNorm(x + Dropout(Sublayer(x)))
+    pre-norm (option):      x + Dropout(Sublayer(LayerNorm(x)))     (+ a final LayerNorm per stack)
+
+Encoder layer: self-attention, then the position-wise FFN.
+Decoder layer: masked self-attention, cross-attention over the encoder output, then the FFN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.nn.attention import KVCache, MultiHeadAttention
+from qkv.nn.feed_forward import PositionwiseFeedForward
+
+
+class Residual(nn.Module):
+    """The residual connection + LayerNorm around one sublayer, post-norm or pre-norm."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout, self.norm_first = dropout, norm_first
+
+    def before(self, x: torch.Tensor) -> torch.Tensor:
+        """What the sublayer reads: ``x`` (post-norm) or ``LayerNorm(x)`` (pre-norm)."""
+        return self.norm(x) if self.norm_first else x
+
+    def after(self, x: torch.Tensor, sublayer_out: torch.Tensor) -> torch.Tensor:
+        y = x + F.dropout(sublayer_out, self.dropout, self.training)
+        return y if self.norm_first else self.norm(y)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.ffn = PositionwiseFeedForward(d_model, d_ff)
+        self.res_attn = Residual(d_model, dropout, norm_first)
+        self.res_ffn = Residual(d_model, dropout, norm_first)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x (B, S, d)``, ``mask (B, 1, 1, S)`` -> ``(B, S, d)`` and the self-attention weights."""
+        h = self.res_attn.before(x)
+        a, _, weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+        x = self.res_attn.after(x, a)
+        x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
+        return x, weights
+
+
+@dataclass
+class DecoderLayerWeights:
+    """Attention weights of one decoder layer, when asked for: ``(B, h, T, T)`` and ``(B, h, T, S)``."""
+
+    self_attn: torch.Tensor | None
+    cross_attn: torch.Tensor | None
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.ffn = PositionwiseFeedForward(d_model, d_ff)
+        self.res_self = Residual(d_model, dropout, norm_first)
+        self.res_cross = Residual(d_model, dropout, norm_first)
+        self.res_ffn = Residual(d_model, dropout, norm_first)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory_kv: KVCache,
+        memory_mask: torch.Tensor | None,
+        self_cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, KVCache | None, DecoderLayerWeights]:
+        """``x (B, T, d)`` attends causally to itself (to the cache and itself when decoding
+        incrementally) and to the encoder output's keys/values ``memory_kv`` (computed once).
+
+        Returns the output ``(B, T, d)``, the grown self-attention cache, and the weights.
+        """
+        h = self.res_self.before(x)
+        # Training: the whole target at once, causal. Incremental decoding (T == 1 with a cache):
+        # the new position may see every cached one, so no mask is needed.
+        causal = self_cache is None
+        a, self_cache, w_self = self.self_attn(h, is_causal=causal, cache=self_cache, need_weights=need_weights)
+        x = self.res_self.after(x, a)
+        h = self.res_cross.before(x)
+        a, _, w_cross = self.cross_attn(h, mask=memory_mask, cache=memory_kv, static_kv=True, need_weights=need_weights)
+        x = self.res_cross.after(x, a)
+        x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
+        return x, self_cache, DecoderLayerWeights(w_self, w_cross)

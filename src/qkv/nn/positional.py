@@ -1,0 +1,71 @@
+"""Positional encodings (section 3.5).
+
+    PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+    PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+
+"each dimension of the positional encoding corresponds to a sinusoid. The wavelengths form a
+geometric progression from 2π to 10000·2π." The paper also tried learned positional embeddings
+and found nearly identical results (Table 3, row E): ``LearnedPositionalEncoding``.
+"""
+
+from __future__ import annotations
+
+
+import torch
+from torch import nn
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
+    """The ``(n_positions, d_model)`` table PE above (d_model even)."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (P, d/2)
+    pe = torch.empty(n_positions, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle)
+    return pe.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds nothing learnable: a fixed table, extended on the fly for longer inputs."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> torch.Tensor:
+        """Encodings of positions ``offset .. offset + length - 1``, ``(1, length, d_model)``."""
+        end = offset + length
+        if end > self.table.size(0):  # longer than ever seen: grow the table (no limit by design)
+            self.table = sinusoidal_table(max(end, 2 * self.table.size(0)), self.d_model).to(self.table.device)
+        return self.table[offset:end][None]  # (1, T, d_model)
+
+
+class LearnedPositionalEncoding(nn.Module):
+    """One learned vector per position, up to ``max_positions``."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024):
+        super().__init__()
+        self.max_positions = max_positions
+        self.weight = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
+
+    def forward(self, length: int, offset: int = 0) -> torch.Tensor:
+        end = offset + length
+        if end > self.max_positions:
+            raise ValueError(
+                f"sequence of {end} positions is longer than the learned positional table "
+                f"(max_positions={self.max_positions})"
+            )
+        return self.weight[offset:end][None]  # (1, T, d_model)
+
+
+def positional_encoding(kind: str, d_model: int, max_positions: int) -> nn.Module:
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_positions)
+    if kind == "learned":
+        return LearnedPositionalEncoding(d_model, max_positions)
+    raise ValueError(f"unknown positional encoding {kind!r}")
+
+
+__all__ = ["sinusoidal_table", "SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "positional_encoding"]

@@ -1,0 +1,111 @@
+import math
+
+import torch
+from torch import nn
+
+from qkv.masks import causal_mask, padding_mask
+from qkv.nn.attention import MultiHeadAttention, attention_reference, scaled_dot_product_attention
+
+
+def test_reference_matches_hand_computation():
+    # one head, one query, two keys: scores q.k / sqrt(d_k)
+    q = torch.tensor([[[[1.0, 0.0]]]])  # (1, 1, 1, 2)
+    k = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]]])
+    v = torch.tensor([[[[10.0, 0.0], [0.0, 20.0]]]])
+    out, w = attention_reference(q, k, v)
+    s = 1 / math.sqrt(2)
+    w0 = math.exp(s) / (math.exp(s) + 1)
+    assert torch.allclose(w[0, 0, 0], torch.tensor([w0, 1 - w0]))
+    assert torch.allclose(out[0, 0, 0], torch.tensor([10 * w0, 20 * (1 - w0)]))
+
+
+def test_fast_path_equals_reference_with_masks():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
+    mask = padding_mask(torch.tensor([[4, 4, 4, 3, 0], [4, 3, 0, 0, 0]]))
+    for m, causal in [(mask, False), (None, True), (mask, True)]:
+        fast, _ = scaled_dot_product_attention(q, k, v, m, is_causal=causal)
+        ref, w = attention_reference(q, k, v, m, is_causal=causal)
+        assert torch.allclose(fast, ref, atol=1e-5)
+        assert torch.allclose(w.sum(-1), torch.ones(2, 3, 5))  # rows sum to 1 over visible keys
+    _, w = attention_reference(q, k, v, mask & causal_mask(5))
+    assert (w[1, :, :, 2:] == 0).all()  # padding gets no weight
+    assert (w[0].triu(1) == 0).all()  # the future gets no weight
+
+
+def _copy_to_torch_mha(mine: MultiHeadAttention) -> nn.MultiheadAttention:
+    ref = nn.MultiheadAttention(mine.d_model, mine.n_heads, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(mine.in_proj.weight)
+        ref.in_proj_bias.copy_(mine.in_proj.bias)
+        ref.out_proj.weight.copy_(mine.out_proj.weight)
+        ref.out_proj.bias.copy_(mine.out_proj.bias)
+    return ref.eval()
+
+
+def test_self_attention_matches_torch_multihead_attention():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).eval()
+    ref = _copy_to_torch_mha(mha)
+    x = torch.randn(2, 6, 16)
+    tokens = torch.tensor([[5] * 6, [5, 5, 5, 0, 0, 0]])
+    out, _, w = mha(x, mask=padding_mask(tokens), need_weights=True)
+    ref_out, ref_w = ref(x, x, x, key_padding_mask=tokens == 0, average_attn_weights=False)
+    assert torch.allclose(out[:, :], ref_out, atol=1e-5)
+    assert torch.allclose(w, ref_w, atol=1e-6)
+    fast, _, none = mha(x, mask=padding_mask(tokens))
+    assert none is None and torch.allclose(fast, ref_out, atol=1e-5)
+
+
+def test_causal_self_attention_matches_torch():
+    torch.manual_seed(1)
+    mha = MultiHeadAttention(8, 2).eval()
+    ref = _copy_to_torch_mha(mha)
+    x = torch.randn(3, 5, 8)
+    out, _, _ = mha(x, is_causal=True)
+    blocked = ~causal_mask(5)[0, 0]  # torch: True = blocked
+    ref_out, _ = ref(x, x, x, attn_mask=blocked)
+    assert torch.allclose(out, ref_out, atol=1e-5)
+
+
+def test_cross_attention_matches_torch_and_cached_kv():
+    torch.manual_seed(2)
+    mha = MultiHeadAttention(8, 2).eval()
+    ref = _copy_to_torch_mha(mha)
+    x, mem = torch.randn(2, 3, 8), torch.randn(2, 7, 8)
+    src = torch.tensor([[5] * 7, [5] * 4 + [0] * 3])
+    out, kv, _ = mha(x, memory=mem, mask=padding_mask(src))
+    ref_out, _ = ref(x, mem, mem, key_padding_mask=src == 0)
+    assert torch.allclose(out, ref_out, atol=1e-5)
+    again, _, _ = mha(x, mask=padding_mask(src), cache=mha.project_kv(mem), static_kv=True)
+    assert torch.allclose(again, out, atol=1e-6)
+    assert kv.k.shape == (2, 2, 7, 4)  # (B, h, S, d_k)
+
+
+def test_incremental_self_attention_equals_full_causal():
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 4, 8)
+    full, _, _ = mha(x, is_causal=True)
+    from qkv.nn.attention import KVCache
+
+    cache = KVCache(torch.zeros(2, 2, 0, 4), torch.zeros(2, 2, 0, 4))
+    outs = []
+    for t in range(4):
+        o, cache, _ = mha(x[:, t : t + 1], cache=cache)
+        outs.append(o)
+    assert torch.allclose(torch.cat(outs, 1), full, atol=1e-5)
+    assert cache.k.shape == (2, 2, 4, 4)
+
+
+def test_attention_dropout_only_in_training():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2, dropout=0.5)
+    x = torch.randn(1, 5, 8)
+    mha.eval()
+    a, _, _ = mha(x)
+    b, _, _ = mha(x)
+    assert torch.equal(a, b)
+    mha.train()
+    c, _, _ = mha(x)
+    assert not torch.allclose(a, c)

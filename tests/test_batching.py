@@ -1,0 +1,135 @@
+"""Tests for qkv.data.batching: collate layout, the token budget, determinism, padding."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from qkv.config import BOS, EOS, PAD
+from qkv.data.batching import collate, padding_fraction, token_budget_batches
+
+# --- collate -----------------------------------------------------------------------------------------
+
+
+def test_collate_layout() -> None:
+    batch = collate([[5, 6, 7], [8]], [[9], [10, 11, 12]], indices=[40, 41])
+    assert (BOS, EOS, PAD) == (2, 3, 0)
+    assert torch.equal(batch.src, torch.tensor([[5, 6, 7, 3], [8, 3, 0, 0]]))
+    assert torch.equal(batch.tgt_in, torch.tensor([[2, 9, 0, 0], [2, 10, 11, 12]]))
+    assert torch.equal(batch.tgt_out, torch.tensor([[9, 3, 0, 0], [10, 11, 12, 3]]))
+    assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.long
+    assert batch.indices == [40, 41]
+    assert batch.n_src_tokens == 6  # 3 + 1 and 1 + 1
+    assert batch.n_tgt_tokens == 6  # 1 + 1 and 3 + 1
+    assert len(batch) == 2
+
+
+def test_collate_without_target() -> None:
+    batch = collate([[4], [5, 6]], None)
+    assert torch.equal(batch.src, torch.tensor([[4, 3, 0], [5, 6, 3]]))
+    assert batch.tgt_in is None and batch.tgt_out is None
+    assert batch.indices == [0, 1]
+    assert batch.n_tgt_tokens == 0
+    moved = batch.to("cpu")
+    assert torch.equal(moved.src, batch.src) and moved.tgt_in is None
+
+
+def test_collate_empty_sentence() -> None:
+    batch = collate([[]], [[]])
+    assert torch.equal(batch.src, torch.tensor([[3]]))
+    assert torch.equal(batch.tgt_in, torch.tensor([[2]]))
+    assert torch.equal(batch.tgt_out, torch.tensor([[3]]))
+
+
+def test_collate_mismatched_lengths() -> None:
+    with pytest.raises(ValueError):
+        collate([[4], [5]], [[6]])
+
+
+# --- token_budget_batches ---------------------------------------------------------------------------
+
+
+def random_lengths(n: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    src = [rng.randint(1, 60) for _ in range(n)]
+    tgt = [max(1, s + rng.randint(-5, 10)) for s in src]
+    return src, tgt
+
+
+def test_small_literal_cases() -> None:
+    # each example takes 2 positions per side (token + EOS / BOS): two fit in 4
+    assert token_budget_batches([1, 1, 1, 1], [1, 1, 1, 1], max_tokens=4, shuffle=False) == [[0, 1], [2, 3]]
+    # sorted by (source, target) length without shuffling
+    assert token_budget_batches([5, 1, 3, 3], [0, 0, 2, 1], max_tokens=100, shuffle=False) == [[1, 3, 2, 0]]
+    # the target side alone can close a batch: 3 * (9 + 1) > 20
+    assert token_budget_batches([1, 1, 1], [9, 9, 9], max_tokens=20, shuffle=False) == [[0, 1], [2]]
+
+
+def test_budget_respected_and_every_index_once() -> None:
+    src, tgt = random_lengths(600)
+    src[17], tgt[17] = 300, 5  # longer than the budget on its own
+    max_tokens = 200
+    batches = token_budget_batches(src, tgt, max_tokens, shuffle=True, seed=3, epoch=1)
+    assert sorted(i for b in batches for i in b) == list(range(600))
+    assert [17] in batches
+    for b in batches:
+        padded_src = len(b) * max(src[i] + 1 for i in b)
+        padded_tgt = len(b) * max(tgt[i] + 1 for i in b)
+        assert len(b) == 1 or (padded_src <= max_tokens and padded_tgt <= max_tokens)
+    # greedy cutting fills batches: most are more than half full on their longer side
+    full = [b for b in batches if len(b) * max(max(src[i], tgt[i]) + 1 for i in b) > max_tokens // 2]
+    assert len(full) >= 0.9 * len(batches)
+
+
+def test_deterministic_per_seed_and_epoch() -> None:
+    src, tgt = random_lengths(300)
+    first = token_budget_batches(src, tgt, 150, shuffle=True, seed=7, epoch=0)
+    assert token_budget_batches(src, tgt, 150, shuffle=True, seed=7, epoch=0) == first
+    other_epoch = token_budget_batches(src, tgt, 150, shuffle=True, seed=7, epoch=1)
+    assert other_epoch != first
+    assert sorted(map(sorted, other_epoch)) != sorted(map(sorted, first))  # not only the order: ties differ too
+    assert token_budget_batches(src, tgt, 150, shuffle=True, seed=8, epoch=0) != first
+    # without shuffling the epoch does not matter
+    assert token_budget_batches(src, tgt, 150, shuffle=False, epoch=0) == token_budget_batches(
+        src, tgt, 150, shuffle=False, epoch=5
+    )
+
+
+def test_source_only_batching() -> None:
+    batches = token_budget_batches([3, 3, 3, 3, 3], None, max_tokens=8, shuffle=False)
+    assert batches == [[0, 1], [2, 3], [4]]
+
+
+# --- padding ----------------------------------------------------------------------------------------
+
+
+def pad_share(batches: list[list[int]], src: list[int], tgt: list[int]) -> float:
+    """Independent reference: count pads position by position."""
+    pads = total = 0
+    for b in batches:
+        for lens in (src, tgt):
+            width = max(lens[i] + 1 for i in b)
+            for i in b:
+                total += width
+                pads += width - (lens[i] + 1)
+    return pads / total
+
+
+def test_padding_fraction_literal() -> None:
+    # src sizes 2 and 4 -> 8 positions, 2 pads; tgt sizes 3 and 3 -> 6 positions, 0 pads
+    assert padding_fraction([[0, 1]], [1, 3], [2, 2]) == pytest.approx(2 / 14)
+    assert padding_fraction([[0], [1]], [1, 3], [2, 2]) == 0.0
+
+
+def test_bucketing_pads_less_than_random_batches() -> None:
+    src, tgt = random_lengths(1000, seed=1)
+    bucketed = token_budget_batches(src, tgt, 400, shuffle=True, seed=1, epoch=0)
+    order = list(range(1000))
+    random.Random(0).shuffle(order)
+    k = len(bucketed)
+    unsorted = [order[j * 1000 // k : (j + 1) * 1000 // k] for j in range(k)]  # same number of batches
+    assert padding_fraction(bucketed, src, tgt) == pytest.approx(pad_share(bucketed, src, tgt))
+    assert padding_fraction(unsorted, src, tgt) == pytest.approx(pad_share(unsorted, src, tgt))
+    assert pad_share(bucketed, src, tgt) < 0.15 < 0.3 < pad_share(unsorted, src, tgt)

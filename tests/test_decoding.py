@@ -1,0 +1,280 @@
+"""Tests for qkv.decoding on hand-built probability tables (in the style of OpenNMT-py's
+tests/test_beam_search.py): a fake model whose next-token distribution is a table lookup on
+(sentence id, prefix), so every expected result below can be computed by hand."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from qkv.config import BOS, EOS, PAD, UNK
+from qkv.decoding import Hypothesis, beam_search, greedy, max_output_len
+from qkv.decoding.beam_search import length_penalty
+from qkv.errors import ConfigError
+
+A, B, C = 4, 5, 6  # ordinary tokens
+V = 7  # vocabulary: PAD UNK BOS EOS A B C
+
+Table = Callable[[int, tuple[int, ...]], Tensor]  # (sentence id, prefix without BOS) -> logits (V,)
+
+
+@dataclass
+class FakeState:
+    prefixes: Tensor  # (N, t) tokens fed so far, BOS first
+    sent: Tensor  # (N,) sentence id of each row
+
+    def reorder(self, indices: Tensor) -> "FakeState":
+        return FakeState(self.prefixes[indices], self.sent[indices])
+
+
+class TableModel:
+    """start/step/reorder over a table; src[:, 0] is the sentence id. Records step batch sizes."""
+
+    def __init__(self, table: Table):
+        self.table = table
+        self.batch_sizes: list[int] = []
+
+    def start(self, src: Tensor) -> FakeState:
+        return FakeState(torch.empty((src.size(0), 0), dtype=torch.long), src[:, 0].clone())
+
+    def step(self, tokens: Tensor, state: FakeState) -> tuple[Tensor, FakeState]:
+        self.batch_sizes.append(tokens.size(0))
+        prefixes = torch.cat([state.prefixes, tokens.unsqueeze(1)], dim=1)  # (N, t+1)
+        logits = torch.stack(
+            [self.table(int(s), tuple(p[1:].tolist())) for s, p in zip(state.sent, prefixes)]
+        )
+        return logits, FakeState(prefixes, state.sent)
+
+
+def dist(probs: dict[int, float]) -> Tensor:
+    """Logits whose softmax is exactly ``probs`` (missing tokens get probability 0)."""
+    p = torch.zeros(V, dtype=torch.float64)
+    for tok, prob in probs.items():
+        p[tok] = prob
+    return p.log().float()
+
+
+def src_of(sent_ids: list[int]) -> Tensor:
+    return torch.tensor([[s, EOS] for s in sent_ids])
+
+
+def random_table(seed: int, eos_bias: float = 0.4) -> Table:
+    """Tie-free random logits, a deterministic function of (seed, sentence, prefix);
+    EOS gets likelier with length so that sentences end at different steps."""
+
+    def table(sent: int, prefix: tuple[int, ...]) -> Tensor:
+        rng = random.Random(hash((seed, sent) + prefix))
+        logits = torch.tensor([rng.gauss(0.0, 2.0) for _ in range(V)])
+        logits[EOS] += eos_bias * len(prefix)
+        return logits
+
+    return table
+
+
+def table_logprob(table: Table, sent: int, tokens: list[int]) -> float:
+    """Independent scorer: sum of the model's log p over tokens + EOS (softmax over all V)."""
+    total = 0.0
+    for t, tok in enumerate(tokens + [EOS]):
+        logits = table(sent, tuple(tokens[:t])).double()
+        total += float(torch.log_softmax(logits, dim=0)[tok])
+    return total
+
+
+# --- the hand-computed cases -----------------------------------------------------------------------
+
+
+def greedy_trap(sent: int, prefix: tuple[int, ...]) -> Tensor:
+    """p(A)=.5 p(B)=.4 p(EOS)=.1 first; after A: EOS .4, A .35, B .25; after B: EOS .9, A .06, B .04."""
+    table = {
+        (): {A: 0.5, B: 0.4, EOS: 0.1},
+        (A,): {EOS: 0.4, A: 0.35, B: 0.25},
+        (B,): {EOS: 0.9, A: 0.06, B: 0.04},
+    }
+    return dist(table.get(prefix, {EOS: 1.0}))
+
+
+def test_beam_finds_sequence_greedy_misses():
+    # Greedy: A (.5), then EOS (.4): P(A EOS) = .5 * .4 = .20.
+    # Beam 2, step 0: live A (.5), B (.4); EOS (.1) ranks 3rd of the 2k=4 candidates: not kept.
+    # Step 1 candidates: B EOS = .4*.9 = .36, A EOS = .5*.4 = .20, A A = .175, A B = .125, ...
+    # The top k=2 are both EOS -> 2 finished -> done. Best: [B] with P = .36 > .20.
+    model = TableModel(greedy_trap)
+    assert greedy(model, src_of([0]), torch.tensor([5])) == [[A]]
+    model = TableModel(greedy_trap)
+    [[best]] = beam_search(model, src_of([0]), 2, 0.0, torch.tensor([5]), nbest=1)
+    assert model.batch_sizes == [2, 2]  # stopped after step 1 (k finished), not at max_len 5
+    assert best.tokens == [B]
+    assert best.logprob == pytest.approx(math.log(0.36), abs=1e-5)
+    assert best.score == pytest.approx(math.log(0.36), abs=1e-5)  # alpha = 0: lp = 1
+
+
+def length_trap(sent: int, prefix: tuple[int, ...]) -> Tensor:
+    table = {
+        (): {A: 0.6, B: 0.4},
+        (A,): {EOS: 0.55, C: 0.45},
+        (B,): {C: 0.9, EOS: 0.1},
+        (B, C): {EOS: 0.9, C: 0.1},
+        (A, C): {EOS: 0.6, C: 0.4},
+    }
+    return dist(table.get(prefix, {EOS: 1.0}))
+
+
+# Beam 2 on length_trap (the search itself does not depend on alpha):
+#   step 0: live A (.6), B (.4)
+#   step 1: B C = .36, A EOS = .33, A C = .27, B EOS = .04 -> finished [A] (P .33); live B C, A C
+#   step 2: B C EOS = .324, A C EOS = .162, A C C = .108, B C C = .036
+#           -> finished [B C] (P .324); 2 finished -> done.
+#   alpha = 0: log .33 = -1.10866 > log .324 = -1.12701          -> [A] wins
+#   alpha = 1: lp(|[A] EOS|=2) = 7/6, lp(|[B C] EOS|=3) = 8/6
+#              -1.10866 * 6/7 = -0.95028 < -1.12701 * 6/8 = -0.84526 -> [B C] wins
+def test_length_penalty_changes_winner():
+    [[short]] = beam_search(TableModel(length_trap), src_of([0]), 2, 0.0, torch.tensor([10]))
+    [[long]] = beam_search(TableModel(length_trap), src_of([0]), 2, 1.0, torch.tensor([10]))
+    assert short.tokens == [A]
+    assert long.tokens == [B, C]
+
+
+def test_nbest_order_and_scores():
+    hyps = beam_search(TableModel(length_trap), src_of([0]), 2, 1.0, torch.tensor([10]), nbest=2)[0]
+    assert [h.tokens for h in hyps] == [[B, C], [A]]
+    assert hyps[0].logprob == pytest.approx(-1.1270118, abs=1e-5)  # log .324
+    assert hyps[0].score == pytest.approx(-0.8452589, abs=1e-5)  # log .324 * 6/8
+    assert hyps[1].logprob == pytest.approx(-1.1086626, abs=1e-5)  # log .33
+    assert hyps[1].score == pytest.approx(-0.9502822, abs=1e-5)  # log .33 * 6/7
+    assert all(isinstance(h, Hypothesis) for h in hyps)
+
+
+def test_length_penalty_formula():
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)  # (5+1)/6 = 1
+    assert length_penalty(7, 1.0) == pytest.approx(2.0)  # 12/6
+    assert length_penalty(10, 0.5) == pytest.approx(math.sqrt(2.5))  # sqrt(15/6)
+    assert length_penalty(123, 0.0) == 1.0
+    assert torch.allclose(length_penalty(torch.tensor([1.0, 7.0]), 1.0), torch.tensor([1.0, 2.0]))
+
+
+def test_max_output_len():
+    assert max_output_len(torch.tensor([3, 10]), 1.0, 50).tolist() == [53, 60]
+    assert max_output_len(torch.tensor([3, 10]), 1.5, 2).tolist() == [6, 17]  # floor(6.5), 17
+
+
+# --- EOS handling and max_len -------------------------------------------------------------------
+
+
+def never_ends(sent: int, prefix: tuple[int, ...]) -> Tensor:
+    """EOS almost never: A .6, B .39, EOS .01 after every prefix."""
+    return dist({A: 0.6, B: 0.39, EOS: 0.01})
+
+
+def test_max_len_forces_eos():
+    # Greedy emits A until the budget, then EOS is forced.
+    max_len = torch.tensor([3, 0, 1])
+    assert greedy(TableModel(never_ends), src_of([0, 1, 2]), max_len) == [[A, A, A], [], [A]]
+    # Beam: the forced EOS is scored with the model's own p(EOS) = .01.
+    hyps = beam_search(TableModel(never_ends), src_of([0, 1, 2]), 2, 0.6, max_len, nbest=2)
+    assert hyps[0][0].tokens == [A, A, A]
+    assert hyps[0][0].logprob == pytest.approx(3 * math.log(0.6) + math.log(0.01), abs=1e-4)
+    assert hyps[0][0].score == pytest.approx(hyps[0][0].logprob / (9 / 6) ** 0.6, abs=1e-4)
+    assert all(len(h.tokens) == 3 for h in hyps[0])
+    assert [h.tokens for h in hyps[1]] == [[]]  # max_len 0: only beam 0 is live at step 0
+    assert hyps[1][0].logprob == pytest.approx(math.log(0.01), abs=1e-5)
+    assert [h.tokens for h in hyps[2]] == [[A], [B]]
+
+
+def test_eos_ends_early_and_is_not_returned():
+    # After A: EOS is certain, so greedy stops at 1 token even with a large budget.
+    table = lambda s, p: dist({A: 0.7, B: 0.3}) if p == () else dist({EOS: 1.0})  # noqa: E731
+    assert greedy(TableModel(table), src_of([0]), torch.tensor([50])) == [[A]]
+    hyps = beam_search(TableModel(table), src_of([0]), 2, 0.6, torch.tensor([50]), nbest=2)[0]
+    assert [h.tokens for h in hyps] == [[A], [B]]
+    assert [h.logprob for h in hyps] == pytest.approx([math.log(0.7), math.log(0.3)], abs=1e-5)
+
+
+def test_pad_and_bos_never_emitted_unk_allowed():
+    table = lambda s, p: dist({PAD: 0.4, BOS: 0.3, UNK: 0.2, EOS: 0.1})  # noqa: E731
+    assert greedy(TableModel(table), src_of([0]), torch.tensor([2])) == [[UNK, UNK]]
+    hyps = beam_search(TableModel(table), src_of([0]), 3, 0.0, torch.tensor([2]), nbest=3)[0]
+    # Only UNK (.2) and EOS (.1) may be emitted; scores keep the model's probabilities (no
+    # renormalisation). EOS always ranks 2nd of the live candidates (< k), so it finishes each step:
+    # [] = .1, [UNK] = .2 * .1 = .02, [UNK UNK] = .2 * .2 * .1 = .004 (EOS forced at max_len 2).
+    assert [h.tokens for h in hyps] == [[], [UNK], [UNK, UNK]]
+    expected = [math.log(0.1), math.log(0.02), math.log(0.004)]
+    assert [h.logprob for h in hyps] == pytest.approx(expected, abs=1e-5)
+    assert all(PAD not in h.tokens and BOS not in h.tokens for h in hyps)
+
+
+# --- batching, pruning and agreement between decoders -------------------------------------------------
+
+
+def test_finished_sentences_are_pruned():
+    # Sentence 0 has max_len 0: forced to finish at step 0, then only sentence 1's rows run.
+    model = TableModel(never_ends)
+    beam_search(model, src_of([0, 1]), 2, 0.0, torch.tensor([0, 4]))
+    assert model.batch_sizes == [4, 2, 2, 2, 2]  # (B*k)=4 rows, then 1 sentence * k=2
+    model = TableModel(never_ends)
+    greedy(model, src_of([0, 1]), torch.tensor([0, 4]))
+    assert model.batch_sizes == [2, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_beam_size_one_equals_greedy(alpha: float):
+    table = random_table(seed=1, eos_bias=0.3)
+    ids, max_len = list(range(12)), torch.tensor([6, 1, 0, 9, 4, 7, 3, 8, 2, 5, 9, 6])
+    expected = greedy(TableModel(table), src_of(ids), max_len)
+    hyps = beam_search(TableModel(table), src_of(ids), 1, alpha, max_len)
+    assert [h[0].tokens for h in hyps] == expected
+    for sent, h in zip(ids, hyps):
+        assert h[0].logprob == pytest.approx(table_logprob(table, sent, h[0].tokens), abs=1e-4)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_batched_equals_one_by_one(beam_size: int):
+    table = random_table(seed=2)
+    ids, max_len = [0, 1, 2, 3, 4, 5], torch.tensor([1, 4, 7, 2, 6, 0])
+    model = TableModel(table)
+    batched = beam_search(model, src_of(ids), beam_size, 0.6, max_len, nbest=beam_size)
+    # pruning: rows only ever shrink, by whole sentences
+    assert model.batch_sizes[0] == len(ids) * beam_size
+    assert all(a >= b for a, b in zip(model.batch_sizes, model.batch_sizes[1:]))
+    assert all(n % beam_size == 0 for n in model.batch_sizes)
+    assert model.batch_sizes[-1] < model.batch_sizes[0]
+    greedy_batched = greedy(TableModel(table), src_of(ids), max_len)
+    for i, sent in enumerate(ids):
+        one = max_len[i : i + 1]
+        single = beam_search(TableModel(table), src_of([sent]), beam_size, 0.6, one, nbest=beam_size)[0]
+        assert [h.tokens for h in batched[i]] == [h.tokens for h in single]
+        assert [h.score for h in batched[i]] == pytest.approx([h.score for h in single], abs=1e-5)
+        assert greedy_batched[i] == greedy(TableModel(table), src_of([sent]), one)[0]
+        for h in batched[i]:
+            assert len(h.tokens) <= int(max_len[i])
+            assert h.logprob == pytest.approx(table_logprob(table, sent, h.tokens), abs=1e-4)
+            assert h.score == pytest.approx(h.logprob / ((5 + len(h.tokens) + 1) / 6) ** 0.6, abs=1e-5)
+
+
+def test_wide_beam_is_exhaustive():
+    # With k at least the number of possible outputs, beam search finishes every sequence:
+    # compare with brute-force enumeration over {UNK, A, B, C}^<=2 + EOS (1 + 4 + 16 = 21).
+    table = random_table(seed=3, eos_bias=0.0)
+    tokens = [UNK, A, B, C]
+    outputs = [list(seq) for n in range(3) for seq in itertools.product(tokens, repeat=n)]
+    scored = sorted(
+        ((table_logprob(table, 0, y) / ((5 + len(y) + 1) / 6) ** 0.6, y) for y in outputs), reverse=True
+    )
+    hyps = beam_search(TableModel(table), src_of([0]), 21, 0.6, torch.tensor([2]), nbest=21)[0]
+    assert [h.tokens for h in hyps] == [y for _, y in scored]
+    assert [h.score for h in hyps] == pytest.approx([s for s, _ in scored], abs=1e-4)
+
+
+def test_int_max_len_and_bad_arguments():
+    assert greedy(TableModel(never_ends), src_of([0, 1]), 2) == [[A, A], [A, A]]
+    with pytest.raises(ConfigError, match="nbest"):
+        beam_search(TableModel(never_ends), src_of([0]), 2, 0.6, 3, nbest=3)
+    with pytest.raises(ConfigError, match="beam_size"):
+        beam_search(TableModel(never_ends), src_of([0]), 0, 0.6, 3)
+    assert beam_search(TableModel(never_ends), src_of([]).view(0, 2), 2, 0.6, 3) == []

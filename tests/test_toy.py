@@ -1,0 +1,158 @@
+"""Tests for qkv.data.toy: number words checked against pairs written out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from qkv.data.toy import english, german, number_pairs
+from qkv.errors import QkvError
+
+# Written out by hand (standard German: "eins" alone and at the very end, "ein" before
+# "und", "hundert" and "tausend").
+GERMAN = {
+    1: "eins",
+    2: "zwei",
+    3: "drei",
+    4: "vier",
+    5: "fünf",
+    6: "sechs",
+    7: "sieben",
+    8: "acht",
+    9: "neun",
+    10: "zehn",
+    11: "elf",
+    12: "zwölf",
+    13: "dreizehn",
+    14: "vierzehn",
+    15: "fünfzehn",
+    16: "sechzehn",
+    17: "siebzehn",
+    18: "achtzehn",
+    19: "neunzehn",
+    20: "zwanzig",
+    21: "einundzwanzig",
+    26: "sechsundzwanzig",
+    27: "siebenundzwanzig",
+    30: "dreißig",
+    31: "einunddreißig",
+    40: "vierzig",
+    50: "fünfzig",
+    60: "sechzig",
+    70: "siebzig",
+    80: "achtzig",
+    90: "neunzig",
+    99: "neunundneunzig",
+    100: "einhundert",
+    101: "einhunderteins",
+    111: "einhundertelf",
+    121: "einhunderteinundzwanzig",
+    200: "zweihundert",
+    321: "dreihunderteinundzwanzig",
+    1000: "eintausend",
+    1001: "eintausendeins",
+    1005: "eintausendfünf",
+    1100: "eintausendeinhundert",
+    2021: "zweitausendeinundzwanzig",
+    17000: "siebzehntausend",
+    21000: "einundzwanzigtausend",
+    31001: "einunddreißigtausendeins",
+    100000: "einhunderttausend",
+    101000: "einhunderteintausend",
+    200000: "zweihunderttausend",
+    201001: "zweihunderteintausendeins",
+    999999: "neunhundertneunundneunzigtausendneunhundertneunundneunzig",
+}
+
+ENGLISH = {
+    1: "one",
+    2: "two",
+    3: "three",
+    4: "four",
+    5: "five",
+    6: "six",
+    7: "seven",
+    8: "eight",
+    9: "nine",
+    10: "ten",
+    11: "eleven",
+    12: "twelve",
+    13: "thirteen",
+    14: "fourteen",
+    15: "fifteen",
+    16: "sixteen",
+    17: "seventeen",
+    18: "eighteen",
+    19: "nineteen",
+    20: "twenty",
+    21: "twenty-one",
+    30: "thirty",
+    40: "forty",
+    58: "fifty-eight",
+    80: "eighty",
+    99: "ninety-nine",
+    100: "one hundred",
+    101: "one hundred one",
+    115: "one hundred fifteen",
+    321: "three hundred twenty-one",
+    1000: "one thousand",
+    1005: "one thousand five",
+    1100: "one thousand one hundred",
+    21000: "twenty-one thousand",
+    100000: "one hundred thousand",
+    101000: "one hundred one thousand",
+    200000: "two hundred thousand",
+    201001: "two hundred one thousand one",
+    999999: "nine hundred ninety-nine thousand nine hundred ninety-nine",
+}
+
+
+@pytest.mark.parametrize("n, words", sorted(GERMAN.items()))
+def test_german(n: int, words: str) -> None:
+    assert german(n) == words
+
+
+@pytest.mark.parametrize("n, words", sorted(ENGLISH.items()))
+def test_english(n: int, words: str) -> None:
+    assert english(n) == words
+
+
+def test_enough_hand_written_pairs() -> None:
+    assert len(GERMAN) >= 25 and len(ENGLISH) >= 25
+
+
+@pytest.mark.parametrize("n", [0, -3, 1_000_000])
+def test_out_of_range(n: int) -> None:
+    with pytest.raises(ValueError):
+        german(n)
+    with pytest.raises(ValueError):
+        english(n)
+
+
+def test_words_are_distinct() -> None:
+    # different numbers never share a spelling (a translation task must be well defined)
+    numbers = range(1, 20_000)
+    assert len({german(n) for n in numbers}) == len(numbers)
+    assert len({english(n) for n in numbers}) == len(numbers)
+
+
+def test_number_pairs_splits() -> None:
+    data = number_pairs(max_number=5000, n_train=300, n_valid=50, n_test=40, seed=4)
+    assert {k: len(v) for k, v in data.items()} == {"train": 300, "valid": 50, "test": 40}
+    assert data == number_pairs(max_number=5000, n_train=300, n_valid=50, n_test=40, seed=4)
+    assert data != number_pairs(max_number=5000, n_train=300, n_valid=50, n_test=40, seed=5)
+    english_to_number = {english(n): n for n in range(1, 5001)}
+    numbers = {split: {english_to_number[en] for en, _ in pairs} for split, pairs in data.items()}
+    assert all(len(numbers[s]) == len(data[s]) for s in data)  # no repeats inside a split
+    assert not numbers["train"] & numbers["valid"]
+    assert not numbers["train"] & numbers["test"]
+    assert not numbers["valid"] & numbers["test"]
+    for pairs in data.values():
+        for en, de in pairs:
+            assert de == german(english_to_number[en])
+
+
+def test_number_pairs_can_use_every_number() -> None:
+    data = number_pairs(max_number=30, n_train=20, n_valid=5, n_test=5, seed=0)
+    assert sorted(en for pairs in data.values() for en, _ in pairs) == sorted(english(n) for n in range(1, 31))
+    with pytest.raises(QkvError, match="distinct"):
+        number_pairs(max_number=30, n_train=20, n_valid=6, n_test=5)
