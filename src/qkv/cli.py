@@ -53,7 +53,7 @@ FIELD_HELP = {
     "max_time": "stop after this many seconds of training (0: no limit)",
     "eval_every": "validate and checkpoint every this many updates",
     "eval_bleu_samples": "validation sentences decoded greedily for BLEU",
-    "keep_last": "numbered checkpoints to keep",
+    "keep_last": "also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)",
     "seed": "random seed",
     "threads": "torch CPU threads (0: torch's default)",
     "beam_size": "beam size (1: greedy)",
@@ -118,6 +118,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.resume:
         model_cfg, train_cfg, decode_cfg = resumed_configs(out / "last", args)
+        saved = resumed_data(out / "last")  # None: a checkpoint from before the data was recorded
+        if saved not in (None, "toy/train") and not args.src_train:
+            raise QkvError(f"{out} was trained on {saved}: give the same --src-train and --tgt-train to resume it")
+        if saved == "toy/train" and args.src_train:
+            raise QkvError(f"{out} was trained on the embedded default task: resume it without --src-train")
     elif args.src_train:
         model_cfg, train_cfg, decode_cfg = resolve_configs(args, default_preset="small")
     else:
@@ -162,6 +167,8 @@ def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, 
     """Resuming keeps the run's own settings; flags may change only limits and evaluation cadence."""
     from qkv.training.checkpoint import read_checkpoint
 
+    if not last.exists():
+        raise QkvError(f"cannot resume: {last} does not exist (train without --resume first)")
     ckpt = read_checkpoint(last)
     src = f"{last}/config.json"
     model_cfg = from_dict(ModelConfig, ckpt.config["model"], src)
@@ -169,13 +176,25 @@ def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, 
     decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
     changeable = {"max_steps", "max_epochs", "max_time", "eval_every", "eval_bleu_samples", "keep_last", "threads"}
     asked = flags_for(args, TrainConfig)
-    refused = sorted(set(asked) - changeable) + sorted(flags_for(args, ModelConfig))
+    asked_model = flags_for(args, ModelConfig)
+    refused = sorted(k for k, v in asked.items() if k not in changeable and v != getattr(train_cfg, k))
+    refused += sorted(k for k, v in asked_model.items() if v != getattr(model_cfg, k))
     if refused:
         raise QkvError(f"--resume continues the run as configured; these flags cannot change now: "
                        f"{', '.join('--' + r.replace('_', '-') for r in refused)}")
     train_cfg = override(train_cfg, asked, "flags")
     decode_cfg = override(decode_cfg, flags_for(args, DecodeConfig), "flags")
     return model_cfg, train_cfg, decode_cfg
+
+
+def resumed_data(last: Path) -> str | None:
+    """What the run in ``last`` was trained on ("toy/train" for the embedded task), if recorded."""
+    import json
+
+    try:
+        return json.loads((last / "config.json").read_text(encoding="utf-8")).get("data", {}).get("train")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def show_toy_results(out: Path, test_pairs: list[tuple[str, str]]) -> None:
@@ -198,21 +217,17 @@ def show_toy_results(out: Path, test_pairs: list[tuple[str, str]]) -> None:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     import qkv
-    from qkv.data.corpus import read_lines
+    from qkv.data.corpus import decode_lines, read_lines
 
     model = qkv.load(args.model)
     overrides = flags_for(args, DecodeConfig)
+    dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
     if args.text:
         lines = list(args.text)
     elif args.input and args.input != "-":
         lines = read_lines(args.input)
     else:
-        data = sys.stdin.buffer.read()
-        try:
-            lines = data.decode("utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            line = data[: e.start].count(b"\n") + 1
-            raise QkvError(f"<stdin>:{line}: invalid UTF-8 (byte {e.start})") from None
+        lines = decode_lines(sys.stdin.buffer.read(), "<stdin>")
     nbest = overrides.get("nbest", model.decode_cfg.nbest)
     out_fh = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:

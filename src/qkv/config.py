@@ -102,7 +102,7 @@ class TrainConfig:
     # evaluation and checkpoints
     eval_every: int = 1000
     eval_bleu_samples: int = 200  # validation sentences decoded greedily for BLEU
-    keep_last: int = 1  # numbered step checkpoints kept besides last/ and best/
+    keep_last: int = 0  # numbered step_N/ checkpoints kept besides last/ and best/ (for averaging)
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0: torch's default
 
@@ -245,8 +245,13 @@ def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not valid UTF-8: {e}") from None
-    allowed = {"preset", "model", "train", "decode", "data"}
+    allowed = {"preset", "model", "train", "decode"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ConfigError(f"{p}: unknown section(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    for name in ("model", "train", "decode"):
+        if name in data and not isinstance(data[name], dict):
+            raise ConfigError(f"{p}: '{name}' must be a table ([{name}]), got {data[name]!r}")
+    if "preset" in data and not isinstance(data["preset"], str):
+        raise ConfigError(f"{p}: 'preset' must be a string, got {data['preset']!r}")
     return data

@@ -31,7 +31,11 @@ def read_lines(path: str | Path) -> list[str]:
     that line numbers agree with ``wc -l`` and with the other side of a parallel corpus.
     A UTF-8 byte-order mark at the start of the file is dropped.
     """
-    data = _read_bytes(Path(path))
+    return decode_lines(_read_bytes(Path(path)), str(path))
+
+
+def decode_lines(data: bytes, path: str = "<stdin>") -> list[str]:
+    """The lines of UTF-8 ``data`` as :func:`read_lines` splits them; errors name ``path``."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

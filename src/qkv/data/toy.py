@@ -148,8 +148,8 @@ def _recipe():
     )
     train = TrainConfig(
         tokenizer="bpe", vocab_size=300, joint_vocab=True, max_len=64, max_tokens=4096,
-        lr_scale=2.0, warmup_steps=400, label_smoothing=0.1, clip_norm=1.0,
-        max_steps=1200, eval_every=300, eval_bleu_samples=200, seed=1,
+        lr_scale=1.0, warmup_steps=300, label_smoothing=0.1, clip_norm=1.0,
+        max_steps=600, eval_every=200, eval_bleu_samples=200, seed=1,
     )
     return model, train
 

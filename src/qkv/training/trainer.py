@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -30,9 +31,9 @@ from qkv.data.batching import Batch, collate, token_budget_batches
 from qkv.data.corpus import CorpusReport, filter_by_length
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
-from qkv.metrics import bleu, exact_match
+from qkv.metrics import bleu, chrf, exact_match
 from qkv.models import build_model
-from qkv.training.checkpoint import read_checkpoint, save_checkpoint, load_into
+from qkv.training.checkpoint import list_checkpoints, load_into, read_checkpoint, save_checkpoint, step_path
 from qkv.training.loss import label_smoothed_nll_loss
 from qkv.training.schedule import noam
 
@@ -88,6 +89,7 @@ class Trainer:
         valid_split: EncodedSplit | None,
         out_dir: Path,
         log: Callable[[str], None] = _log_stderr,
+        data_name: str = "data",
     ):
         self.train_cfg, self.decode_cfg = train_cfg, decode_cfg
         self.model_cfg = replace(
@@ -114,11 +116,13 @@ class Trainer:
         self.best_valid_loss = math.inf
         self.elapsed = 0.0  # seconds of training over all sessions of this run
         self.metrics_path = out_dir / "metrics.jsonl"
+        self.data_name = data_name  # what the run trains on (recorded in the checkpoint's config)
 
     # --- state ---------------------------------------------------------------------------------------
 
     def config_dict(self) -> dict:
-        return {"model": to_dict(self.model_cfg), "train": to_dict(self.train_cfg), "decode": to_dict(self.decode_cfg)}
+        return {"model": to_dict(self.model_cfg), "train": to_dict(self.train_cfg), "decode": to_dict(self.decode_cfg),
+                "data": {"train": self.data_name}}
 
     def trainer_state(self) -> dict:
         return {
@@ -136,6 +140,15 @@ class Trainer:
         save_checkpoint(path, self.model, self.config_dict(), write_extra=self.tokenizers.save,
                         trainer_state=self.trainer_state())
         return path
+
+    def save_numbered(self) -> None:
+        """``step_NNNNNN/`` checkpoints (for averaging), keeping the newest ``keep_last``."""
+        keep = self.train_cfg.keep_last
+        if keep <= 0:
+            return
+        self.save(step_path(self.out_dir, self.step).name)
+        for old in list_checkpoints(self.out_dir)[:-keep]:
+            shutil.rmtree(old)
 
     def restore(self, path: Path) -> None:
         ckpt = read_checkpoint(path, need_trainer_state=True)
@@ -229,6 +242,7 @@ class Trainer:
             hyps = translator.translate(split.raw_src[:n])
             refs = split.raw_tgt[:n]
             out["valid_bleu"] = bleu(hyps, refs).score
+            out["valid_chrf"] = chrf(hyps, refs).score
             out["valid_exact"] = exact_match(hyps, refs)
             out["valid_samples"] = [[s, h, r] for s, h, r in zip(split.raw_src[:3], hyps[:3], refs[:3])]
         return out
@@ -243,7 +257,8 @@ class Trainer:
             if improved:
                 self.best_valid_loss = v["valid_loss"]
             msg = (f"step {self.step}: valid loss {v['valid_loss']:.3f}  ppl {v['valid_ppl']:.2f}"
-                   + (f"  BLEU {v['valid_bleu']:.2f}  exact {100 * v['valid_exact']:.1f}%" if "valid_bleu" in v else "")
+                   + (f"  BLEU {v['valid_bleu']:.2f}  chrF {v['valid_chrf']:.2f}  exact {100 * v['valid_exact']:.1f}%"
+                      if "valid_bleu" in v else "")
                    + ("  (best)" if improved else ""))
             self.log(msg)
             for s, h, r in samples[:1]:
@@ -252,10 +267,12 @@ class Trainer:
             self.save("last")
             if improved:
                 self.save("best")
+            self.save_numbered()
         else:
             self.record(record)
             self.save("last")
             self.save("best")
+            self.save_numbered()
         return record
 
     def run(self) -> TrainResult:
@@ -357,7 +374,8 @@ def train(
     if not train_split.src_ids:
         raise QkvError(f"{train_data.name}: every pair is longer than max_len={train_cfg.max_len}")
     valid_split = encode_split(valid_data, tokenizers, None, log) if valid_data is not None else None
-    trainer = Trainer(model_cfg, train_cfg, decode_cfg, tokenizers, train_split, valid_split, out_dir, log)
+    trainer = Trainer(model_cfg, train_cfg, decode_cfg, tokenizers, train_split, valid_split, out_dir, log,
+                      data_name=train_data.name)
     if resume:
         trainer.restore(last)
         # The run continues under the saved settings, except where the user raised a limit.
