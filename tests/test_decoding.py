@@ -278,3 +278,27 @@ def test_int_max_len_and_bad_arguments():
     with pytest.raises(ConfigError, match="beam_size"):
         beam_search(TableModel(never_ends), src_of([0]), 0, 0.6, 3)
     assert beam_search(TableModel(never_ends), src_of([]).view(0, 2), 2, 0.6, 3) == []
+
+
+def test_early_poor_finishers_do_not_cut_off_the_best_hypothesis():
+    """Regression: with fairseq's rule (stop once k hypotheses have finished) the empty
+    hypothesis (step 0) and [B] (step 1) fill a beam of 2 while the best hypothesis [A A] is
+    still live; it must be found.
+
+        P([])    = 0.3                 log = -1.204
+        P([B])   = 0.1 * 1.0   = 0.10  log = -2.303
+        P([A])   = 0.6 * 0.1   = 0.06  log = -2.813
+        P([A A]) = 0.6 * 0.9 * 1.0 = 0.54  log = -0.616   <- the best
+    """
+
+    def table(sent: int, prefix: tuple[int, ...]) -> Tensor:
+        if prefix == ():
+            return dist({A: 0.6, EOS: 0.3, B: 0.1})
+        if prefix == (A,):
+            return dist({A: 0.9, EOS: 0.1})
+        return dist({EOS: 1.0})
+
+    hyps = beam_search(TableModel(table), src_of([0]), 2, 0.0, 10, nbest=2)[0]
+    assert hyps[0].tokens == [A, A]
+    assert hyps[0].logprob == pytest.approx(math.log(0.54), abs=1e-5)
+    assert hyps[1].tokens == [] and hyps[1].logprob == pytest.approx(math.log(0.3), abs=1e-5)

@@ -19,13 +19,21 @@ One step, for each active sentence (all sentences at once, as tensors):
 At the first step all ``k`` rows hold the same prefix (BOS), so only beam 0 is live (the
 others start at -inf) — otherwise the beam would fill with ``k`` copies of each candidate.
 
-Stopping rule (fairseq's): a sentence is done as soon as it has ``k`` finished hypotheses,
+Each sentence keeps its ``k`` best finished hypotheses. Stopping rule: a sentence is done
+when it has ``k`` finished hypotheses and its best live hypothesis, normalised with the current
+length, cannot beat the worst of them:
+
+    done  <=>  |finished| = k  and  s_live / lp(t + 1) <= min score(finished)
+
 or when it reaches ``max_len`` (at step ``max_len[i]`` only EOS is allowed, so every live
-hypothesis is finished with the model's log-prob of EOS). With ``alpha > 0`` a still-live
-hypothesis could in principle have overtaken a finished one after more steps; this rule
-does not look for it (neither does fairseq), and in exchange ``beam_size=1`` is exactly
-greedy decoding for every ``alpha``. Done sentences are removed from the batch
-(``state.reorder`` with fewer rows), so they cost nothing in later steps.
+hypothesis is finished with the model's log-prob of EOS). For ``alpha = 0`` the bound is exact
+(log-probs only fall as a hypothesis grows), so the result is the best the beam can find; for
+``alpha > 0`` it is the heuristic of Hugging Face's ``BeamHypotheses``. fairseq's simpler rule
+(done as soon as ``k`` hypotheses have finished) is *not* used: a few short, poor hypotheses
+that end early (even the empty one at step 0) would fill the list and cut off the best live
+hypothesis one step before its EOS. With either rule ``beam_size=1`` is exactly greedy
+decoding. Done sentences are removed from the batch (``state.reorder`` with fewer rows), so
+they cost nothing in later steps.
 """
 
 from __future__ import annotations
@@ -106,19 +114,20 @@ def _top_candidates(scores: Tensor, logp: Tensor, n_cand: int) -> _Candidates:
 def _finalize(
     cand: _Candidates, beams: _Beams, step: int, alpha: float, finished: list[list[Hypothesis]]
 ) -> None:
-    """Move EOS candidates ranked within the top k into their sentence's finished list
-    (at most k per sentence, best first). Their length is ``step + 1`` (EOS included)."""
+    """Move EOS candidates ranked within the top k into their sentence's finished list, which
+    keeps the k best by score (best first). Their length is ``step + 1`` (EOS included)."""
     k = beams.scores.size(1)
     is_eos = (cand.tokens[:, :k] == EOS) & torch.isfinite(cand.scores[:, :k])  # (N, k)
     if not is_eos.any():
         return
     lp = length_penalty(step + 1, alpha)
-    for i, rank in is_eos.nonzero().tolist():  # row-major: best rank first within a sentence
+    for i, rank in is_eos.nonzero().tolist():
         hyps = finished[int(beams.sents[i])]
-        if len(hyps) < k:
-            logprob = float(cand.scores[i, rank])
-            tokens = beams.prefixes[i, cand.beams[i, rank]].tolist()
-            hyps.append(Hypothesis(tokens=tokens, score=logprob / lp, logprob=logprob))
+        logprob = float(cand.scores[i, rank])
+        tokens = beams.prefixes[i, cand.beams[i, rank]].tolist()
+        hyps.append(Hypothesis(tokens=tokens, score=logprob / lp, logprob=logprob))
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        del hyps[k:]
 
 
 def _select_live(cand: _Candidates, k: int) -> Tensor:
@@ -130,11 +139,16 @@ def _select_live(cand: _Candidates, k: int) -> Tensor:
     return rank.topk(k, dim=1, largest=False).indices  # (N, k), ascending rank
 
 
-def _done(beams: _Beams, live_scores: Tensor, step: int, finished: list[list[Hypothesis]]) -> Tensor:
-    """Stopping rule: k finished hypotheses, or the step budget is spent, or nothing is live."""
+def _done(
+    beams: _Beams, live_scores: Tensor, step: int, alpha: float, finished: list[list[Hypothesis]]
+) -> Tensor:
+    """Stopping rule (module docstring): k finished hypotheses none of which the best live one
+    can still beat, or the step budget is spent, or nothing is live."""
     k = live_scores.size(1)
-    n_finished = torch.tensor([len(finished[s]) for s in beams.sents.tolist()], device=live_scores.device)
-    return (n_finished >= k) | (beams.max_len <= step) | ~torch.isfinite(live_scores[:, 0])  # (N,)
+    worst = [finished[s][-1].score if len(finished[s]) >= k else -math.inf for s in beams.sents.tolist()]
+    worst_kept = torch.tensor(worst, device=live_scores.device)  # (N,), -inf: fewer than k finished
+    best_live = live_scores[:, 0] / length_penalty(step + 1, alpha)  # (N,)
+    return (best_live <= worst_kept) | (beams.max_len <= step) | ~torch.isfinite(live_scores[:, 0])
 
 
 def _advance(beams: _Beams, cand: _Candidates, live: Tensor, keep: Tensor) -> tuple[_Beams, Tensor, Tensor]:
@@ -191,10 +205,10 @@ def beam_search(
         cand = _top_candidates(beams.scores, logp.view(-1, k, logp.size(-1)), 2 * k)  # (N, 2k)
         _finalize(cand, beams, step, alpha, finished)
         live = _select_live(cand, k)  # (N, k)
-        done = _done(beams, cand.scores.gather(1, live), step, finished)  # (N,)
+        done = _done(beams, cand.scores.gather(1, live), step, alpha, finished)  # (N,)
         keep = (~done).nonzero().squeeze(1)  # (N',)
         if keep.numel() == 0:
             break
         beams, rows, tokens = _advance(beams, cand, live, keep)
         state = state.reorder(rows)
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+    return [hyps[:nbest] for hyps in finished]
