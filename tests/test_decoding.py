@@ -302,3 +302,22 @@ def test_early_poor_finishers_do_not_cut_off_the_best_hypothesis():
     assert hyps[0].tokens == [A, A]
     assert hyps[0].logprob == pytest.approx(math.log(0.54), abs=1e-5)
     assert hyps[1].tokens == [] and hyps[1].logprob == pytest.approx(math.log(0.3), abs=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_min_len_blocks_eos_until_reached(beam):
+    """EOS is by far the likeliest token, yet no output is shorter than min_len."""
+
+    def table(sent: int, prefix: tuple[int, ...]) -> Tensor:
+        return dist({EOS: 0.7, A: 0.2, B: 0.1})
+
+    model = TableModel(table)
+    if beam == 1:
+        out = greedy(model, src_of([0, 1]), 9, min_len=4)
+        assert out == [[A, A, A, A], [A, A, A, A]]
+    else:
+        hyps = beam_search(model, src_of([0]), beam, 0.0, 9, nbest=1, min_len=4)[0]
+        assert hyps[0].tokens == [A, A, A, A]
+        assert hyps[0].logprob == pytest.approx(4 * math.log(0.2) + math.log(0.7), abs=1e-5)
+    # max_len below min_len: max_len wins (EOS forced at the limit)
+    assert greedy(TableModel(table), src_of([0]), 2, min_len=4) == [[A, A]]

@@ -65,9 +65,10 @@ class Translator:
                 src_len = (batch.src != 0).sum(dim=1)
                 max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b)
                 if cfg.beam_size == 1 and cfg.nbest == 1:
-                    hyps = [[Hypothesis(t, 0.0, 0.0)] for t in greedy(self.model, batch.src, max_len)]
+                    hyps = [[Hypothesis(t, 0.0, 0.0)] for t in greedy(self.model, batch.src, max_len, cfg.min_len)]
                 else:
-                    hyps = beam_search(self.model, batch.src, cfg.beam_size, cfg.length_penalty, max_len, cfg.nbest)
+                    hyps = beam_search(self.model, batch.src, cfg.beam_size, cfg.length_penalty, max_len, cfg.nbest,
+                                       cfg.min_len)
                 for i, nbest in zip(idx, hyps):
                     texts = self.tokenizers.tgt.decode([h.tokens for h in nbest])
                     results[i] = [(t, h.score) for t, h in zip(texts, nbest)]

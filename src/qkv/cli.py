@@ -60,6 +60,7 @@ FIELD_HELP = {
     "length_penalty": "α of the length penalty ((5+|Y|)/6)^α",
     "max_len_a": "max output length = a·source length + b",
     "max_len_b": "max output length = a·source length + b",
+    "min_len": "no EOS before this many output tokens",
     "nbest": "hypotheses to output per sentence",
     "batch_size": "sentences per decoding batch",
 }

@@ -129,6 +129,7 @@ class DecodeConfig:
     length_penalty: float = 0.6  # alpha in ((5 + |Y|) / 6) ** alpha (Wu et al., 2016)
     max_len_a: float = 1.0  # maximum output length = a * source length + b
     max_len_b: int = 50
+    min_len: int = 0  # EOS is not allowed before this many output tokens
     nbest: int = 1
     batch_size: int = 64  # sentences per decoding batch
 
@@ -136,6 +137,7 @@ class DecodeConfig:
         _check(self.beam_size >= 1, "beam_size", "must be >= 1")
         _check(self.length_penalty >= 0, "length_penalty", "must be >= 0")
         _check(self.max_len_a >= 0 and self.max_len_b >= 0, "max_len_b", "must be >= 0")
+        _check(self.min_len >= 0, "min_len", "must be >= 0")
         _check(1 <= self.nbest <= self.beam_size, "nbest", f"must be in [1, beam_size={self.beam_size}]")
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         return self

@@ -178,11 +178,13 @@ def beam_search(
     length_penalty: float,
     max_len: Tensor | int,
     nbest: int = 1,
+    min_len: int = 0,
 ) -> list[list[Hypothesis]]:
     """Beam-search a batch; returns, per sentence, its ``nbest`` best hypotheses (best first).
 
     src: LongTensor (B, S) padded with PAD. length_penalty: alpha of :func:`length_penalty`.
     max_len: LongTensor (B,) (or an int), tokens each sentence may emit before EOS is forced.
+    min_len: EOS is not allowed before this many tokens.
     Hypotheses are ranked by ``score = logprob / lp(|Y|)``. See the module docstring for
     the algorithm and the stopping rule.
     """
@@ -201,7 +203,7 @@ def beam_search(
     for step in range(int(beams.max_len.max()) + 1):
         logits, state = model.step(tokens, state)
         at_limit = (beams.max_len <= step).repeat_interleave(k)  # (N*k,)
-        logp = force_eos(log_probs(logits), at_limit)  # (N*k, V)
+        logp = force_eos(log_probs(logits), at_limit, before_min_len=step < min_len)  # (N*k, V)
         cand = _top_candidates(beams.scores, logp.view(-1, k, logp.size(-1)), 2 * k)  # (N, 2k)
         _finalize(cand, beams, step, alpha, finished)
         live = _select_live(cand, k)  # (N, k)

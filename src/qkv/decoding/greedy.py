@@ -72,10 +72,14 @@ def log_probs(logits: Tensor) -> Tensor:
     return logp
 
 
-def force_eos(logp: Tensor, at_limit: Tensor) -> Tensor:
-    """Where ``at_limit`` (N,) is True, keep only EOS: every other token gets -inf."""
+def force_eos(logp: Tensor, at_limit: Tensor, before_min_len: bool = False) -> Tensor:
+    """The length limits: where ``at_limit`` (N,) is True keep only EOS (every other token gets
+    -inf); elsewhere, while ``before_min_len``, forbid EOS. The maximum wins over the minimum."""
     only_eos = torch.full_like(logp, -math.inf)
     only_eos[:, EOS] = logp[:, EOS]
+    if before_min_len:
+        logp = logp.clone()
+        logp[:, EOS] = -math.inf
     return torch.where(at_limit.unsqueeze(1), only_eos, logp)  # (N, V)
 
 
@@ -90,12 +94,14 @@ def as_max_len(max_len: Tensor | int, batch_size: int, device: torch.device) -> 
 
 
 @torch.inference_mode()
-def greedy(model: IncrementalDecoder, src: Tensor, max_len: Tensor | int) -> list[list[int]]:
+def greedy(model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_len: int = 0) -> list[list[int]]:
     """Greedy-decode a batch; returns one token list per sentence, without BOS/EOS.
 
     src: LongTensor (B, S) padded with PAD. max_len: LongTensor (B,) (or an int), the number
-    of tokens each sentence may emit before EOS is forced. Decoding stops when every sentence
-    has emitted EOS; finished sentences are removed from the batch as they end.
+    of tokens each sentence may emit before EOS is forced. min_len: EOS is not allowed before
+    this many tokens (``min_len = max_len`` makes every output exactly that long, as speed
+    benchmarks of random-weight models need). Decoding stops when every sentence has emitted
+    EOS; finished sentences are removed from the batch as they end.
     """
     batch_size = src.size(0)
     outputs: list[list[int]] = [[] for _ in range(batch_size)]
@@ -107,7 +113,7 @@ def greedy(model: IncrementalDecoder, src: Tensor, max_len: Tensor | int) -> lis
     tokens = torch.full((batch_size,), BOS, dtype=torch.long, device=src.device)  # (N,)
     for t in range(int(max_len.max()) + 1):
         logits, state = model.step(tokens, state)
-        logp = force_eos(log_probs(logits), at_limit=max_len[rows] <= t)  # (N, V)
+        logp = force_eos(log_probs(logits), max_len[rows] <= t, before_min_len=t < min_len)  # (N, V)
         tokens = logp.argmax(dim=-1)  # (N,)
         for sent, tok in zip(rows.tolist(), tokens.tolist()):
             if tok != EOS:
