@@ -63,3 +63,18 @@ def test_perplexity():
     assert perplexity(1e6, 1) == math.inf
     with pytest.raises(QkvError):
         perplexity(1.0, 0)
+
+
+def test_bleu_on_lowercased_moses_tokens_is_the_published_multi30k_convention():
+    from qkv.metrics import bleu_tok_lc, moses_tokenize
+
+    # tokenizer.perl -l de -a -no-escape, then lowercase: hyphens split as @-@, punctuation split off
+    assert moses_tokenize(["Ein Mann, der ein T-Shirt trägt."], "de") == ["ein mann , der ein t @-@ shirt trägt ."]
+    hyp, ref = ["Ein Mann fährt ein Fahrrad."], ["ein mann fährt ein fahrrad ."]
+    s = bleu_tok_lc(hyp, ref, "de")
+    assert s.score == pytest.approx(100.0)
+    assert "case:lc" in s.signature and "tok:moses-de-a" in s.signature
+    # the cased, detokenized sacreBLEU of the same pair is far lower (case differs on 4 of 6 tokens)
+    from qkv.metrics import bleu
+
+    assert bleu(hyp, ref).score < 30

@@ -52,6 +52,30 @@ def bleu(hyps: list[str], refs: list[str]) -> Score:
     return Score(result.score, str(metric.get_signature()), str(result))
 
 
+def moses_tokenize(lines: list[str], lang: str) -> list[str]:
+    """Moses tokenization as the published Multi30k numbers use it (``tokenizer.perl -l LANG -a
+    -no-escape``, then lowercase), through sacremoses."""
+    try:
+        from sacremoses import MosesTokenizer
+    except ImportError:  # pragma: no cover - sacremoses is a core dependency
+        raise QkvError("the Moses-tokenized BLEU needs sacremoses: pip install sacremoses") from None
+    tok = MosesTokenizer(lang=lang)
+    return [tok.tokenize(line, aggressive_dash_splits=True, escape=False, return_str=True).lower() for line in lines]
+
+
+def bleu_tok_lc(hyps: list[str], refs: list[str], lang: str) -> Score:
+    """BLEU-4 on lowercased, Moses-tokenized text: the convention of the published Multi30k
+    results (fairseq / multi-bleu style). Both sides are tokenized here from detokenized text,
+    then scored by sacreBLEU with ``tokenize="none"``. Higher than the cased, detokenized
+    sacreBLEU of the same output; never compare the two."""
+    _check(hyps, refs)
+    metric = BLEU(tokenize="none", force=True)
+    result = metric.corpus_score(moses_tokenize(hyps, lang), [moses_tokenize(refs, lang)])
+    # What was done, in the signature: lowercased (case:lc), Moses-tokenized here (tok:moses-...).
+    signature = str(metric.get_signature()).replace("case:mixed", "case:lc").replace("tok:none", f"tok:moses-{lang}-a")
+    return Score(result.score, signature, str(result))
+
+
 def chrf(hyps: list[str], refs: list[str]) -> Score:
     """Corpus chrF (Popović, 2015) with sacreBLEU's defaults: character 6-grams, beta = 2."""
     _check(hyps, refs)

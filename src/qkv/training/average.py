@@ -1,0 +1,80 @@
+"""Checkpoint averaging (section 6.1).
+
+"For the base models, we used a single model obtained by averaging the last 5 checkpoints,
+which were written at 10-minute intervals. For the big models, we averaged the last 20."
+
+    θ̄ = (1/K) Σ_k θ_k
+
+over checkpoints of one run (same architecture and tokenizer). The result is an ordinary
+checkpoint directory (without trainer state: it is for decoding, not for resuming).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from qkv.config import ModelConfig, from_dict
+from qkv.data.tokenizer import TokenizerPair
+from qkv.errors import CheckpointError
+from qkv.models import build_model
+from qkv.training.checkpoint import Checkpoint, list_checkpoints, load_into, read_checkpoint, save_checkpoint
+
+
+def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]], names: list[str]) -> dict[str, torch.Tensor]:
+    """Element-wise mean in float64, cast back to each tensor's dtype. Keys and shapes must agree."""
+    if not state_dicts:
+        raise CheckpointError("no checkpoints to average")
+    first = state_dicts[0]
+    for sd, name in zip(state_dicts[1:], names[1:]):
+        if sd.keys() != first.keys():
+            diff = sorted(set(sd) ^ set(first))[:5]
+            raise CheckpointError(f"{name}: parameters differ from {names[0]} ({', '.join(diff)})")
+        for k, v in sd.items():
+            if v.shape != first[k].shape:
+                raise CheckpointError(f"{name}: '{k}' has shape {tuple(v.shape)}, {names[0]} has {tuple(first[k].shape)}")
+    out = {}
+    for k, v in first.items():
+        if v.is_floating_point():
+            mean = sum(sd[k].double() for sd in state_dicts) / len(state_dicts)
+            out[k] = mean.to(v.dtype)
+        else:  # integer buffers (none in our models today): keep the last checkpoint's value
+            out[k] = state_dicts[-1][k]
+    return out
+
+
+def resolve_inputs(inputs: list[str | Path], last: int | None) -> list[Path]:
+    """Either explicit checkpoint directories, or one run directory and ``last`` = how many of its
+    newest ``step_N/`` checkpoints to take."""
+    paths = [Path(p) for p in inputs]
+    if last is not None:
+        if len(paths) != 1:
+            raise CheckpointError("--last takes one run directory (with step_N/ checkpoints), not a list")
+        found = list_checkpoints(paths[0])
+        if len(found) < last:
+            raise CheckpointError(
+                f"{paths[0]}: asked for the last {last} checkpoints but found {len(found)} step_N/ directories "
+                f"(train with --keep-last {last} or more)"
+            )
+        return found[-last:]
+    return paths
+
+
+def average_checkpoints(inputs: list[str | Path], out: str | Path, last: int | None = None) -> list[Path]:
+    """Average the checkpoints and write the result to ``out``; returns the checkpoints used."""
+    paths = resolve_inputs(inputs, last)
+    ckpts = [read_checkpoint(p) for p in paths]
+    model_cfgs = [c.config.get("model") for c in ckpts]
+    for c, cfg in zip(ckpts[1:], model_cfgs[1:]):
+        if cfg != model_cfgs[0]:
+            raise CheckpointError(f"{c.path}: model config differs from {paths[0]}: not the same architecture")
+    averaged = average_state_dicts([c.state_dict for c in ckpts], [str(p) for p in paths])
+    cfg = from_dict(ModelConfig, model_cfgs[0], f"{paths[0]}/config.json")
+    model = build_model(cfg)
+    load_into(model, Checkpoint(paths[0], ckpts[0].config, averaged))
+    tokenizers = TokenizerPair.load(paths[-1])
+    config = dict(ckpts[-1].config)
+    config["averaged_from"] = [str(p) for p in paths]
+    save_checkpoint(Path(out), model, config, write_extra=tokenizers.save)
+    return paths

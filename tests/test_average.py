@@ -1,0 +1,72 @@
+import dataclasses
+
+import pytest
+import torch
+
+import qkv
+from qkv.config import DecodeConfig, ModelConfig, TrainConfig
+from qkv.data import toy
+from qkv.errors import CheckpointError
+from qkv.training.average import average_checkpoints
+from qkv.training.checkpoint import list_checkpoints, read_checkpoint
+from qkv.training.trainer import ParallelData, train
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("avg") / "run"
+    pairs = [(toy.english(n), toy.german(n)) for n in range(1, 300, 3)]
+    data = ParallelData([s for s, _ in pairs], [t for _, t in pairs], name="numbers")
+    model = ModelConfig(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=1, max_positions=64)
+    cfg = TrainConfig(tokenizer="char", vocab_size=60, max_tokens=512, warmup_steps=10, max_steps=8,
+                      eval_every=2, eval_bleu_samples=0, keep_last=3)
+    train(model, cfg, DecodeConfig(), data, data, out, log=lambda m: None)
+    return out
+
+
+def test_keeps_the_last_k_numbered_checkpoints(run):
+    assert [p.name for p in list_checkpoints(run)] == ["step_000004", "step_000006", "step_000008"]
+
+
+def test_average_is_the_elementwise_mean(run, tmp_path):
+    used = average_checkpoints([run], tmp_path / "avg", last=3)
+    assert [p.name for p in used] == ["step_000004", "step_000006", "step_000008"]
+    parts = [read_checkpoint(p).state_dict for p in used]
+    avg = read_checkpoint(tmp_path / "avg").state_dict
+    for k in avg:
+        assert torch.allclose(avg[k], (parts[0][k] + parts[1][k] + parts[2][k]) / 3, atol=1e-6), k
+    # the averaged checkpoint is a normal model: it loads and translates; weights stay tied
+    model = qkv.load(tmp_path / "avg")
+    assert model.model.src_embed is model.model.tgt_embed
+    assert len(model.translate(["five", "twelve"])) == 2
+
+
+def test_explicit_list_and_errors(run, tmp_path):
+    ckpts = list_checkpoints(run)
+    average_checkpoints(ckpts[:2], tmp_path / "two")
+    with pytest.raises(CheckpointError, match="found 3"):
+        average_checkpoints([run], tmp_path / "x", last=5)
+    with pytest.raises(CheckpointError):
+        average_checkpoints([tmp_path / "missing"], tmp_path / "y")
+
+
+def test_refuses_different_architectures(run, tmp_path):
+    other = tmp_path / "other"
+    pairs = [(toy.english(n), toy.german(n)) for n in range(1, 100)]
+    data = ParallelData([s for s, _ in pairs], [t for _, t in pairs], name="numbers")
+    model = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_positions=64)
+    cfg = TrainConfig(tokenizer="char", vocab_size=60, max_tokens=512, warmup_steps=10, max_steps=1,
+                      eval_every=1, eval_bleu_samples=0)
+    train(model, cfg, DecodeConfig(), data, None, other, log=lambda m: None)
+    with pytest.raises(CheckpointError, match="not the same architecture"):
+        average_checkpoints([list_checkpoints(run)[-1], other / "last"], tmp_path / "z")
+
+
+def test_cli_average(run, tmp_path, capsys):
+    from qkv.cli import main
+
+    assert main(["average", str(run), "--last", "2", "--out", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "model.safetensors").exists()
+    assert main(["average", str(run), "--last", "9", "--out", str(tmp_path / "b")]) == 2
+    assert "found 3" in capsys.readouterr().err and not (tmp_path / "b").exists()
