@@ -1,0 +1,133 @@
+"""Multi30k, one command per direction: train, average, decode test_2016_flickr once, score.
+
+    python recipes/multi30k/run.py en-de [--data ../shared/data/multi30k] [--out runs/multi30k-en-de]
+
+Steps (each skipped when its output already exists, so an interrupted recipe continues):
+1. ``qkv train --config recipes/multi30k/PAIR.toml`` on train, validating on val (settings are
+   chosen on val only); ``--resume`` if the run exists;
+2. ``qkv average``: the last 10 step checkpoints;
+3. decode test_2016_flickr with beam 5 (the config's [decode]) — the test set is used here only;
+4. score: sacreBLEU (cased, detokenized, 13a), BLEU-4 on lowercased Moses-tokenized text (the
+   published convention), chrF; write ``OUT/scores.json``, ``OUT/test.hyp`` and
+   ``OUT/valid_curve.png`` (validation BLEU and loss against steps), and print a Markdown row
+   for docs/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PAIRS = ("en-de", "en-fr", "de-en", "en-cs")
+
+
+def run(cmd: list[str]) -> None:
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def plot_curve(metrics: Path, png: Path, title: str) -> None:
+    """Validation BLEU (greedy, sample) and loss against steps, from the run's metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    valid = [r for r in rows if "valid_loss" in r]
+    steps = [r["step"] for r in valid]
+    fig, ax1 = plt.subplots(figsize=(7, 4))
+    ax1.plot(steps, [r.get("valid_bleu", float("nan")) for r in valid], "o-", color="tab:blue", label="valid BLEU")
+    ax1.set_xlabel("update step")
+    ax1.set_ylabel("BLEU (sacreBLEU, greedy, val sample)", color="tab:blue")
+    ax2 = ax1.twinx()
+    ax2.plot(steps, [r["valid_loss"] for r in valid], "s--", color="tab:red", label="valid loss")
+    ax2.set_ylabel("label-smoothed loss per token", color="tab:red")
+    ax1.set_title(title)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("pair", choices=PAIRS, help="translation direction")
+    ap.add_argument("--data", default=str(HERE.parents[1].parent / "shared" / "data" / "multi30k"),
+                    help="folder with {train,val,test_2016_flickr}.LANG.gz (default: ../shared/data/multi30k)")
+    ap.add_argument("--out", help="run directory (default: runs/multi30k-PAIR)")
+    ap.add_argument("--config", help="config file (default: recipes/multi30k/PAIR.toml)")
+    ap.add_argument("--average", type=int, default=10, help="average the newest N step checkpoints")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    args = ap.parse_args()
+
+    src, tgt = args.pair.split("-")
+    data = Path(args.data)
+    files = {f"{split}.{lang}": data / f"{split}.{lang}.gz"
+             for split in ("train", "val", "test_2016_flickr") for lang in (src, tgt)}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        print(f"multi30k recipe: missing data files: {', '.join(missing)} (give --data)", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/multi30k-{args.pair}")
+    config = args.config or str(HERE / f"{args.pair}.toml")
+    qkv = [sys.executable, "-m", "qkv"]
+
+    started = time.time()
+    train = qkv + ["train", "--config", config, "--out", str(out),
+                   "--src-train", str(files[f"train.{src}"]), "--tgt-train", str(files[f"train.{tgt}"]),
+                   "--src-valid", str(files[f"val.{src}"]), "--tgt-valid", str(files[f"val.{tgt}"])]
+    if args.threads:
+        train += ["--threads", str(args.threads)]
+    if (out / "last").exists():
+        train += ["--resume"]
+    run(train)
+    train_seconds = time.time() - started
+
+    averaged = out / f"average{args.average}"
+    if not averaged.exists():
+        run(qkv + ["average", str(out), "--last", str(args.average), "--out", str(averaged)])
+
+    import qkv as qkv_lib
+    from qkv.data.corpus import read_lines
+    from qkv.metrics import bleu, bleu_tok_lc, chrf
+
+    sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(files[f"test_2016_flickr.{tgt}"])
+    model = qkv_lib.load(averaged)
+    t0 = time.time()
+    hyps = model.translate(sources)
+    decode_seconds = time.time() - t0
+    (out / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    scores = {
+        "pair": args.pair,
+        "bleu_sacrebleu": bleu(hyps, refs).score,
+        "bleu_sacrebleu_signature": bleu(hyps, refs).signature,
+        "bleu_lc_moses": bleu_tok_lc(hyps, refs, tgt).score,
+        "bleu_lc_moses_signature": bleu_tok_lc(hyps, refs, tgt).signature,
+        "chrf": chrf(hyps, refs).score,
+        "decode": {"beam_size": model.decode_cfg.beam_size, "length_penalty": model.decode_cfg.length_penalty,
+                   "seconds": decode_seconds},
+        "averaged": args.average,
+        "train_seconds_this_invocation": train_seconds,
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()} {platform.processor()}".strip(),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "command": " ".join(["python", "recipes/multi30k/run.py", args.pair]),
+    }
+    (out / "scores.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
+    try:
+        plot_curve(out / "metrics.jsonl", out / "valid_curve.png", f"Multi30k {args.pair}: validation")
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+    print(f"| {args.pair} | {scores['bleu_lc_moses']:.2f} | {scores['bleu_sacrebleu']:.2f} | {scores['chrf']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
