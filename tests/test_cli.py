@@ -217,9 +217,11 @@ def test_evaluate_model(run, capsys, tmp_path):
     rc, out, err = cli(capsys, "evaluate", run.best, "--src", run.files.src_valid, "--ref", run.files.tgt_valid,
                        "--output", hyps)
     assert rc == 0, err
-    bleu_line, chrf_line = out.splitlines()
-    assert bleu_line.startswith("BLEU = ")
+    bleu_line, convention_line, chrf_line = out.splitlines()
+    assert bleu_line.startswith("sacreBLEU (cased, detokenized): BLEU = ")
     assert "sacreBLEU signature:" in bleu_line and "tok:13a" in bleu_line
+    # the reference file has no language suffix: the lowercased Moses BLEU asks for --lang
+    assert "--lang" in convention_line
     assert chrf_line.startswith("chrF2 = ") and "sacreBLEU signature:" in chrf_line
     assert len(hyps.read_text(encoding="utf-8").splitlines()) == len(run.valid)
 
@@ -228,10 +230,23 @@ def test_evaluate_identical_files_is_100(capsys, tmp_path):
     lines = ["The cat sat on the mat.", "A dog, a tree; the sun!", "Guten Morgen."]
     hyp = write_lines(tmp_path / "hyp.txt", lines)
     ref = write_lines(tmp_path / "ref.txt", lines)
+    rc, out, err = cli(capsys, "evaluate", "--hyp", hyp, "--ref", ref, "--lang", "en")
+    assert rc == 0, err
+    sacre, moses, chrf = out.splitlines()
+    assert sacre.startswith("sacreBLEU (cased, detokenized): BLEU = 100.00 ") and "tok:13a" in sacre
+    assert moses.startswith("Multi30k convention (lowercased, Moses-tokenized -l en -a): BLEU = 100.00 ")
+    assert "case:lc" in moses and "tok:moses-en-a" in moses
+    assert chrf.startswith("chrF2 = 100.00 ")
+
+
+def test_evaluate_names_both_conventions_and_infers_the_language(capsys, tmp_path):
+    hyp = write_lines(tmp_path / "hyp.de", ["Ein Mann fährt ein Fahrrad."])
+    ref = write_lines(tmp_path / "ref.de", ["ein mann fährt ein fahrrad ."])
     rc, out, err = cli(capsys, "evaluate", "--hyp", hyp, "--ref", ref)
     assert rc == 0, err
-    assert out.splitlines()[0].startswith("BLEU = 100.00 ")
-    assert out.splitlines()[1].startswith("chrF2 = 100.00 ")
+    sacre, moses, _ = out.splitlines()
+    assert "-l de" in moses and "BLEU = 100.00" in moses  # lowercased + tokenized: identical
+    assert "BLEU = 100.00" not in sacre  # cased, detokenized: not identical
 
 
 def test_info_base_preset(capsys):

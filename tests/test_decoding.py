@@ -321,3 +321,21 @@ def test_min_len_blocks_eos_until_reached(beam):
         assert hyps[0].logprob == pytest.approx(4 * math.log(0.2) + math.log(0.7), abs=1e-5)
     # max_len below min_len: max_len wins (EOS forced at the limit)
     assert greedy(TableModel(table), src_of([0]), 2, min_len=4) == [[A, A]]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_drop_finished_false_gives_the_same_results(beam):
+    """drop_finished=False (kept only so benchmarks/means.py can measure the saving) keeps every
+    row in the batch to the end, and changes nothing in the output."""
+    table = random_table(seed=4)
+    ids, max_len = list(range(8)), torch.tensor([0, 5, 2, 9, 1, 7, 3, 6])
+    dropping, keeping = TableModel(table), TableModel(table)
+    if beam == 1:
+        assert greedy(keeping, src_of(ids), max_len, drop_finished=False) == greedy(dropping, src_of(ids), max_len)
+    else:
+        expected = beam_search(dropping, src_of(ids), beam, 0.6, max_len, nbest=beam)
+        got = beam_search(keeping, src_of(ids), beam, 0.6, max_len, nbest=beam, drop_finished=False)
+        assert got == expected  # tokens, scores and log-probs
+    assert set(keeping.batch_sizes) == {len(ids) * beam}  # no row ever dropped
+    assert dropping.batch_sizes[-1] < len(ids) * beam
+    assert len(keeping.batch_sizes) == len(dropping.batch_sizes)  # same number of steps

@@ -2,6 +2,9 @@
 
 import dataclasses
 import json
+import math
+import os
+import shutil
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ import torch
 import qkv
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig
 from qkv.data import toy
-from qkv.errors import QkvError
+from qkv.errors import ConfigError, QkvError
 from qkv.training.checkpoint import read_checkpoint
 from qkv.training.trainer import ParallelData, train
 
@@ -87,3 +90,67 @@ def test_refuses_to_overwrite_or_resume_nothing(tmp_path):
         train(MODEL, TRAIN, DecodeConfig(), data, None, tmp_path / "r", log=QUIET)
     with pytest.raises(QkvError, match="no training pairs"):
         train(MODEL, TRAIN, DecodeConfig(), ParallelData([], [], name="empty"), None, tmp_path / "e", log=QUIET)
+
+
+# --- device, mixed precision, torch.compile ---------------------------------------------------------
+
+def test_bf16_autocast_trains_with_a_finite_loss(tmp_path):
+    data = numbers(1, 200, 2)
+    cfg = dataclasses.replace(TRAIN, max_steps=3, amp="bf16", device="cpu")
+    result = train(MODEL, cfg, DecodeConfig(), data, numbers(2, 200, 40), tmp_path / "bf16", log=QUIET)
+    assert result.step == 3 and math.isfinite(result.valid["valid_loss"])
+    records = [json.loads(line) for line in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["train_loss"]) for r in records if "train_loss" in r)
+    weights = read_checkpoint(tmp_path / "bf16" / "last").state_dict
+    assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values())  # fp32 master weights
+
+
+def test_hardware_settings_are_checked_by_name():
+    with pytest.raises(ConfigError, match="'amp'"):
+        dataclasses.replace(TRAIN, amp="fp8").validate()
+    with pytest.raises(ConfigError, match="'amp'.*CUDA"):
+        dataclasses.replace(TRAIN, amp="fp16", device="cpu").validate()
+    with pytest.raises(ConfigError, match="'device'"):
+        dataclasses.replace(TRAIN, device="gpu").validate()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    for cfg, field_name in ((dataclasses.replace(TRAIN, device="cuda"), "'device'"),
+                            (dataclasses.replace(TRAIN, amp="fp16"), "'amp'")):  # device auto = cpu here
+        with pytest.raises(ConfigError, match=field_name):
+            train(MODEL, cfg, DecodeConfig(), numbers(1, 50), None, tmp_path / "x", log=QUIET)
+    assert not (tmp_path / "x").exists()
+
+
+def _compiled_run(tmp_path, name: str) -> None:
+    """Two compiled updates: the plain model is saved, and it matches two uncompiled updates."""
+    model = dataclasses.replace(MODEL, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, attention_dropout=0.0)
+    cfg = dataclasses.replace(TRAIN, max_steps=2, eval_every=2, device="cpu", adam_eps=1e-6)
+    data = numbers(1, 200, 2)
+    compiled_cfg = dataclasses.replace(cfg, compile=True)
+    result = train(model, compiled_cfg, DecodeConfig(), data, None, tmp_path / name, log=QUIET)
+    assert result.step == 2
+    train(model, cfg, DecodeConfig(), data, None, tmp_path / "plain", log=QUIET)
+    compiled = read_checkpoint(tmp_path / name / "last").state_dict
+    plain = read_checkpoint(tmp_path / "plain" / "last").state_dict
+    assert compiled.keys() == plain.keys()  # no "_orig_mod." prefixes
+    for k in plain:
+        torch.testing.assert_close(compiled[k], plain[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_compile_wiring_with_dynamo_only(tmp_path, monkeypatch):
+    """torch.compile traces the training forward (dynamo's eager backend: no C++ build, seconds)."""
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    _compiled_run(tmp_path, "eager")
+
+
+@pytest.mark.skipif(os.environ.get("QKV_TEST_INDUCTOR") != "1",
+                    reason="inductor's C++ build of the training graphs takes minutes on 2 CPU cores; "
+                           "set QKV_TEST_INDUCTOR=1 to run it")
+def test_compile_with_inductor_trains_two_steps(tmp_path):
+    if not (shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")):
+        pytest.skip("torch.compile's inductor backend needs a C++ compiler on the CPU, and none was found")
+    _compiled_run(tmp_path, "inductor")

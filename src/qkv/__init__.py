@@ -8,11 +8,12 @@
 __version__ = "0.1.0"
 
 
-def load(path, device="cpu"):
-    """Load a checkpoint directory as a :class:`qkv.api.Translator` (see :func:`qkv.api.load`)."""
+def load(path, device="cpu", quantize=None):
+    """Load a checkpoint directory as a :class:`qkv.api.Translator` (see :func:`qkv.api.load`);
+    ``quantize="int8"``: dynamic int8 quantisation for CPU decoding."""
     from qkv.api import load as _load
 
-    return _load(path, device)
+    return _load(path, device, quantize)
 
 
 __all__ = ["load", "__version__"]

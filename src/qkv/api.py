@@ -7,14 +7,19 @@
 
 Sentences are tokenized, sorted by length and decoded in batches (greedy or beam search through
 the model's incremental ``start``/``step`` interface), then detokenized and returned in input order.
+
+``qkv.load(path, quantize="int8")`` applies dynamic int8 quantisation for faster CPU decoding
+(:func:`quantize_int8`; its speed and BLEU cost are in docs/results.md).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict
 from qkv.data.batching import collate
@@ -77,11 +82,91 @@ class Translator:
         return results
 
 
-def load(path: str | Path, device: str | torch.device = "cpu") -> Translator:
+class Int8TiedOutput(nn.Module):
+    """A shared (tied) embedding whose pre-softmax projection ``x Eᵀ`` runs as an int8 matrix
+    multiply; the embedding lookup itself stays float. Replaces ``model.tgt_embed`` (and
+    ``src_embed`` when shared): the tied projection is ``F.linear`` with the embedding matrix,
+    not an ``nn.Linear``, so ``quantize_dynamic`` alone would leave it in float32."""
+
+    def __init__(self, embed: nn.Module, qconfig):
+        super().__init__()
+        self.embed = embed
+        vocab, d_model = embed.weight.shape
+        linear = nn.Linear(d_model, vocab, bias=False)
+        linear.weight = embed.weight  # quantised from the same matrix; the float one is kept for lookups
+        self.proj = _quantize_dynamic(nn.Sequential(linear), {nn.Linear: qconfig})[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed(tokens)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)  # (B, T, V)
+
+
+def _quantize_dynamic(module: nn.Module, spec) -> nn.Module:
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*")
+        return quantize_dynamic(module, spec, dtype=torch.qint8, inplace=True)
+
+
+def quantize_int8(model: nn.Module, output_projection: bool = True) -> nn.Module:
+    """Dynamic int8 quantisation for CPU decoding, in place (``torch.ao.quantization.quantize_dynamic``).
+
+    Every ``nn.Linear`` gets int8 weights (one scale per output row); activations are quantised
+    on the fly at each call, and everything else (embeddings, LayerNorm, softmax) stays float32.
+    Two exceptions: each decoder layer's cross-attention ``in_proj`` stays float (its query and
+    key/value parts are read as slices of the fused matrix; the keys/values are computed once
+    per sentence anyway), and the tied output projection, which is not an ``nn.Linear``, is
+    quantised through :class:`Int8TiedOutput` unless ``output_projection=False``.
+    For inference only: the result cannot be trained or saved as a checkpoint.
+    """
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    if device.type != "cpu":
+        raise QkvError(f"int8 quantisation runs on the CPU only; the model is on {device} (load it with device='cpu')")
+    engines = [e for e in torch.backends.quantized.supported_engines if e != "none"]
+    if not engines:
+        raise QkvError("int8 quantisation: this torch build has no quantized CPU engine")
+    if torch.backends.quantized.engine == "none":
+        torch.backends.quantized.engine = engines[0]
+    from torch.ao.quantization import per_channel_dynamic_qconfig as qconfig
+
+    sliced = {id(layer.cross_attn.in_proj) for layer in getattr(model, "decoder_layers", [])}
+    spec = {name: qconfig for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in sliced}
+    tied = output_projection and getattr(model, "output_proj", "absent") is None  # a Transformer with tie_output
+    model.eval()
+    _quantize_dynamic(model, spec)
+    if tied:
+        shared = model.src_embed is model.tgt_embed
+        model.tgt_embed = Int8TiedOutput(model.tgt_embed, qconfig)
+        if shared:
+            model.src_embed = model.tgt_embed
+    return model
+
+
+QUANTIZE_CHOICES = (None, "int8")
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | None = None) -> Translator:
     """Load a checkpoint directory (e.g. ``runs/default/best``) as a :class:`Translator`.
 
     Only data is read: JSON, safetensors, SentencePiece models; never pickled code.
+    ``quantize="int8"``: dynamic int8 quantisation for faster CPU decoding (:func:`quantize_int8`;
+    CPU only).
     """
+    if quantize not in QUANTIZE_CHOICES:
+        raise QkvError(f"quantize must be None or 'int8', got {quantize!r}")
+    if quantize and torch.device(device).type != "cpu":
+        raise QkvError(f"quantize='int8' runs on the CPU only, not on device {str(device)!r}")
     ckpt = read_checkpoint(Path(path))
     try:
         model_cfg = from_dict(ModelConfig, ckpt.config["model"], f"{path}/config.json").validate()
@@ -95,7 +180,9 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Translator:
     model = build_model(model_cfg)
     load_into(model, ckpt)
     model.to(device).eval()
+    if quantize == "int8":
+        quantize_int8(model)
     return Translator(model, tokenizers, decode_cfg, train_cfg)
 
 
-__all__ = ["Translator", "load"]
+__all__ = ["Translator", "load", "quantize_int8", "Int8TiedOutput"]

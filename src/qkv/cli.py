@@ -3,7 +3,9 @@
     qkv train      train a model (on the embedded default task when no data is given)
     qkv translate  translate arguments, a file or stdin with a trained model
     qkv evaluate   sacreBLEU and chrF of a hypothesis file, or of a model's output, against references
+    qkv average    average the parameters of several checkpoints
     qkv info       parameter count by component and training FLOPs per token
+    qkv viz        attention maps (PNG + HTML), the positional encoding, the schedule, a run's curves
 
 Model, training and decoding flags are generated from the fields of ``ModelConfig``,
 ``TrainConfig`` and ``DecodeConfig``. Settings are taken, later winning, from: the preset, the
@@ -56,6 +58,9 @@ FIELD_HELP = {
     "keep_last": "also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)",
     "seed": "random seed",
     "threads": "torch CPU threads (0: torch's default)",
+    "device": "auto (CUDA when available) | cpu | cuda; under torchrun each process takes the GPU of its LOCAL_RANK",
+    "amp": "mixed precision of the training forward: none | bf16 | fp16 (CUDA only, with a gradient scaler)",
+    "compile": "torch.compile the model for the training forward (slow first steps, faster later ones)",
     "beam_size": "beam size (1: greedy)",
     "length_penalty": "α of the length penalty ((5+|Y|)/6)^α",
     "max_len_a": "max output length = a·source length + b",
@@ -148,7 +153,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         test_pairs = splits["test"]
 
     result = train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out, resume=args.resume, log=log)
-    if test_pairs is not None:
+    if test_pairs is not None and result.is_main:  # under torchrun, rank 0 alone
         show_toy_results(out, test_pairs)
     return 0
 
@@ -175,7 +180,8 @@ def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, 
     model_cfg = from_dict(ModelConfig, ckpt.config["model"], src)
     train_cfg = from_dict(TrainConfig, ckpt.config["train"], src)
     decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
-    changeable = {"max_steps", "max_epochs", "max_time", "eval_every", "eval_bleu_samples", "keep_last", "threads"}
+    changeable = {"max_steps", "max_epochs", "max_time", "eval_every", "eval_bleu_samples", "keep_last", "threads",
+                  "device", "amp", "compile"}
     asked = flags_for(args, TrainConfig)
     asked_model = flags_for(args, ModelConfig)
     refused = sorted(k for k, v in asked.items() if k not in changeable and v != getattr(train_cfg, k))
@@ -220,7 +226,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     import qkv
     from qkv.data.corpus import decode_lines, read_lines
 
-    model = qkv.load(args.model)
+    model = qkv.load(args.model, quantize="int8" if args.int8 else None)
     overrides = flags_for(args, DecodeConfig)
     dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
     if args.text:
@@ -255,7 +261,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from qkv.data.corpus import read_lines
-    from qkv.metrics import bleu, chrf
+    from qkv.metrics import bleu, bleu_tok_lc, chrf
 
     refs = read_lines(args.ref)
     if args.model:
@@ -266,18 +272,41 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         src = read_lines(args.src)
         if len(src) != len(refs):
             raise QkvError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
-        model = qkv.load(args.model)
+        model = qkv.load(args.model, quantize="int8" if args.int8 else None)
         hyps = model.translate(src, **flags_for(args, DecodeConfig))
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    elif args.int8:
+        raise QkvError("--int8 quantises a MODEL: give a MODEL with --src (not --hyp)")
     elif args.hyp:
         hyps = read_lines(args.hyp)
         if len(hyps) != len(refs):
             raise QkvError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
     else:
         raise QkvError("give a MODEL with --src, or --hyp, to evaluate against --ref")
-    print(bleu(hyps, refs).text())
+    print("sacreBLEU (cased, detokenized): " + bleu(hyps, refs).text())
+    lang = args.lang or language_of(args.ref)
+    if lang:
+        print(f"Multi30k convention (lowercased, Moses-tokenized -l {lang} -a): " + bleu_tok_lc(hyps, refs, lang).text())
+    else:
+        print("(give --lang to also report BLEU on lowercased, Moses-tokenized text)")
     print(chrf(hyps, refs).text())
+    return 0
+
+
+def language_of(path: str) -> str | None:
+    """The language code of a file named like ``test.de`` or ``test_2016_flickr.de.gz``."""
+    import re
+
+    m = re.search(r"\.([a-z]{2})(\.gz)?$", Path(path).name)  # ISO 639-1, as Moses uses
+    return m.group(1) if m else None
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from qkv.training.average import average_checkpoints
+
+    used = average_checkpoints(args.inputs, args.out, last=args.last)
+    log(f"averaged {len(used)} checkpoints ({used[0].name} .. {used[-1].name}) into {args.out}")
     return 0
 
 
@@ -311,9 +340,39 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_viz(args: argparse.Namespace) -> int:
+    from qkv import viz
+
+    if args.what == "attention":
+        import qkv
+
+        data = viz.attention_data(qkv.load(args.model), args.text, args.target)
+        if data["target_from"] == "greedy":
+            print(f"target: the model's own greedy translation (give --target to choose): {data['target']}")
+        prefix = args.out[: -len(Path(args.out).suffix)] if Path(args.out).suffix in (".png", ".html") else args.out
+        written = [viz.write_attention_html(data, prefix + ".html"), viz.write_attention_png(data, prefix + ".png")]
+    elif args.what == "positional":
+        written = [viz.positional_png(args.positions, args.dim, args.out)]
+    elif args.what == "schedule":
+        written = [viz.schedule_png(args.d_model, args.warmup, args.steps, args.scale, args.out)]
+    else:
+        written = [viz.training_png(args.run, args.out)]
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------------
 
+INT8_HELP = ("dynamic int8 quantisation of the model's linear layers for faster CPU decoding "
+             "(a small BLEU cost: see docs/results.md)")
+
+
 def log(msg: str) -> None:
+    import os
+
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and os.environ.get("RANK", "0") != "0":
+        return  # under torchrun only rank 0 speaks
     from tqdm import tqdm
 
     tqdm.write(msg, file=sys.stderr)
@@ -354,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("text", nargs="*", help="sentences to translate (else --input or stdin)")
     tr.add_argument("--input", "-i", help="file to translate, plain or gzip ('-' = stdin)")
     tr.add_argument("--output", "-o", help="write translations here instead of stdout")
+    tr.add_argument("--int8", action="store_true", help=INT8_HELP)
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
     tr.set_defaults(func=cmd_translate)
 
@@ -366,8 +426,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--hyp", help="hypothesis file (instead of MODEL)")
     ev.add_argument("--ref", required=True, help="reference file (raw text, one line per sentence)")
     ev.add_argument("--output", "-o", help="also save MODEL's translations here")
+    ev.add_argument("--int8", action="store_true", help=INT8_HELP)
+    ev.add_argument("--lang", help="target language for the Moses tokenizer of the lowercased BLEU "
+                                   "(default: from the --ref file name, e.g. test.de)")
     add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
     ev.set_defaults(func=cmd_evaluate)
+
+    a = sub.add_parser("average", help="average checkpoints (the paper averages the last 5 or 20)",
+                       description="Average the parameters of several checkpoints of one run into a new "
+                                   "checkpoint for decoding: either list checkpoint directories, or give one run "
+                                   "directory and --last N to take its newest N step_N/ checkpoints (saved during "
+                                   "training with --keep-last N).")
+    a.add_argument("inputs", nargs="+", help="checkpoint directories, or one run directory with --last")
+    a.add_argument("--last", type=int, help="average the newest N step_N/ checkpoints of the run directory")
+    a.add_argument("--out", required=True, help="where to write the averaged checkpoint")
+    a.set_defaults(func=cmd_average)
 
     i = sub.add_parser("info", help="parameter count and training FLOPs",
                        description="Print the parameter count by component and the training FLOPs per target "
@@ -380,6 +453,42 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--tgt-len", type=int, default=25, help="target tokens per sentence for the FLOPs")
     add_config_flags(i, ModelConfig, "model (ModelConfig)")
     i.set_defaults(func=cmd_info)
+
+    v = sub.add_parser("viz", help="draw attention maps, the positional encoding, the schedule, a run's curves",
+                       description="Pictures of what the model does and how it trained (needs matplotlib: "
+                                   "pip install 'qkv[viz]').")
+    v.set_defaults(func=cmd_viz)
+    vs = v.add_subparsers(dest="what", required=True, metavar="WHAT")
+    va = vs.add_parser("attention", help="every layer's and head's attention weights for one sentence",
+                       description="Encoder self-attention, decoder masked self-attention and cross-attention "
+                                   "of every layer and head, tokens on the axes, from one forward pass of MODEL. "
+                                   "Writes OUT.png and OUT.html (a self-contained page: choose the layer and "
+                                   "head, hover for the weights). Without --target the target is the model's "
+                                   "own greedy translation.")
+    va.add_argument("model", help="checkpoint directory, e.g. runs/default/best")
+    va.add_argument("text", help="the source sentence")
+    va.add_argument("--target", help="the target sentence the decoder reads (default: the model's greedy translation)")
+    va.add_argument("--out", default="attention", help="output prefix: writes OUT.png and OUT.html (default: %(default)s)")
+    vp = vs.add_parser("positional", help="the sinusoidal positional encoding as a heatmap",
+                       description="PE(pos, 2i) = sin(pos/10000^(2i/d)), PE(pos, 2i+1) = cos(...) as a heatmap: "
+                                   "positions down, dimensions across; the low dimensions change fastest.")
+    vp.add_argument("--positions", type=int, default=60, help="positions (rows) (default: %(default)s)")
+    vp.add_argument("--dim", type=int, default=32, help="d_model, even (columns) (default: %(default)s)")
+    vp.add_argument("--out", default="positional.png", help="PNG file to write (default: %(default)s)")
+    vsch = vs.add_parser("schedule", help="the warmup learning-rate schedule",
+                         description="lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) "
+                                     "(section 5.3), its peak at step = warmup marked.")
+    vsch.add_argument("--d-model", type=int, default=512, dest="d_model", help="d_model (default: %(default)s)")
+    vsch.add_argument("--warmup", type=int, default=4000, help="warmup steps (default: %(default)s)")
+    vsch.add_argument("--steps", type=int, default=20000, help="steps to plot (default: %(default)s)")
+    vsch.add_argument("--scale", type=float, default=1.0, help="factor on the rate, as --lr-scale (default: %(default)s)")
+    vsch.add_argument("--out", default="schedule.png", help="PNG file to write (default: %(default)s)")
+    vt = vs.add_parser("training", help="a run's loss, validation scores and learning rate",
+                       description="Training and validation loss, validation BLEU / chrF / exact match, "
+                                   "validation perplexity and the learning rate against the step, from "
+                                   "RUN/metrics.jsonl (written by qkv train; a run still training is fine).")
+    vt.add_argument("run", help="run directory (the --out of qkv train), e.g. runs/default")
+    vt.add_argument("--out", default="training.png", help="PNG file to write (default: %(default)s)")
     return p
 
 

@@ -105,6 +105,10 @@ class TrainConfig:
     keep_last: int = 0  # numbered step_N/ checkpoints kept besides last/ and best/ (for averaging)
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0: torch's default
+    # hardware (any of these may change on --resume; checkpoints are device-independent)
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda
+    amp: str = "none"  # mixed precision of the training forward: none | bf16 | fp16 (CUDA, with a GradScaler)
+    compile: bool = False  # torch.compile the model for the training forward
 
     def validate(self) -> "TrainConfig":
         _check(self.tokenizer in ("bpe", "unigram", "char"), "tokenizer", "must be bpe, unigram or char")
@@ -118,6 +122,10 @@ class TrainConfig:
         _check(self.clip_norm >= 0, "clip_norm", "must be >= 0")
         for name in ("max_epochs", "max_time", "eval_bleu_samples", "keep_last", "threads", "weight_decay"):
             _check(getattr(self, name) >= 0, name, "must be >= 0")
+        _check(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
+        _check(self.amp in ("none", "bf16", "fp16"), "amp", f"must be none, bf16 or fp16, got {self.amp!r}")
+        _check(not (self.amp == "fp16" and self.device == "cpu"), "amp",
+               "fp16 (with its GradScaler) needs a CUDA GPU; on the CPU use bf16 or none")
         return self
 
 

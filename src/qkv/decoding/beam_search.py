@@ -33,7 +33,7 @@ hypothesis is finished with the model's log-prob of EOS). For ``alpha = 0`` the 
 that end early (even the empty one at step 0) would fill the list and cut off the best live
 hypothesis one step before its EOS. With either rule ``beam_size=1`` is exactly greedy
 decoding. Done sentences are removed from the batch (``state.reorder`` with fewer rows), so
-they cost nothing in later steps.
+they cost nothing in later steps (``drop_finished=False`` keeps them, to measure the saving).
 """
 
 from __future__ import annotations
@@ -112,12 +112,16 @@ def _top_candidates(scores: Tensor, logp: Tensor, n_cand: int) -> _Candidates:
 
 
 def _finalize(
-    cand: _Candidates, beams: _Beams, step: int, alpha: float, finished: list[list[Hypothesis]]
+    cand: _Candidates, beams: _Beams, step: int, alpha: float, finished: list[list[Hypothesis]],
+    searching: Tensor | None = None,
 ) -> None:
     """Move EOS candidates ranked within the top k into their sentence's finished list, which
-    keeps the k best by score (best first). Their length is ``step + 1`` (EOS included)."""
+    keeps the k best by score (best first). Their length is ``step + 1`` (EOS included).
+    ``searching`` (N,) bool, if given: only these sentences (the others are done but kept)."""
     k = beams.scores.size(1)
     is_eos = (cand.tokens[:, :k] == EOS) & torch.isfinite(cand.scores[:, :k])  # (N, k)
+    if searching is not None:
+        is_eos &= searching.unsqueeze(1)
     if not is_eos.any():
         return
     lp = length_penalty(step + 1, alpha)
@@ -179,6 +183,8 @@ def beam_search(
     max_len: Tensor | int,
     nbest: int = 1,
     min_len: int = 0,
+    *,
+    drop_finished: bool = True,
 ) -> list[list[Hypothesis]]:
     """Beam-search a batch; returns, per sentence, its ``nbest`` best hypotheses (best first).
 
@@ -187,6 +193,10 @@ def beam_search(
     min_len: EOS is not allowed before this many tokens.
     Hypotheses are ranked by ``score = logprob / lp(|Y|)``. See the module docstring for
     the algorithm and the stopping rule.
+
+    drop_finished: only for measuring what removing done sentences saves
+    (``benchmarks/means.py``): ``False`` keeps their ``k`` rows in the batch until every
+    sentence is done, fed EOS, as a naive implementation would. The result is the same either way.
     """
     if beam_size < 1:
         raise ConfigError(f"invalid config field 'beam_size': must be >= 1, got {beam_size}")
@@ -200,17 +210,28 @@ def beam_search(
     beams = _initial_beams(as_max_len(max_len, batch_size, src.device), k)
     state = model.start(src).reorder(torch.arange(batch_size, device=src.device).repeat_interleave(k))
     tokens = torch.full((batch_size * k,), BOS, dtype=torch.long, device=src.device)  # (B*k,)
+    ended = torch.zeros(batch_size, dtype=torch.bool, device=src.device)  # drop_finished=False only
     for step in range(int(beams.max_len.max()) + 1):
         logits, state = model.step(tokens, state)
         at_limit = (beams.max_len <= step).repeat_interleave(k)  # (N*k,)
         logp = force_eos(log_probs(logits), at_limit, before_min_len=step < min_len)  # (N*k, V)
         cand = _top_candidates(beams.scores, logp.view(-1, k, logp.size(-1)), 2 * k)  # (N, 2k)
-        _finalize(cand, beams, step, alpha, finished)
+        _finalize(cand, beams, step, alpha, finished, None if drop_finished else ~ended)
         live = _select_live(cand, k)  # (N, k)
         done = _done(beams, cand.scores.gather(1, live), step, alpha, finished)  # (N,)
+        if not drop_finished:
+            ended |= done
+            done = ended
         keep = (~done).nonzero().squeeze(1)  # (N',)
         if keep.numel() == 0:
             break
+        if not drop_finished:  # done sentences keep their rows (unchanged), fed EOS
+            old_rows = torch.arange(batch_size * k, device=src.device)
+            beams, rows, new_tokens = _advance(beams, cand, live, torch.arange(batch_size, device=src.device))
+            rows = torch.where(ended.repeat_interleave(k), old_rows, rows)
+            tokens = new_tokens.masked_fill(ended.repeat_interleave(k), EOS)
+            state = state.reorder(rows)
+            continue
         beams, rows, tokens = _advance(beams, cand, live, keep)
         state = state.reorder(rows)
     return [hyps[:nbest] for hyps in finished]

@@ -94,7 +94,9 @@ def as_max_len(max_len: Tensor | int, batch_size: int, device: torch.device) -> 
 
 
 @torch.inference_mode()
-def greedy(model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_len: int = 0) -> list[list[int]]:
+def greedy(
+    model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_len: int = 0, *, drop_finished: bool = True
+) -> list[list[int]]:
     """Greedy-decode a batch; returns one token list per sentence, without BOS/EOS.
 
     src: LongTensor (B, S) padded with PAD. max_len: LongTensor (B,) (or an int), the number
@@ -102,6 +104,10 @@ def greedy(model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_le
     this many tokens (``min_len = max_len`` makes every output exactly that long, as speed
     benchmarks of random-weight models need). Decoding stops when every sentence has emitted
     EOS; finished sentences are removed from the batch as they end.
+
+    drop_finished: only for measuring what that removal saves (``benchmarks/means.py``):
+    ``False`` keeps finished rows in the batch, fed EOS, as a naive implementation would. The
+    output is the same either way.
     """
     batch_size = src.size(0)
     outputs: list[list[int]] = [[] for _ in range(batch_size)]
@@ -111,16 +117,22 @@ def greedy(model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_le
     state = model.start(src)
     rows = torch.arange(batch_size, device=src.device)  # sentence id of each active row
     tokens = torch.full((batch_size,), BOS, dtype=torch.long, device=src.device)  # (N,)
+    ended = torch.zeros(batch_size, dtype=torch.bool, device=src.device)  # drop_finished=False only
     for t in range(int(max_len.max()) + 1):
         logits, state = model.step(tokens, state)
         logp = force_eos(log_probs(logits), max_len[rows] <= t, before_min_len=t < min_len)  # (N, V)
         tokens = logp.argmax(dim=-1)  # (N,)
+        if not drop_finished:  # rows that ended earlier are fed EOS and their output ignored
+            tokens = tokens.masked_fill(ended, EOS)
+            ended |= tokens == EOS
         for sent, tok in zip(rows.tolist(), tokens.tolist()):
             if tok != EOS:
                 outputs[sent].append(tok)
         running = tokens != EOS
         if not running.any():
             break
+        if not drop_finished:
+            continue
         if not running.all():
             keep = running.nonzero().squeeze(1)  # (N',)
             state = state.reorder(keep)

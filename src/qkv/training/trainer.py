@@ -5,6 +5,12 @@
 * Adam(β1=0.9, β2=0.98, ε=1e-9) with the warmup schedule (:mod:`qkv.training.schedule`);
 * gradient clipping, gradient accumulation (``update_freq``);
 * length-bucketed batches under a token budget (:mod:`qkv.data.batching`);
+* the device (``device``: CPU or CUDA, fused Adam on CUDA), mixed precision (``amp``: bf16, or fp16
+  with a gradient scaler) and ``torch.compile`` (``compile``) for the training forward;
+* data parallelism under ``torchrun`` (:mod:`qkv.training.distributed`): an update takes
+  ``update_freq x world_size`` batches of the one seeded batch order, rank r trains on every
+  world_size-th of them, and the loss is normalised by the update's global number of target
+  tokens, so N processes compute the update of one process with ``update_freq x N``;
 * periodic validation: loss, perplexity, BLEU (and exact match) of greedy output on a sample;
 * checkpoints ``last/`` and ``best/`` (lowest validation loss), written atomically, and ``--resume``
   that continues exactly where a run stopped: weights, optimizer, step, position in the epoch's
@@ -14,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -24,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig, to_dict
@@ -33,7 +41,9 @@ from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.metrics import bleu, chrf, exact_match
 from qkv.models import build_model
+from qkv.training import distributed
 from qkv.training.checkpoint import list_checkpoints, load_into, read_checkpoint, save_checkpoint, step_path
+from qkv.training.distributed import DistInfo
 from qkv.training.loss import label_smoothed_nll_loss
 from qkv.training.schedule import noam
 
@@ -69,7 +79,28 @@ class EncodedSplit:
 class TrainResult:
     out_dir: Path
     step: int
-    valid: dict = field(default_factory=dict)
+    valid: dict = field(default_factory=dict)  # the last validation record (empty on ranks other than 0)
+    is_main: bool = True  # False on the ranks > 0 of a distributed run (which write nothing)
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+def _to_cpu(obj):
+    """A copy of a (nested) state dict with every tensor on the CPU: checkpoints load on any device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _rank_seed(seed: int, rank: int) -> int:
+    """Rank r > 0 draws its dropout masks from its own stream (rank 0 keeps the single-process one)."""
+    return seed + 1_000_003 * rank
 
 
 def _log_stderr(msg: str) -> None:
@@ -90,6 +121,8 @@ class Trainer:
         out_dir: Path,
         log: Callable[[str], None] = _log_stderr,
         data_name: str = "data",
+        device: torch.device | str = "cpu",
+        dist_info: DistInfo | None = None,
     ):
         self.train_cfg, self.decode_cfg = train_cfg, decode_cfg
         self.model_cfg = replace(
@@ -101,15 +134,33 @@ class Trainer:
         self.tokenizers = tokenizers
         self.train_split, self.valid_split = train_split, valid_split
         self.out_dir, self.log = out_dir, log
+        self.device = torch.device(device)
+        self.dist = dist_info or DistInfo()
         torch.manual_seed(train_cfg.seed)
-        self.model = build_model(self.model_cfg)
+        # Built on the CPU from the seed, then moved: the same initial weights on every device.
+        self.model = build_model(self.model_cfg).to(self.device)  # the plain module: saved, validated
+        if self.dist.rank > 0:
+            torch.manual_seed(_rank_seed(train_cfg.seed, self.dist.rank))
+        on_cuda = self.device.type == "cuda"
         self.optimizer = torch.optim.Adam(
             self.model.parameters(),
             lr=0.0,
             betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
             eps=train_cfg.adam_eps,
             weight_decay=train_cfg.weight_decay,
+            **({"fused": True} if on_cuda else {}),  # one kernel for all parameters
         )
+        # fp16 gradients underflow without loss scaling; bf16 has float32's range and needs none.
+        self.scaler = torch.amp.GradScaler("cuda") if train_cfg.amp == "fp16" else None
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train_cfg.amp)
+        # What the training forward runs through: DDP (which all-reduces the gradients in
+        # backward) around the model, then torch.compile around that, as PyTorch recommends.
+        self.ddp: DistributedDataParallel | None = None
+        module: torch.nn.Module = self.model
+        if self.dist.distributed:
+            self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if on_cuda else None)
+            module = self.ddp
+        self.train_module = torch.compile(module) if train_cfg.compile else module
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # batches of the current epoch already consumed
@@ -124,44 +175,95 @@ class Trainer:
         return {"model": to_dict(self.model_cfg), "train": to_dict(self.train_cfg), "decode": to_dict(self.decode_cfg),
                 "data": {"train": self.data_name}}
 
-    def trainer_state(self) -> dict:
-        return {
+    def _rng_state(self) -> list[torch.Tensor]:
+        """This process's random state: the CPU generator, and the GPU's when training on one."""
+        states = [torch.get_rng_state()]
+        if self.device.type == "cuda":
+            states.append(torch.cuda.get_rng_state(self.device))
+        return states
+
+    def gather_rng(self) -> list[list[torch.Tensor]] | None:
+        """Every rank's random state (a collective: all ranks call it); None for a single process."""
+        if not self.dist.distributed:
+            return None
+        per_kind = [distributed.all_gather_bytes(t) for t in self._rng_state()]  # [kind][rank]
+        return [list(states) for states in zip(*per_kind)]  # [rank][kind]
+
+    def trainer_state(self, rank_rng: list[list[torch.Tensor]] | None = None) -> dict:
+        """Everything besides the weights that resuming needs; tensors on the CPU."""
+        own = self._rng_state()
+        state = {
             "step": self.step,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
             "best_valid_loss": self.best_valid_loss,
             "elapsed": self.elapsed,
-            "optimizer": self.optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
+            "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "torch_rng": own[0],
+            "world_size": self.dist.world_size,
         }
+        if len(own) > 1:
+            state["cuda_rng"] = own[1]
+        if rank_rng is not None:
+            state["rank_rng"] = rank_rng  # [rank][cpu, cuda?]: each rank resumes its own dropout stream
+        if self.scaler is not None:
+            state["grad_scaler"] = self.scaler.state_dict()
+        return state
 
-    def save(self, name: str) -> Path:
+    def save(self, name: str, rank_rng: list[list[torch.Tensor]] | None = None) -> Path:
         path = self.out_dir / name
         save_checkpoint(path, self.model, self.config_dict(), write_extra=self.tokenizers.save,
-                        trainer_state=self.trainer_state())
+                        trainer_state=self.trainer_state(rank_rng))
         return path
 
-    def save_numbered(self) -> None:
+    def save_numbered(self, rank_rng: list[list[torch.Tensor]] | None = None) -> None:
         """``step_NNNNNN/`` checkpoints (for averaging), keeping the newest ``keep_last``."""
         keep = self.train_cfg.keep_last
         if keep <= 0:
             return
-        self.save(step_path(self.out_dir, self.step).name)
+        self.save(step_path(self.out_dir, self.step).name, rank_rng)
         for old in list_checkpoints(self.out_dir)[:-keep]:
             shutil.rmtree(old)
 
     def restore(self, path: Path) -> None:
+        """Continue from the checkpoint at ``path`` (every rank reads it), on whatever device this run uses."""
         ckpt = read_checkpoint(path, need_trainer_state=True)
         if ckpt.trainer_state is None:
             raise QkvError(f"{path}: checkpoint has no trainer_state.pt, so training cannot resume from it")
         load_into(self.model, ckpt)
         st = ckpt.trainer_state
-        self.optimizer.load_state_dict(st["optimizer"])
+        # The saved param groups also name the Adam implementation (fused on CUDA); keep this run's,
+        # so that a run saved on a GPU resumes on a CPU and the other way round.
+        impl = {k: v for k, v in self.optimizer.param_groups[0].items()
+                if k in ("fused", "foreach", "capturable", "differentiable")}
+        opt_state = st["optimizer"]
+        opt_state = {**opt_state, "param_groups": [{**g, **impl} for g in opt_state["param_groups"]]}
+        self.optimizer.load_state_dict(opt_state)
+        if self.scaler is not None and "grad_scaler" in st:
+            self.scaler.load_state_dict(st["grad_scaler"])
         self.step, self.epoch, self.batch_in_epoch = int(st["step"]), int(st["epoch"]), int(st["batch_in_epoch"])
         self.best_valid_loss, self.elapsed = float(st["best_valid_loss"]), float(st["elapsed"])
-        torch.set_rng_state(st["torch_rng"])
+        saved_world = int(st.get("world_size", 1))
+        if saved_world != self.dist.world_size:
+            self.log(f"note: {path} was written by a run of {saved_world} process(es), this one has "
+                     f"{self.dist.world_size}: an update now takes {self.train_cfg.update_freq} x "
+                     f"{self.dist.world_size} batches (was {self.train_cfg.update_freq} x {saved_world})")
+        rank_rng = st.get("rank_rng")
+        if rank_rng is not None and len(rank_rng) == self.dist.world_size:
+            states = list(rank_rng[self.dist.rank])
+        elif self.dist.rank == 0:
+            states = [st["torch_rng"]] + ([st["cuda_rng"]] if "cuda_rng" in st else [])
+        else:  # resumed with another number of processes: a fresh stream of this rank's own
+            torch.manual_seed(_rank_seed(self.train_cfg.seed, self.dist.rank) + self.step)
+            states = []
+        if states:
+            torch.set_rng_state(states[0])
+        if len(states) > 1 and self.device.type == "cuda":
+            torch.cuda.set_rng_state(states[1], self.device)
 
     def record(self, entry: dict) -> None:
+        if not self.dist.is_main:
+            return
         with self.metrics_path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry) + "\n")
 
@@ -171,8 +273,17 @@ class Trainer:
         c = self.train_cfg
         return noam(step, self.model_cfg.d_model, c.warmup_steps, c.lr_scale)
 
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+    def loss(self, batch: Batch, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss_sum, nll_sum) of ``batch`` (on the device); ``train``: through the training forward
+        (DDP / compiled, under autocast), else the plain model in full precision."""
+        if train:
+            autocast = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None
+                        else contextlib.nullcontext())
+            with autocast:
+                logits = self.train_module(batch.src, batch.tgt_in)  # (B, T, V)
+        else:
+            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+        # outside autocast: the loss is computed in float32 whatever the logits' dtype
         return label_smoothed_nll_loss(logits, batch.tgt_out, self.train_cfg.label_smoothing)
 
     def _stop_reason(self, started: float) -> str | None:
@@ -181,44 +292,87 @@ class Trainer:
             return f"reached max_steps={c.max_steps}"
         if c.max_epochs and self.epoch >= c.max_epochs:
             return f"reached max_epochs={c.max_epochs}"
-        if c.max_time and self.elapsed + (time.perf_counter() - started) >= c.max_time:
-            return f"reached max_time={c.max_time:g}s"
+        if c.max_time:  # clocks differ between processes: stop when any of them says so
+            time_up = self.elapsed + (time.perf_counter() - started) >= c.max_time
+            if distributed.any_rank(time_up) if self.dist.distributed else time_up:
+                return f"reached max_time={c.max_time:g}s"
         return None
 
-    def _batches(self):
-        """Yield groups of ``update_freq`` batches, resuming mid-epoch where the state says."""
+    def _groups(self):
+        """Yield the batches (index lists) of each update, resuming mid-epoch where the state says.
+
+        An update takes ``update_freq x world_size`` consecutive batches of the epoch's seeded
+        order, the same on every rank; the last update of an epoch may take fewer. The position
+        advances in :meth:`train_step`, once the update is made.
+        """
         c = self.train_cfg
+        size = c.update_freq * self.dist.world_size
         while True:
             order = self.train_split.batches(c.max_tokens, shuffle=True, seed=c.seed, epoch=self.epoch)
             while self.batch_in_epoch < len(order):
-                group = order[self.batch_in_epoch : self.batch_in_epoch + c.update_freq]
-                self.batch_in_epoch += len(group)
-                yield [self.train_split.collate(ix) for ix in group]
+                yield order[self.batch_in_epoch : self.batch_in_epoch + size]
             self.epoch += 1
             self.batch_in_epoch = 0
             if c.max_epochs and self.epoch >= c.max_epochs:
                 return
 
-    def train_step(self, group: list[Batch]) -> dict:
-        """One optimizer update over ``update_freq`` batches; the loss is normalised per target token."""
+    def train_step(self, group: list[list[int]]) -> dict:
+        """One optimizer update over the batches of ``group``; the loss is normalised per target token.
+
+        Each rank trains on ``group[rank::world_size]``. The gradient of the update is
+
+            sum over the group's batches of grad(loss_sum(batch)) / N,
+
+        N = the group's target tokens (summed over ranks). DDP averages the ranks' gradients,
+        so each rank divides by N / world_size: the average of the ranks' sums is the sum
+        above, the update of one process with ``update_freq x world_size``. The ranks' gradients
+        are all-reduced in the backward of their last batch only (``no_sync`` before it). A rank
+        whose share of an epoch's last, short group is empty still joins that all-reduce, with a
+        zero-weighted backward of another batch.
+        """
         self.model.train()
-        n_tokens = sum(b.n_tgt_tokens for b in group)
-        loss_sum = nll_sum = 0.0
-        for batch in group:
-            loss, nll = self.loss(batch)
-            (loss / n_tokens).backward()
-            loss_sum += loss.item()
-            nll_sum += nll.item()
-        self.step += 1
-        lr = self.lr(self.step)
+        world = self.dist.world_size
+        batches = [self.train_split.collate(ix) for ix in group[self.dist.rank :: world]]
+        weights = [1.0] * len(batches)
+        n_tokens = sum(b.n_tgt_tokens for b in batches)  # counted on the CPU: no device sync
+        if self.dist.distributed:
+            n_tokens = int(distributed.all_reduce_sum(torch.tensor([n_tokens], dtype=torch.long)).item())
+            if not batches:
+                batches, weights = [self.train_split.collate(group[0])], [0.0]
+        denominator = n_tokens / world
+        loss_sum = torch.zeros((), device=self.device)
+        nll_sum = torch.zeros((), device=self.device)
+        for i, (batch, weight) in enumerate(zip(batches, weights)):
+            batch = batch.to(self.device, non_blocking=True)
+            last = i == len(batches) - 1
+            sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
+            with sync:
+                loss, nll = self.loss(batch, train=True)
+                objective = loss / denominator if weight else loss * 0.0
+                (self.scaler.scale(objective) if self.scaler is not None else objective).backward()
+            if weight:
+                loss_sum += loss.detach()
+                nll_sum += nll.detach()
+        sums = distributed.all_reduce_sum(torch.stack([loss_sum, nll_sum])) if self.dist.distributed \
+            else torch.stack([loss_sum, nll_sum])
+        lr = self.lr(self.step + 1)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients
         grad_norm = None
         if self.train_cfg.clip_norm > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm))
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skipped when the fp16 gradients overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_sum / n_tokens, "nll": nll_sum / n_tokens, "lr": lr, "tokens": n_tokens,
+        self.step += 1
+        self.batch_in_epoch += len(group)
+        loss_total, nll_total = sums.tolist()
+        return {"loss": loss_total / n_tokens, "nll": nll_total / n_tokens, "lr": lr, "tokens": n_tokens,
                 "grad_norm": grad_norm}
 
     @torch.no_grad()
@@ -227,11 +381,14 @@ class Trainer:
         split = self.valid_split
         assert split is not None
         self.model.eval()
-        loss_sum = nll_sum = n_tokens = 0.0
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        n_tokens = 0
         for ix in split.batches(self.train_cfg.max_tokens, shuffle=False, seed=0, epoch=0):
             batch = split.collate(ix)
-            loss, nll = self.loss(batch)
-            loss_sum, nll_sum, n_tokens = loss_sum + loss.item(), nll_sum + nll.item(), n_tokens + batch.n_tgt_tokens
+            n_tokens += batch.n_tgt_tokens
+            loss, nll = self.loss(batch.to(self.device, non_blocking=True))
+            sums += torch.stack([loss, nll]).double()
+        loss_sum, nll_sum = sums.tolist()
         out = {"valid_loss": loss_sum / n_tokens, "valid_nll": nll_sum / n_tokens,
                "valid_ppl": math.exp(min(nll_sum / n_tokens, 50.0))}
         n = min(self.train_cfg.eval_bleu_samples, len(split.raw_src))
@@ -248,6 +405,10 @@ class Trainer:
         return out
 
     def _validate_and_save(self, bar: tqdm | None) -> dict:
+        """Validate and write checkpoints: on rank 0 alone, once every rank's random state is gathered."""
+        rank_rng = self.gather_rng()  # a collective: every rank calls this method
+        if not self.dist.is_main:
+            return {}
         record: dict = {"step": self.step, "epoch": self.epoch}
         if self.valid_split is not None and len(self.valid_split.src_ids) > 0:
             v = self.validate()
@@ -264,28 +425,30 @@ class Trainer:
             for s, h, r in samples[:1]:
                 self.log(f"  src: {s}\n  hyp: {h}\n  ref: {r}")
             self.record(record)
-            self.save("last")
+            self.save("last", rank_rng)
             if improved:
-                self.save("best")
-            self.save_numbered()
+                self.save("best", rank_rng)
+            self.save_numbered(rank_rng)
         else:
             self.record(record)
-            self.save("last")
-            self.save("best")
-            self.save_numbered()
+            self.save("last", rank_rng)
+            self.save("best", rank_rng)
+            self.save_numbered(rank_rng)
         return record
 
     def run(self) -> TrainResult:
         c = self.train_cfg
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        main = self.dist.is_main
+        if main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         bar = tqdm(total=c.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not sys.stderr.isatty(), file=sys.stderr)
+                   disable=not (main and sys.stderr.isatty()), file=sys.stderr)
         window_tokens, window_start = 0, time.perf_counter()
         last_record: dict = {}
         reason = self._stop_reason(started)
         try:
-            for group in self._batches() if reason is None else ():
+            for group in self._groups() if reason is None else ():
                 stats = self.train_step(group)
                 window_tokens += stats["tokens"]
                 now = time.perf_counter()
@@ -311,13 +474,15 @@ class Trainer:
                     last_record = self._validate_and_save(bar)
         except KeyboardInterrupt:
             self.elapsed += time.perf_counter() - started
-            self.log(f"interrupted at step {self.step}: saving {self.out_dir / 'last'} (resume with --resume)")
-            self.save("last")
+            if main:  # no collective here: the other ranks may be gone (their dropout streams restart)
+                self.log(f"interrupted at step {self.step}: saving {self.out_dir / 'last'} (resume with --resume)")
+                self.save("last")
             bar.close()
             raise
         bar.close()
+        distributed.barrier()  # every rank returns once rank 0's checkpoints are written
         self.log(f"stopped: {reason}; checkpoints in {self.out_dir}/last and {self.out_dir}/best")
-        return TrainResult(self.out_dir, self.step, last_record)
+        return TrainResult(self.out_dir, self.step, last_record, is_main=main)
 
 
 def encode_split(data: ParallelData, tokenizers: TokenizerPair, max_len: int | None, log) -> EncodedSplit:
@@ -349,6 +514,11 @@ def train(
 
     With ``resume``, the configs, the tokenizer and the whole training state come from
     ``out_dir/last`` and training continues to the (possibly raised) ``max_steps``.
+
+    Started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment), every process calls this
+    with the same arguments and they train one model together with DistributedDataParallel
+    (see :mod:`qkv.training.distributed`); rank 0 trains the tokenizer (the others load it from
+    ``out_dir/tokenizer``), logs, validates and writes every file.
     """
     train_cfg.validate()
     decode_cfg.validate()
@@ -358,6 +528,19 @@ def train(
         torch.set_num_threads(train_cfg.threads)
     if not train_data.src:
         raise QkvError(f"{train_data.name}: no training pairs left to train on")
+    device = distributed.resolve_device(train_cfg.device, train_cfg.amp, distributed.env_local_rank())
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls for what runs in float32
+    info = distributed.init_from_env(device)
+    try:
+        return _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir, resume,
+                      log if info.is_main else _quiet, device, info)
+    finally:
+        distributed.cleanup(info)
+
+
+def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Path, resume: bool, log,
+           device: torch.device, info: DistInfo) -> TrainResult:
     last = out_dir / "last"
     if resume:
         if not last.exists():
@@ -366,16 +549,24 @@ def train(
     else:
         if last.exists():
             raise QkvError(f"{out_dir} already holds a run ({last}); pass --resume to continue it or choose another --out")
-        log(f"training a {train_cfg.tokenizer} tokenizer ({'joint' if train_cfg.joint_vocab else 'separate'} "
-            f"vocabulary, up to {train_cfg.vocab_size} pieces) on {len(train_data.src)} pairs")
-        tokenizers = TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size,
-                                         train_cfg.tokenizer, train_cfg.joint_vocab)
+        shared_tokenizer = out_dir / "tokenizer"  # where the other ranks find rank 0's tokenizer
+        if info.is_main:
+            log(f"training a {train_cfg.tokenizer} tokenizer ({'joint' if train_cfg.joint_vocab else 'separate'} "
+                f"vocabulary, up to {train_cfg.vocab_size} pieces) on {len(train_data.src)} pairs")
+            tokenizers = TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size,
+                                             train_cfg.tokenizer, train_cfg.joint_vocab)
+            if info.distributed:
+                shutil.rmtree(shared_tokenizer, ignore_errors=True)  # no stale model of an earlier attempt
+                tokenizers.save(shared_tokenizer)
+        distributed.barrier()
+        if not info.is_main:
+            tokenizers = TokenizerPair.load(shared_tokenizer)
     train_split = encode_split(train_data, tokenizers, train_cfg.max_len, log)
     if not train_split.src_ids:
         raise QkvError(f"{train_data.name}: every pair is longer than max_len={train_cfg.max_len}")
     valid_split = encode_split(valid_data, tokenizers, None, log) if valid_data is not None else None
     trainer = Trainer(model_cfg, train_cfg, decode_cfg, tokenizers, train_split, valid_split, out_dir, log,
-                      data_name=train_data.name)
+                      data_name=train_data.name, device=device, dist_info=info)
     if resume:
         trainer.restore(last)
         # The run continues under the saved settings, except where the user raised a limit.
@@ -383,4 +574,8 @@ def train(
     n_params = sum(p.numel() for p in trainer.model.parameters())
     log(f"model: {trainer.model_cfg.arch}, {n_params:,} parameters; "
         f"{len(train_split.src_ids)} training pairs, {len(valid_split.src_ids) if valid_split else 0} validation pairs")
+    c = train_cfg
+    log(f"device: {device}" + (f", amp {c.amp}" if c.amp != "none" else "") + (", compiled" if c.compile else "")
+        + (f"; {info.world_size} processes ({info.backend}), {c.update_freq} x {info.world_size} batches per update"
+           if info.distributed else ""))
     return trainer.run()

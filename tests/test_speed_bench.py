@@ -1,0 +1,55 @@
+"""benchmarks/speed.py end to end at tiny shapes (--quick): the qkv workers always, the peers
+(Hugging Face transformers, CTranslate2) only where the optional ``bench`` extra is installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SPEED = Path(__file__).resolve().parents[1] / "benchmarks" / "speed.py"
+
+
+def run_quick(tmp_path: Path, systems: str) -> dict:
+    out = tmp_path / "speed.json"
+    proc = subprocess.run([sys.executable, str(SPEED), "--quick", "--threads", "1", "--systems", systems,
+                           "--json-out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "median [min-max]" in proc.stdout and "MFU" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def check_rows(res: dict, expected: set[tuple[str, str]]) -> None:
+    rows = {(r["task"], r["system"]): r for r in res["rows"]}
+    assert set(rows) == expected
+    for (task, _), r in rows.items():
+        assert not r["errors"], r["errors"]
+        assert r["value"]["min"] <= r["value"]["median"] <= r["value"]["max"] and r["value"]["median"] > 0
+        assert r["peak_rss_mb"] > 0
+        if task == "train":
+            assert r["train_flops_per_token"] > 0 and r["mfu"] > 0
+
+
+def test_quick_qkv_only(tmp_path):
+    res = run_quick(tmp_path, "qkv")
+    check_rows(res, {("train", "qkv"), ("greedy", "qkv"), ("beam", "qkv")})
+    assert res["matmul_peak_gflops"]["median"] > 0 and res["matmul"][0]["when"] == "start"
+    assert "transformer_flops" in res["flop_formula"]
+    spec = res["specs"]["tiny"]
+    assert spec["decode"]["beam_size"] == 5 and spec["train"]["label_smoothing"] == 0.1
+    assert res["meta"]["threads"] == 1 and res["ratios"] == []
+
+
+def test_quick_with_peers(tmp_path):
+    pytest.importorskip("transformers", reason="peers not installed: pip install -c constraints.txt -e '.[bench]'")
+    pytest.importorskip("ctranslate2", reason="peers not installed: pip install -c constraints.txt -e '.[bench]'")
+    res = run_quick(tmp_path, "qkv,hf,torchnn,ct2-f32,ct2-int8")
+    check_rows(res, {("train", "qkv"), ("train", "hf"), ("train", "torchnn"), ("greedy", "qkv"), ("greedy", "hf"),
+                     ("greedy", "ct2-f32"), ("greedy", "ct2-int8"), ("beam", "qkv"), ("beam", "hf"),
+                     ("beam", "ct2-f32"), ("beam", "ct2-int8")})
+    ct2 = [r for r in res["raw"] if r["system"].startswith("ct2-")]
+    assert ct2 and not any(r["torch_imported"] for r in ct2)  # the CTranslate2 workers never import torch
+    assert {(e["task"], e["peer"]) for e in res["ratios"]} >= {("train", "hf"), ("greedy", "ct2-f32")}

@@ -1,0 +1,249 @@
+"""qkv.viz and `qkv viz`: attention maps from the model's own forward pass, the positional
+encoding, the schedule, a run's curves; the PNG and HTML files; clear errors.
+
+One tiny model is trained for a few steps (with validation, so the run's metrics file has every
+kind of record) once per module; its weights need not be good, only real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+import qkv
+from qkv import viz
+from qkv.cli import main
+from qkv.config import DecodeConfig, ModelConfig, TrainConfig
+from qkv.data import toy
+from qkv.data.batching import collate
+from qkv.errors import QkvError
+from qkv.nn.positional import sinusoidal_table
+from qkv.training.schedule import noam
+from qkv.training.trainer import ParallelData, train
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SENTENCE = "three hundred twenty-one"
+TARGET = "dreihunderteinundzwanzig"
+
+MODEL = ModelConfig(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                    dropout=0.1, attention_dropout=0.1, max_positions=64)
+TRAIN = TrainConfig(tokenizer="char", vocab_size=100, max_len=64, max_tokens=512, warmup_steps=4,
+                    max_steps=5, eval_every=5, eval_bleu_samples=2, seed=1)
+
+
+def numbers(lo: int, hi: int, step: int) -> ParallelData:
+    pairs = [(toy.english(n), toy.german(n)) for n in range(lo, hi, step)]
+    return ParallelData([s for s, _ in pairs], [t for _, t in pairs], name="numbers")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("viz") / "run"
+    torch.set_num_threads(1)
+    train(MODEL, TRAIN, DecodeConfig(), numbers(1, 2000, 7), numbers(3, 2000, 400), out, log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def translator(run):
+    return qkv.load(run / "best")
+
+
+@pytest.fixture(scope="module")
+def data(translator):
+    return viz.attention_data(translator, SENTENCE, TARGET)
+
+
+def as_tensor(layers) -> list[torch.Tensor]:
+    return [torch.tensor(layer) for layer in layers]  # per layer (h, Tq, Tk)
+
+
+# --- attention ---------------------------------------------------------------------------------------
+
+def test_rows_sum_to_one_and_future_positions_get_zero(data):
+    n_src, n_tgt = len(data["tokens"]["source"]), len(data["tokens"]["target"])
+    assert data["tokens"]["source"][-1] == "</s>" and data["tokens"]["target"][0] == "<s>"
+    shapes = {"encoder": (n_src, n_src), "decoder_self": (n_tgt, n_tgt), "cross": (n_tgt, n_src)}
+    for kind, layers in data["weights"].items():
+        assert len(layers) == 2
+        for w in as_tensor(layers):
+            assert w.shape == (MODEL.n_heads, *shapes[kind])
+            assert torch.allclose(w.sum(-1), torch.ones(w.shape[:2]), atol=1e-5)
+            assert (w >= 0).all()
+    for w in as_tensor(data["weights"]["decoder_self"]):  # masked: query i sees keys j <= i only
+        future = torch.ones(n_tgt, n_tgt, dtype=torch.bool).triu(1)
+        assert (w[:, future] == 0).all() and (w[:, ~future] > 0).all()
+
+
+def test_padding_keys_get_zero(translator):
+    model, tok = translator.model.eval(), translator.tokenizers
+    short, long = tok.src.encode(["five", "four hundred five thousand"])
+    batch = collate([short, long], tok.tgt.encode(["fünf", "vierhundertfünftausend"]))
+    maps = model.attention_maps(batch.src, batch.tgt_in)
+    real_src = batch.src != 0  # (B, S)
+    for w in [*maps.encoder, *maps.cross]:  # (B, h, Tq, S)
+        assert (w.masked_select(~real_src[:, None, None, :].expand_as(w)) == 0).all()
+        assert torch.allclose(w.sum(-1), torch.ones(w.shape[:3]), atol=1e-5)
+    for w in maps.decoder_self:  # target padding sits after every real position: hidden by the causal mask
+        t = w.size(-1)
+        assert (w[..., torch.ones(t, t, dtype=torch.bool).triu(1)] == 0).all()
+        assert torch.allclose(w.sum(-1), torch.ones(w.shape[:3]), atol=1e-5)
+
+
+def test_weights_are_the_forward_pass_own_and_nothing_is_stored(translator, data):
+    model, tok = translator.model, translator.tokenizers
+    batch = collate(tok.src.encode([SENTENCE]), tok.tgt.encode([TARGET]))
+
+    def attributes():
+        return {(name, key, tuple(v.shape) if torch.is_tensor(v) else None)
+                for name, m in model.named_modules() for key, v in vars(m).items() if not key.startswith("_")} | \
+               {(name, tuple(b.shape)) for name, b in model.named_buffers()}
+
+    before = attributes()
+    model.train()
+    viz.attention_data(translator, SENTENCE, TARGET)
+    assert model.training  # put back as it was (dropout was off for the maps: they equal the eval ones below)
+    model.eval()
+    with torch.inference_mode():
+        maps = model.attention_maps(batch.src, batch.tgt_in)
+        # the pass that returns weights is the model's forward: the same logits as the fast path
+        memory, mask, _ = model.encode(batch.src, need_weights=True)
+        logits, _ = model.decode(batch.tgt_in, memory, mask, need_weights=True)
+        torch.testing.assert_close(logits, model(batch.src, batch.tgt_in), atol=1e-5, rtol=1e-5)
+    for kind, ours in data["weights"].items():
+        for mine, theirs in zip(as_tensor(ours), getattr(maps, kind)):
+            torch.testing.assert_close(mine, theirs[0], atol=0, rtol=0)
+    assert attributes() == before
+    for m in model.modules():  # no tensor on any module beyond its parameters and buffers
+        assert not [k for k, v in vars(m).items() if torch.is_tensor(v) and not isinstance(v, torch.nn.Parameter)]
+
+
+def test_greedy_target_when_none_is_given(translator):
+    d = viz.attention_data(translator, SENTENCE)
+    assert d["target_from"] == "greedy"
+    assert d["target"] == translator.translate([SENTENCE], beam_size=1)[0]
+    assert len(d["weights"]["cross"][0][0]) == len(d["tokens"]["target"])
+
+
+def test_attention_png_and_html(data, tmp_path):
+    png = viz.write_attention_png(data, tmp_path / "a.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    page = viz.write_attention_html(data, tmp_path / "a.html").read_text(encoding="utf-8")
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page, re.I)
+    assert "http://" not in page and "https://" not in page
+    embedded = json.loads(re.search(r'<script type="application/json" id="qkv-attention-data">(.*?)</script>',
+                                    page, re.S).group(1))
+    assert embedded["tokens"] == data["tokens"] and embedded["target"] == TARGET
+    for kind in viz.KINDS:
+        torch.testing.assert_close(torch.tensor(embedded["weights"][kind]), torch.tensor(data["weights"][kind]),
+                                   atol=1e-5, rtol=0)
+
+
+def test_html_cannot_be_broken_out_of(tmp_path):
+    w = [[[[1.0]]]]
+    evil = {"source": "</script><script>alert(1)</script>", "target": "x", "target_from": "given",
+            "tokens": {"source": ["</script>"], "target": ["<s>"]},
+            "kinds": {k: {"title": t, "queries": q, "keys": kk} for k, (t, q, kk) in viz.KINDS.items()},
+            "weights": {"encoder": w, "decoder_self": w, "cross": w}}
+    out = viz.write_attention_html(evil, tmp_path / "e.html").read_text(encoding="utf-8")
+    assert out.count("</script>") == viz.HTML_TEMPLATE.count("</script>") == 2  # only the page's own
+    assert "alert(1)" in out  # still there, as data
+
+
+# --- positional encoding and schedule ------------------------------------------------------------------
+
+def test_positional_data_is_the_table_and_low_dimensions_change_fastest(tmp_path):
+    table = viz.positional_data(60, 32)
+    assert torch.equal(table, sinusoidal_table(60, 32))
+    change = (table[1:] - table[:-1]).abs().mean(0)  # mean step from one position to the next, per dimension
+    pairs = change[0::2] + change[1::2]  # a sin/cos pair shares one wavelength
+    assert all(a > b for a, b in zip(pairs[:-1], pairs[1:]))
+    assert viz.positional_png(60, 32, tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(QkvError, match="even"):
+        viz.positional_data(10, 7)
+
+
+@pytest.mark.parametrize("steps", [20000, 500_000])
+def test_schedule_peaks_at_warmup(steps):
+    d = viz.schedule_data(512, 4000, steps)
+    peak = max(range(len(d["lr"])), key=d["lr"].__getitem__)
+    assert d["steps"][peak] == 4000 == d["peak_step"]
+    assert d["lr"][peak] == d["peak_lr"] == pytest.approx(noam(4000, 512, 4000))
+    assert d["steps"][0] == 1 and d["steps"][-1] == steps
+
+
+def test_schedule_png(tmp_path):
+    assert viz.schedule_png(512, 4000, 20000, 1.0, tmp_path / "s.png").read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(QkvError, match=r"\.png"):
+        viz.schedule_png(path=tmp_path / "s.jpg")
+
+
+# --- training curves -----------------------------------------------------------------------------------
+
+def test_training_curves(run, tmp_path):
+    d = viz.training_data(run)
+    assert {"train_loss", "lr", "valid_loss", "valid_ppl", "valid_exact"} <= set(d["series"])
+    assert viz.training_png(run, tmp_path / "t.png").read_bytes()[:8] == PNG_MAGIC
+    assert viz.training_data(run / "best")["file"] == d["file"]  # a checkpoint directory also finds it
+
+
+def test_training_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "metrics.jsonl").write_text('{"step": 1, "train_loss": 3.0}\n\n{"step": 2, "train_lo\n', encoding="utf-8")
+    with pytest.raises(QkvError, match=re.escape(f"{bad / 'metrics.jsonl'}:3:")):
+        viz.training_png(bad, tmp_path / "t.png")
+    (bad / "metrics.jsonl").write_text("", encoding="utf-8")
+    with pytest.raises(QkvError, match="no metrics records"):
+        viz.training_data(bad)
+    with pytest.raises(QkvError, match="metrics file not found"):
+        viz.training_data(tmp_path)
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_missing_matplotlib_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(QkvError, match=re.escape("pip install 'qkv[viz]'")):
+        viz.schedule_png(path=tmp_path / "s.png")
+
+
+# --- the command ---------------------------------------------------------------------------------------
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_round_trips(run, tmp_path, capsys):
+    rc, out, err = cli(capsys, "viz", "attention", run / "best", "five", "--out", tmp_path / "att")
+    assert rc == 0, err
+    assert "greedy translation" in out
+    assert (tmp_path / "att.png").read_bytes()[:8] == PNG_MAGIC and "qkv-attention-data" in (tmp_path / "att.html").read_text()
+    rc, out, err = cli(capsys, "viz", "attention", run / "best", "five", "--target", "fünf",
+                       "--out", tmp_path / "given.png")
+    assert rc == 0 and "greedy" not in out and (tmp_path / "given.html").exists()
+    for argv, name in [(["positional", "--positions", "20", "--dim", "16"], "p.png"),
+                       (["schedule", "--d-model", "128", "--warmup", "300", "--steps", "1000"], "s.png"),
+                       (["training", run], "t.png")]:
+        rc, out, err = cli(capsys, "viz", *argv, "--out", tmp_path / name)
+        assert rc == 0, err
+        assert f"wrote {tmp_path / name}" in out and (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_cli_errors_and_help(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text("not json\n", encoding="utf-8")
+    rc, out, err = cli(capsys, "viz", "training", tmp_path, "--out", tmp_path / "t.png")
+    assert rc == 2 and "qkv viz: error:" in err and "metrics.jsonl:1:" in err and "Traceback" not in err
+    rc, out, err = cli(capsys, "viz", "positional", "--dim", "7", "--out", tmp_path / "p.png")
+    assert rc == 2 and "even" in err
+    for what in ("attention", "positional", "schedule", "training"):
+        with pytest.raises(SystemExit) as e:
+            main(["viz", what, "--help"])
+        assert e.value.code == 0
+        assert "usage: qkv viz " + what in capsys.readouterr().out
