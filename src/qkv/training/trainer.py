@@ -459,6 +459,9 @@ class Trainer:
                     self.record({"step": self.step, "epoch": self.epoch, "train_loss": stats["loss"],
                                  "train_nll": stats["nll"], "lr": stats["lr"], "grad_norm": stats["grad_norm"],
                                  "tokens_per_s": tok_s})
+                    if bar.disable and main:  # no terminal (a log file, CI): the progress as lines
+                        self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
+                                 f"lr {stats['lr']:.2e}  {tok_s:,.0f} tok/s")
                     window_tokens, window_start = 0, now
                 reason = self._stop_reason(started)
                 if reason or self.step % c.eval_every == 0:
