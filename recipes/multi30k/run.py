@@ -5,9 +5,11 @@
 Steps (each skipped when its output already exists, so an interrupted recipe continues):
 1. ``qkv train --config recipes/multi30k/PAIR.toml`` on train, validating on val (settings are
    chosen on val only); ``--resume`` if the run exists;
-2. ``qkv average``: the last 10 step checkpoints;
-3. decode test_2016_flickr with beam 5 (the config's [decode]) — the test set is used here only;
-4. score: sacreBLEU (cased, detokenized, 13a), BLEU-4 on lowercased Moses-tokenized text (the
+2. ``qkv average``: the last 5 and the last 10 step checkpoints;
+3. choose on val only: decode val with each candidate (best, last, average of 5, average of 10)
+   and keep the one with the highest val BLEU;
+4. decode test_2016_flickr once, with that model and beam 5 (the config's [decode]);
+5. score: sacreBLEU (cased, detokenized, 13a), BLEU-4 on lowercased Moses-tokenized text (the
    published convention), chrF; write ``OUT/scores.json``, ``OUT/test.hyp`` and
    ``OUT/valid_curve.png`` (validation BLEU and loss against steps), and print a Markdown row
    for docs/results.md.
@@ -63,7 +65,7 @@ def main() -> int:
                     help="folder with {train,val,test_2016_flickr}.LANG.gz (default: ../shared/data/multi30k)")
     ap.add_argument("--out", help="run directory (default: runs/multi30k-PAIR)")
     ap.add_argument("--config", help="config file (default: recipes/multi30k/PAIR.toml)")
-    ap.add_argument("--average", type=int, default=10, help="average the newest N step checkpoints")
+    ap.add_argument("--average", type=int, default=10, help="also try the average of the newest N step checkpoints")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = ap.parse_args()
 
@@ -90,16 +92,27 @@ def main() -> int:
     run(train)
     train_seconds = time.time() - started
 
-    averaged = out / f"average{args.average}"
-    if not averaged.exists():
-        run(qkv + ["average", str(out), "--last", str(args.average), "--out", str(averaged)])
-
     import qkv as qkv_lib
     from qkv.data.corpus import read_lines
     from qkv.metrics import bleu, bleu_tok_lc, chrf
+    from qkv.training.checkpoint import list_checkpoints
+
+    candidates = {"best": out / "best", "last": out / "last"}
+    n_steps = len(list_checkpoints(out))
+    for n in sorted({min(5, n_steps), min(args.average, n_steps)} - {0, 1}):
+        averaged = out / f"average{n}"
+        if not averaged.exists():
+            run(qkv + ["average", str(out), "--last", str(n), "--out", str(averaged)])
+        candidates[f"average of the last {n}"] = averaged
+    val_src, val_ref = read_lines(files[f"val.{src}"]), read_lines(files[f"val.{tgt}"])
+    val_scores = {}
+    for name, path in candidates.items():
+        val_scores[name] = bleu(qkv_lib.load(path).translate(val_src), val_ref).score
+        print(f"val sacreBLEU of {name} ({path}): {val_scores[name]:.2f}", file=sys.stderr, flush=True)
+    chosen = max(val_scores, key=val_scores.get)
 
     sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(files[f"test_2016_flickr.{tgt}"])
-    model = qkv_lib.load(averaged)
+    model = qkv_lib.load(candidates[chosen])
     t0 = time.time()
     hyps = model.translate(sources)
     decode_seconds = time.time() - t0
@@ -113,7 +126,7 @@ def main() -> int:
         "chrf": chrf(hyps, refs).score,
         "decode": {"beam_size": model.decode_cfg.beam_size, "length_penalty": model.decode_cfg.length_penalty,
                    "seconds": decode_seconds},
-        "averaged": args.average,
+        "model": {"chosen_on_val": chosen, "path": str(candidates[chosen]), "val_sacrebleu": val_scores},
         "train_seconds_this_invocation": train_seconds,
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()} {platform.processor()}".strip(),
