@@ -92,11 +92,15 @@ def main() -> int:
     run(train)
     train_seconds = time.time() - started
 
+    import torch
+
     import qkv as qkv_lib
     from qkv.data.corpus import read_lines
     from qkv.metrics import bleu, bleu_tok_lc, chrf
     from qkv.training.checkpoint import list_checkpoints
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     candidates = {"best": out / "best", "last": out / "last"}
     n_steps = len(list_checkpoints(out))
     for n in sorted({min(5, n_steps), min(args.average, n_steps)} - {0, 1}):
