@@ -31,8 +31,8 @@ Shapes: ``base`` is the paper's base model (d 512, h 8, d_ff 2048, 6+6 layers), 
 ``small`` preset (d 256, 3+3), both with random weights and a vocabulary of 8,000 (the
 speed of the means does not depend on what the weights learned; output lengths are fixed with
 ``min_len``). Trained-model rows use ``--model`` (runs/m30k-ende/best: d 128, h 4, d_ff 256,
-4+4 layers, joint BPE 6,000) on Multi30k test_2016 (the first ``--sents`` sentences for speed,
-all 1,000 for BLEU). Results go to benchmarks/results/means-DATE.json (rows of the sections run
+4+4 layers, joint BPE 6,000) on Multi30k test_2016 (1,000 sentences; ``--sents`` takes fewer for
+the speed rows). Results go to benchmarks/results/means-DATE.json (rows of the sections run
 replace the same sections' rows in an existing file) and a Markdown table on stdout.
 """
 
@@ -320,6 +320,17 @@ def bench_fused(args) -> None:
                  t, "sep", "fused", "3 projections", "fused", batch.n_tgt_tokens,
                  note="tokens/s = target tokens per second")
 
+        # decoding: one position per step, so each projection is a small (B x d) matmul
+        model = random_model(shape).eval()  # fresh: the training steps above moved the two apart
+        un = unfuse(model).eval()
+        src = random_batch(args.dec_batch, args.dec_src_len, 1, seed=1).src
+        assert greedy(un, src, args.dec_len, min_len=args.dec_len) == greedy(model, src, args.dec_len,
+                                                                             min_len=args.dec_len)
+        t = interleaved({"sep": fixed_greedy(un, src, args.dec_len), "fused": fixed_greedy(model, src, args.dec_len)},
+                        args.rounds)
+        rate_row("fused", f"fused QKV: greedy, {args.dec_batch} x {args.dec_src_len} -> {args.dec_len} tokens", shape,
+                 t, "sep", "fused", "3 projections", "fused", args.dec_batch * args.dec_len, note="identical outputs")
+
 
 # --- K/V caches (benchmark-only recomputing decoders) -----------------------------------------------------
 
@@ -439,7 +450,7 @@ def bench_beam(args) -> None:
         t = interleaved({"keep": run(beam, False), "drop": run(beam, True)}, args.beam_rounds)
         n_tok = sum(len(o) + 1 for o in outs[True])  # emitted tokens, EOS included
         name = "greedy" if beam == 1 else f"beam {beam}"
-        rate_row("beam", f"{name} drops finished sentences (Multi30k test_2016, first {len(sents)}, batches of 64)",
+        rate_row("beam", f"{name} drops finished sentences (Multi30k test_2016, {len(sents)} sentences, batches of 64)",
                  "m30k", t, "keep", "drop", "kept in the batch", "dropped", n_tok,
                  note=f"row-steps {counts[False]:,} -> {counts[True]:,} ({counts[True] / counts[False]:.0%}); "
                       f"identical output {same}/{len(sents)}")
@@ -531,12 +542,16 @@ def bench_int8(args) -> None:
     for shape in args.shapes:
         model = random_model(shape).eval()
         q = quantize_int8(copy.deepcopy(model))
+        q_lin = quantize_int8(copy.deepcopy(model), output_projection=False)
         src = random_batch(args.dec_batch, args.dec_src_len, 1, seed=1).src
         n_tok = args.dec_batch * args.dec_len
-        t = interleaved({"fp32": fixed_greedy(model, src, args.dec_len), "int8": fixed_greedy(q, src, args.dec_len)},
-                        args.rounds)
-        rate_row("int8", f"int8 dynamic quantisation: greedy, {args.dec_batch} x {args.dec_src_len} -> "
-                 f"{args.dec_len} tokens", shape, t, "fp32", "int8", "float32", "int8", n_tok)
+        t = interleaved({"fp32": fixed_greedy(model, src, args.dec_len), "int8": fixed_greedy(q, src, args.dec_len),
+                         "int8_lin": fixed_greedy(q_lin, src, args.dec_len)}, args.rounds)
+        what = f"int8 dynamic quantisation: greedy, {args.dec_batch} x {args.dec_src_len} -> {args.dec_len} tokens"
+        rate_row("int8", what + " (all linears + tied output projection)", shape, t, "fp32", "int8", "float32",
+                 "int8", n_tok)
+        rate_row("int8", what + " (nn.Linear layers only)", shape, t, "fp32", "int8_lin", "float32",
+                 "int8, output projection float", n_tok)
 
     tr = load_trained(args)
     if tr is None:
@@ -564,7 +579,7 @@ def bench_int8(args) -> None:
         t = interleaved({"fp32": run(float_model, beam), "int8": run(full, beam), "int8_lin": run(linear_only, beam)},
                         args.beam_rounds)
         name = "greedy" if beam == 1 else f"beam {beam}"
-        what = f"int8 dynamic quantisation: {name}, Multi30k test_2016 first {len(sents)}, batches of 64"
+        what = f"int8 dynamic quantisation: {name}, Multi30k test_2016, {len(sents)} sentences, batches of 64"
         rate_row("int8", what + " (all linears + tied output projection)", "m30k", t, "fp32", "int8",
                  "float32", "int8", n_tok, note="tokens/s counted on the float model's output")
         rate_row("int8", what + " (nn.Linear layers only)", "m30k", t, "fp32", "int8_lin", "float32",
@@ -622,6 +637,18 @@ def bench_amp(args) -> None:
 # --- main -------------------------------------------------------------------------------------------------------
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, CPU seconds of this process) so far: the difference
+    over a section shows whether other processes competed for the cores meanwhile."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+    except (OSError, ValueError, IndexError):
+        busy = float("nan")
+    t = os.times()
+    return busy, t.user + t.system
+
+
 def machine() -> dict:
     flags, name = set(), platform.processor() or platform.machine()
     try:
@@ -649,16 +676,16 @@ def markdown(rows: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 2; 1 with --quick)")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds for the cheap cases")
-    ap.add_argument("--train-rounds", type=int, default=3, help="rounds for training steps")
-    ap.add_argument("--beam-rounds", type=int, default=3, help="rounds for the Multi30k decoding passes")
-    ap.add_argument("--bucket-rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7, help="rounds for the cheap cases")
+    ap.add_argument("--train-rounds", type=int, default=5, help="rounds for training steps")
+    ap.add_argument("--beam-rounds", type=int, default=5, help="rounds for the Multi30k decoding passes")
+    ap.add_argument("--bucket-rounds", type=int, default=3)
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--shapes", default="base,small", help="random-weight shapes: base, small")
     ap.add_argument("--model", default="runs/m30k-ende/best", help="the trained Multi30k checkpoint")
     ap.add_argument("--src-test", default=str(DATA / "test_2016_flickr.en.gz"))
     ap.add_argument("--ref-test", default=str(DATA / "test_2016_flickr.de.gz"))
-    ap.add_argument("--sents", type=int, default=256, help="test sentences for the decoding-speed rows")
+    ap.add_argument("--sents", type=int, default=1000, help="test sentences for the decoding-speed rows (all: 1000)")
     ap.add_argument("--bleu-sents", type=int, default=None, help="test sentences for BLEU (default: all)")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--train-batch", type=int, default=32)
@@ -688,19 +715,29 @@ def main() -> int:
     info = machine()
     print(f"machine: {info}", file=sys.stderr)
     started = time.perf_counter()
+    foreign = {}
     for section in only:
         print(f"[{section}]", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds()
         globals()[f"bench_{section}"](args)
-        print(f"  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        wall, (busy, mine) = time.perf_counter() - t0, [b - a for a, b in zip(c0, cpu_seconds())]
+        foreign[section] = max(0.0, busy - mine) / (wall * (os.cpu_count() or 1))
+        print(f"  ({wall:.0f} s; CPU used by other processes meanwhile: {foreign[section]:.0%} of the machine)",
+              file=sys.stderr, flush=True)
 
     today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     default = "/tmp/means-quick.json" if args.quick else f"benchmarks/results/means-{today}.json"
     out = Path(args.out or default)
+    for r in ROWS:
+        r["foreign_cpu"] = round(foreign[r["section"]], 3)
     rows = ROWS
+    old_foreign, old_runs = {}, []
+    this_run = {"command": " ".join(["python", *sys.argv]), "sections": only, "commit": commit,
+                "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if out.is_file() and not args.quick:  # keep the other sections' rows of an earlier run
         old = json.loads(out.read_text(encoding="utf-8"))
+        old_foreign, old_runs = old.get("foreign_cpu_by_section", {}), old.get("runs", [])
         rows = [r for r in old.get("rows", []) if r["section"] not in only] + ROWS
         rows.sort(key=lambda r: SECTIONS.index(r["section"]))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -708,6 +745,7 @@ def main() -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "date": today, "commit": commit,
         "machine": info, "settings": {k: v for k, v in vars(args).items()}, "rows": rows,
         "seconds": time.perf_counter() - started, "loadavg_at_end": os.getloadavg(),
+        "foreign_cpu_by_section": {**old_foreign, **foreign}, "runs": old_runs + [this_run],
     }, indent=1) + "\n", encoding="utf-8")
     print(markdown(rows))
     print(f"\n{len(ROWS)} rows in {time.perf_counter() - started:.0f} s -> {out}; machine {info['cpu']}, "

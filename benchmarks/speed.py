@@ -119,7 +119,7 @@ def make_spec(preset: str, args: argparse.Namespace) -> dict:
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    from peers.common import peak_rss_mb, set_thread_env  # torch-free
+    from peers.common import cpu_share, peak_rss_mb, set_thread_env  # torch-free
 
     set_thread_env(args.threads)  # before torch / CTranslate2 start their thread pools
     spec = json.loads(args.spec) if args.spec else make_spec(args.preset, args)
@@ -148,7 +148,7 @@ def worker_main(args: argparse.Namespace) -> int:
             res = __import__(f"peers.{module}", fromlist=["run"]).run(task, spec, args.threads)
     res.update(worker=name, preset=spec["preset"], threads=args.threads, peak_rss_mb=round(peak_rss_mb(), 1),
                wall_s=round(time.perf_counter() - started, 2), torch_imported="torch" in sys.modules,
-               loadavg_1min=os.getloadavg()[0])
+               loadavg_1min=os.getloadavg()[0], cpu_share=cpu_share(args.threads))
     print(MARK + json.dumps(res), flush=True)
     return 0
 
@@ -279,6 +279,8 @@ def analyse(raw, matmul, specs, systems, skipped, tasks, presets, args, started,
                     row["tok_per_s"] = summarize([r["tok_per_s"] for r in ok])
                     row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
                     row["per_round"] = {r["round"]: r[key] for r in ok}
+                    shares = [r["cpu_share"] for r in ok if r.get("cpu_share") is not None]
+                    row["cpu_share_min"] = min(shares) if shares else None
                     for extra in ("attn_implementation", "transformers", "ctranslate2", "compute_type", "parameters",
                                   "train_flops_per_token", "step_path", "decode_path"):
                         if extra in ok[0]:
@@ -367,7 +369,8 @@ def table(res: dict) -> str:
                    f"x {d['src_len']} tokens -> {d['out_len']} steps, beam {d['beam_size']} alpha {d['length_penalty']},"
                    f" {d['reps']} timed reps")
     out.append("")
-    head = f"{'preset':<6} {'task':<6} {'system':<21} {'median [min-max]':<28} {'tok/s':>8} {'MFU':>5} {'peak RSS':>9}"
+    head = (f"{'preset':<6} {'task':<6} {'system':<21} {'median [min-max]':<28} {'tok/s':>8} {'MFU':>5} {'peak RSS':>9}"
+            f" {'CPU':>5}")
     out.append(head)
     out.append("-" * len(head))
     for r in rows:
@@ -379,7 +382,8 @@ def table(res: dict) -> str:
         cell = f"{fmt(v['median'])} [{fmt(v['min'])}-{fmt(v['max'])}] {unit}"
         mfu = f"{100 * r['mfu']:.0f}%" if r.get("mfu") else ""
         out.append(f"{r['preset']:<6} {r['task']:<6} {r['label']:<21} {cell:<28} {fmt(r['tok_per_s']['median']):>8} "
-                   f"{mfu:>5} {r['peak_rss_mb'] / 1024:>7.2f}GB")
+                   f"{mfu:>5} {r['peak_rss_mb'] / 1024:>7.2f}GB "
+                   f"{'' if r.get('cpu_share_min') is None else format(100 * r['cpu_share_min'], '.0f') + '%':>5}")
     out.append("")
     head = f"{'preset':<6} {'task':<6} {'qkv / peer':<28} {'ratio median [min-max]':<24} {'target':<16} met"
     out.append(head)
@@ -395,6 +399,9 @@ def table(res: dict) -> str:
     if attn:
         notes.append(f"HF attention implementation: {', '.join(sorted(attn))}")
     notes.append("ratios: median over rounds of the per-round ratio qkv/peer (systems interleaved in each round)")
+    notes.append("CPU: the lowest, over rounds, of the CPU time a worker got in its timed calls / (wall time x "
+                 "threads); well below 100% means it was single-threaded for part of the time (Python work) or "
+                 "another process took its cores (compare rounds in the JSON's raw entries)")
     out.append("")
     out += [f"note: {n}" for n in notes]
     return "\n".join(out)

@@ -35,14 +35,29 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# (wall seconds, process CPU seconds) of every timed call, for :func:`cpu_share`
+_TIMED: list[tuple[float, float]] = []
+
+
 def timed(fn, reps: int) -> list[float]:
     """Wall-clock seconds of ``reps`` calls of ``fn``."""
     out = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        out.append(time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        out.append(wall)
+        _TIMED.append((wall, time.process_time() - c0))
     return out
+
+
+def cpu_share(threads: int) -> float | None:
+    """CPU time this process got during its timed calls / (their wall time x threads).
+
+    Close to 1 when the worker had its cores (OpenMP threads spin while they wait); well below 1
+    when another process took them: a contended measurement."""
+    wall = sum(w for w, _ in _TIMED)
+    return round(sum(c for _, c in _TIMED) / (wall * threads), 3) if wall > 0 else None
 
 
 def decode_result(spec: dict, task: str, seconds: list[float], **extra) -> dict:
