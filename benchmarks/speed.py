@@ -29,7 +29,9 @@ round; ratios qkv/peer are the median over rounds of the per-round ratios):
   scaled shared embeddings), training and generate();
 * torchnn: torch.nn.Transformer + scaled shared nn.Embedding + sinusoidal positions, training only;
 * ct2-f32, ct2-int8: CTranslate2 converted from that Marian model, decoding only, in a process
-  that never imports torch (torch's idle OpenMP threads otherwise slow it down on 2 cores).
+  that never imports torch (torch's idle OpenMP threads otherwise slow it down on 2 cores), one
+  batch on intra_threads=threads; ct2-f32-par, ct2-int8-par: the same model in CTranslate2's
+  throughput setting, inter_threads=threads one-thread workers on threads sub-batches at once.
 
 Every worker runs with --threads intra-op threads (torch.set_num_threads, OMP/MKL variables;
 CTranslate2 intra_threads, inter_threads=1) and reports its peak RSS (ru_maxrss). The matmul peak
@@ -70,7 +72,11 @@ SYSTEMS = {  # name: (label, tasks, packages it needs)
     "torchnn": ("torch.nn.Transformer", ("train",), ()),
     "ct2-f32": ("CTranslate2 float32", ("greedy", "beam"), ("ctranslate2", "transformers")),
     "ct2-int8": ("CTranslate2 int8", ("greedy", "beam"), ("ctranslate2", "transformers")),
+    "ct2-f32-par": ("CTranslate2 f32 par", ("greedy", "beam"), ("ctranslate2", "transformers")),
+    "ct2-int8-par": ("CTranslate2 int8 par", ("greedy", "beam"), ("ctranslate2", "transformers")),
 }
+CT2 = {"ct2-f32": ("float32", False), "ct2-int8": ("int8", False), "ct2-f32-par": ("float32", True),
+       "ct2-int8-par": ("int8", True)}
 TASKS = ("train", "greedy", "beam")
 
 # (task, peer, {preset: minimum qkv/peer ratio}, kind). Presets not listed: reported, no target.
@@ -80,6 +86,8 @@ TARGETS = [
     ("beam", "hf", {"base": 2.0, "small": 2.0}, "target"),
     ("greedy", "ct2-f32", {"base": 1 / 1.5, "small": 1 / 1.5}, "goal"),
     ("beam", "ct2-f32", {"base": 1 / 1.5, "small": 1 / 1.5}, "goal"),
+    ("greedy", "ct2-f32-par", {"base": 1 / 1.5, "small": 1 / 1.5}, "goal"),
+    ("beam", "ct2-f32-par", {"base": 1 / 1.5, "small": 1 / 1.5}, "goal"),
 ]
 
 TRAIN_TOKENS = {"base": 3072, "small": 4096}  # target tokens per batch (see the docstring)
@@ -128,8 +136,8 @@ def worker_main(args: argparse.Namespace) -> int:
         from peers import ct2
 
         system, task = name.rsplit("-", 1)
-        compute_type = {"ct2-f32": "float32", "ct2-int8": "int8"}[system]
-        res = ct2.run(task, spec, args.threads, args.model_dir, compute_type)
+        compute_type, parallel = CT2[system]
+        res = ct2.run(task, spec, args.threads, args.model_dir, compute_type, parallel)
     else:
         from peers.torchutil import set_threads
 
@@ -398,6 +406,10 @@ def table(res: dict) -> str:
     attn = {r.get("attn_implementation") for r in rows if r.get("attn_implementation")}
     if attn:
         notes.append(f"HF attention implementation: {', '.join(sorted(attn))}")
+    if any(r["system"].endswith("-par") for r in rows):
+        notes.append("CTranslate2 ... par: inter_threads=threads one-thread workers decoding the batch split in "
+                     "threads sub-batches at once (its throughput setting); the others: one batch, "
+                     "intra_threads=threads, inter_threads=1")
     notes.append("ratios: median over rounds of the per-round ratio qkv/peer (systems interleaved in each round)")
     notes.append("CPU: the lowest, over rounds, of the CPU time a worker got in its timed calls / (wall time x "
                  "threads); well below 100% means it was single-threaded for part of the time (Python work) or "

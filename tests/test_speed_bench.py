@@ -46,10 +46,11 @@ def test_quick_qkv_only(tmp_path):
 def test_quick_with_peers(tmp_path):
     pytest.importorskip("transformers", reason="peers not installed: pip install -c constraints.txt -e '.[bench]'")
     pytest.importorskip("ctranslate2", reason="peers not installed: pip install -c constraints.txt -e '.[bench]'")
-    res = run_quick(tmp_path, "qkv,hf,torchnn,ct2-f32,ct2-int8")
+    res = run_quick(tmp_path, "qkv,hf,torchnn,ct2-f32,ct2-int8,ct2-f32-par")
     check_rows(res, {("train", "qkv"), ("train", "hf"), ("train", "torchnn"), ("greedy", "qkv"), ("greedy", "hf"),
                      ("greedy", "ct2-f32"), ("greedy", "ct2-int8"), ("beam", "qkv"), ("beam", "hf"),
-                     ("beam", "ct2-f32"), ("beam", "ct2-int8")})
+                     ("beam", "ct2-f32"), ("beam", "ct2-int8"), ("greedy", "ct2-f32-par"),
+                     ("beam", "ct2-f32-par")})
     ct2 = [r for r in res["raw"] if r["system"].startswith("ct2-")]
     assert ct2 and not any(r["torch_imported"] for r in ct2)  # the CTranslate2 workers never import torch
     assert {(e["task"], e["peer"]) for e in res["ratios"]} >= {("train", "hf"), ("greedy", "ct2-f32")}

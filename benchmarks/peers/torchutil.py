@@ -3,8 +3,6 @@ the shared loss and optimizer, and the timed training loop that every training s
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -91,4 +89,4 @@ def flops(spec: dict) -> dict:
 
 
 __all__ = ["set_threads", "train_batch", "decode_src", "adam", "smoothed_ce_sum", "generic_train_step",
-           "time_training", "sinusoidal", "flops", "math"]
+           "time_training", "sinusoidal", "flops"]
