@@ -438,6 +438,22 @@ def test_resume_raises_max_steps(run, capsys, tmp_path):
     assert config["model"]["d_model"] == 32  # the run's own model
 
 
+def test_resume_takes_raised_limits_from_the_config_file(run, capsys, tmp_path):
+    """A recipe raises max_steps in its TOML and resumes: the file's limits apply, its model must match."""
+    out = shutil.copytree(run.out, tmp_path / "run")
+    new_max = MAX_STEPS + 6
+    config = tmp_path / "run.toml"
+    config.write_text(f"[train]\nmax_steps = {new_max}\n")
+    rc, _, err = cli(capsys, *data_argv(run.files, out, "--resume", "--config", config))
+    assert rc == 0, err
+    assert json.loads((out / "last" / "config.json").read_text())["train"]["max_steps"] == new_max
+    before = snapshot(out)
+    config.write_text(f"[train]\nmax_steps = {new_max + 6}\n[model]\nd_model = 64\n")
+    rc, _, err = cli(capsys, *data_argv(run.files, out, "--resume", "--config", config))
+    assert_user_error(rc, err, "train", str(config), "[model] d_model", "cannot change")
+    assert snapshot(out) == before
+
+
 def test_resume_refuses_model_flags(run, capsys, tmp_path):
     out = shutil.copytree(run.out, tmp_path / "run")
     before = snapshot(out)

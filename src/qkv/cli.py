@@ -182,6 +182,18 @@ def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, 
     decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
     changeable = {"max_steps", "max_epochs", "max_time", "eval_every", "eval_bleu_samples", "keep_last", "threads",
                   "device", "amp", "compile"}
+    if getattr(args, "config", None):  # an edited config file may raise the limits of a run it started
+        file = load_toml(args.config)
+        file_train = file.get("train", {})
+        file_model = file.get("model", {})
+        changed = sorted(f"[train] {k}" for k, v in file_train.items()
+                         if k not in changeable and hasattr(train_cfg, k) and v != getattr(train_cfg, k))
+        changed += sorted(f"[model] {k}" for k, v in file_model.items()
+                          if hasattr(model_cfg, k) and v != getattr(model_cfg, k))
+        if changed:
+            raise QkvError(f"--resume continues the run as configured; {args.config} changes settings that cannot "
+                           f"change now: {', '.join(changed)} (only {', '.join(sorted(changeable))} can)")
+        train_cfg = override(train_cfg, {k: v for k, v in file_train.items() if k in changeable}, str(args.config))
     asked = flags_for(args, TrainConfig)
     asked_model = flags_for(args, ModelConfig)
     refused = sorted(k for k, v in asked.items() if k not in changeable and v != getattr(train_cfg, k))
