@@ -212,6 +212,14 @@ def test_translate_nbest_format(run, capsys):
         assert r[1] == f"{float(r[1]):.4f}"
 
 
+def test_translate_nbest_keeps_n_rows_for_an_empty_line(run, capsys):
+    rc, out, err = cli(capsys, "translate", run.best, "red cat", "", "dog", "--nbest", "2")
+    assert rc == 0, err
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 1, 1, 2, 2]
+    assert [r[2] for r in rows if r[0] == "1"] == ["", ""]
+
+
 def test_evaluate_model(run, capsys, tmp_path):
     hyps = tmp_path / "hyps.txt"
     rc, out, err = cli(capsys, "evaluate", run.best, "--src", run.files.src_valid, "--ref", run.files.tgt_valid,

@@ -255,7 +255,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             chunk = lines[start : start + bs]
             keep = [i for i, line in enumerate(chunk) if line.strip()]  # empty lines stay empty
             scored = model.translate_scored([chunk[i] for i in keep], **overrides) if keep else []
-            results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in chunk]
+            results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in chunk]  # N rows each
             for i, s in zip(keep, scored):
                 results[i] = s
             for k, hyps in enumerate(results):
