@@ -88,6 +88,9 @@ def main() -> int:
     ap.add_argument("--config", help="config file (default: recipes/multi30k/PAIR.toml)")
     ap.add_argument("--average", type=int, default=10, help="also try the average of the newest N step checkpoints")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    ap.add_argument("--select", choices=("val-bleu", "best"), default="val-bleu",
+                    help="val-bleu: decode val with each candidate checkpoint and keep the best (step 3); best: "
+                         "take OUT/best (lowest validation loss) without decoding val (saves time on slow models)")
     ap.add_argument("--tokenizer-from", help="reuse this checkpoint's (or .model file's) subword model instead of "
                                              "training one, e.g. the Transformer run's, to compare on one vocabulary")
     args = ap.parse_args()
@@ -127,7 +130,9 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     candidates = {"best": out / "best", "last": out / "last"}
-    n_steps = len(list_checkpoints(out))
+    if args.select == "best":
+        candidates = {"best": out / "best"}
+    n_steps = len(list_checkpoints(out)) if args.select == "val-bleu" else 0
     for n in sorted({min(5, n_steps), min(args.average, n_steps)} - {0, 1}):
         averaged = out / f"average{n}"
         if not averaged.exists():
@@ -135,10 +140,10 @@ def main() -> int:
         candidates[f"average of the last {n}"] = averaged
     val_src, val_ref = read_lines(files[f"val.{src}"]), read_lines(files[f"val.{tgt}"])
     val_scores = {}
-    for name, path in candidates.items():
+    for name, path in candidates.items() if len(candidates) > 1 else ():
         val_scores[name] = bleu(qkv_lib.load(path).translate(val_src), val_ref).score
         print(f"val sacreBLEU of {name} ({path}): {val_scores[name]:.2f}", file=sys.stderr, flush=True)
-    chosen = max(val_scores, key=val_scores.get)
+    chosen = max(val_scores, key=val_scores.get) if val_scores else "best"
 
     sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(files[f"test_2016_flickr.{tgt}"])
     model = qkv_lib.load(candidates[chosen])
