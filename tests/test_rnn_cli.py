@@ -53,15 +53,15 @@ def data(tmp_path_factory):
 
 
 FLAGS = ["--preset", "tiny", "--d-model", "48", "--n-encoder-layers", "1", "--n-decoder-layers", "1",
-         "--tokenizer", "bpe", "--vocab-size", "60", "--max-tokens", "600", "--schedule", "constant",
-         "--lr", "0.01", "--label-smoothing", "0", "--eval-bleu-samples", "40", "--threads", "1"]
+         "--tokenizer", "bpe", "--vocab-size", "60", "--max-tokens", "200", "--max-len", "30", "--schedule", "constant",
+         "--lr", "0.003", "--label-smoothing", "0", "--eval-bleu-samples", "40", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
 def lstm_run(data, capsys_module=None):
     out = data["dir"] / "lstm"
     rc = main(["train", *data["argv"], *FLAGS, "--arch", "lstm", "--attention", "additive",
-               "--max-steps", "240", "--eval-every", "240", "--out", str(out)])
+               "--max-steps", "200", "--eval-every", "200", "--out", str(out)])
     assert rc == 0
     return out
 
@@ -92,6 +92,7 @@ def test_info_viz_and_translate_cli_on_an_rnn(lstm_run, tmp_path, capsys):
     prefix = tmp_path / "att"
     assert main(["viz", "attention", str(lstm_run / "best"), "red cat sun", "--out", str(prefix)]) == 0
     assert (tmp_path / "att.png").is_file() and (tmp_path / "att.html").is_file()
+    capsys.readouterr()
     assert main(["translate", str(lstm_run / "best"), "red cat sun"]) == 0
     assert capsys.readouterr().out.strip() == "sun cat red"
 

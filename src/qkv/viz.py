@@ -57,7 +57,7 @@ def attention_data(translator, source: str, target: str | None = None) -> dict[s
         source, target, target_from        the texts, and where the target came from
         tokens: {source: [...], target: [...]}   pieces on the axes
         kinds: {kind: {title, queries, keys}}    queries/keys: "source" | "target"
-        weights: {kind: [layer][head][query][key]}  floats; kind in encoder, decoder_self, cross
+        weights: {kind: [layer][head][query][key]}  floats; kind in encoder, decoder_self, cross (a recurrent model: cross only, 1 layer, 1 head)
     """
     from qkv.data.batching import collate
     from qkv.decoding import greedy, max_output_len
@@ -90,7 +90,7 @@ def attention_data(translator, source: str, target: str | None = None) -> dict[s
     finally:
         model.train(was_training)
     if isinstance(maps, torch.Tensor):  # a recurrent model's one alignment matrix (1, T, S): one layer, one head
-        per_kind = {"encoder": [], "decoder_self": [], "cross": [maps[:, None]]}
+        per_kind = {"cross": [maps[:, None]]}
     else:
         per_kind = {"encoder": maps.encoder, "decoder_self": maps.decoder_self, "cross": maps.cross}
     return {
@@ -101,7 +101,7 @@ def attention_data(translator, source: str, target: str | None = None) -> dict[s
             "source": [tokenizers.src.id_to_piece(i) for i in src[0].tolist()],
             "target": [tokenizers.tgt.id_to_piece(i) for i in tgt_in[0].tolist()],
         },
-        "kinds": {k: {"title": t, "queries": q, "keys": kk} for k, (t, q, kk) in KINDS.items()},
+        "kinds": {k: {"title": t, "queries": q, "keys": kk} for k, (t, q, kk) in KINDS.items() if k in per_kind},
         # per layer (1, h, Tq, Tk) -> [head][query][key]
         "weights": {kind: [w[0].float().cpu().tolist() for w in layers] for kind, layers in per_kind.items()},
     }
