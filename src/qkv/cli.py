@@ -175,7 +175,7 @@ def resolve_configs_toy(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
     if args.preset or args.config:
         return resolve_configs(args)
     model_cfg = override(toy.MODEL, flags_for(args, ModelConfig), "flags")
-    train_cfg = override(toy.TRAIN, flags_for(args, TrainConfig), "flags")
+    train_cfg = override(toy.RNN_TRAIN if model_cfg.is_recurrent else toy.TRAIN, flags_for(args, TrainConfig), "flags")
     decode_cfg = override(DecodeConfig(), flags_for(args, DecodeConfig), "flags")
     return model_cfg.validate(), train_cfg.validate(), decode_cfg.validate()
 
