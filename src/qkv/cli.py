@@ -424,14 +424,14 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     from qkv.data.corpus import read_lines
 
+    out = Path(args.output)
+    if out.suffix not in (".npy", ".tsv"):
+        raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
     model = load_encoder(args.model, "encoder")
     lines = read_lines(args.input)
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             raise QkvError(f"{args.input}:{i}: empty line (every line is one text to embed)")
-    out = Path(args.output)
-    if out.suffix not in (".npy", ".tsv"):
-        raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
     vectors = model.embed(lines, args.pooling).numpy()
     if out.suffix == ".npy":
         np.save(out, vectors)

@@ -1,6 +1,7 @@
 """Models. One dict maps (task, architecture) to the model class (no registry framework).
 
     translate  transformer   Transformer       encoder-decoder (the paper's model)
+    translate  rnn/lstm/gru  RNNSeq2Seq        recurrent encoder-decoder, optionally with attention
     classify   transformer   EncoderOnly       encoder + <cls>/mean pooling + linear head
     mlm        transformer   EncoderOnly       encoder + tied masked-language-model head
     classify   rnn/lstm/gru  RNNClassifier     (bi)directional RNN + mean/last pooling + linear head
@@ -8,11 +9,19 @@
 
 from qkv.errors import ConfigError
 from qkv.models.encoder_only import EncoderOnly
+from qkv.models.rnn_classifier import RNNClassifier
+from qkv.models.rnn_seq2seq import RNNSeq2Seq
 from qkv.models.transformer import Transformer
 
 MODELS = {
     ("translate", "transformer"): Transformer,
+    ("translate", "rnn"): RNNSeq2Seq,
+    ("translate", "lstm"): RNNSeq2Seq,
+    ("translate", "gru"): RNNSeq2Seq,
     ("classify", "transformer"): EncoderOnly,
+    ("classify", "rnn"): RNNClassifier,
+    ("classify", "lstm"): RNNClassifier,
+    ("classify", "gru"): RNNClassifier,
     ("mlm", "transformer"): EncoderOnly,
 }
 

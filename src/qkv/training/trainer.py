@@ -9,7 +9,8 @@ the loss of a batch, extra validation metrics and which of them picks ``best/``.
 
 Everything else is here, the same for every task:
 
-* Adam(β1=0.9, β2=0.98, ε=1e-9) with the warmup schedule (:mod:`qkv.training.schedule`);
+* Adam(β1=0.9, β2=0.98, ε=1e-9) with the warmup schedule, or a constant / inverse-sqrt rate
+  (``schedule``, :mod:`qkv.training.schedule`);
 * gradient clipping, gradient accumulation (``update_freq``);
 * length-bucketed batches under a token budget (:mod:`qkv.data.batching`);
 * the device (``device``: CPU or CUDA, fused Adam on CUDA), mixed precision (``amp``: bf16, or fp16
@@ -43,7 +44,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv.config import DecodeConfig, ModelConfig, TrainConfig, to_dict
+from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.models import build_model
@@ -53,7 +54,7 @@ from qkv.tasks.translate import EncodedSplit, ParallelData, encode_split  # noqa
 from qkv.training import distributed
 from qkv.training.checkpoint import list_checkpoints, load_into, read_checkpoint, save_checkpoint, step_path
 from qkv.training.distributed import DistInfo
-from qkv.training.schedule import noam
+from qkv.training.schedule import learning_rate
 
 
 @dataclass
@@ -253,7 +254,8 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         c = self.train_cfg
-        return noam(step, self.model_cfg.d_model, c.warmup_steps, c.lr_scale)
+        return learning_rate(c.schedule, step, d_model=self.model_cfg.d_model, warmup=c.warmup_steps,
+                             scale=c.lr_scale, lr=c.lr, default_lr=DEFAULT_LR)
 
     def loss(self, batch, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss_sum, nll_sum) of ``batch`` (on the device), by the task; ``train``: through the
@@ -527,7 +529,11 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
         if last.exists():
             raise QkvError(f"{out_dir} already holds a run ({last}); pass --resume to continue it or choose another --out")
         shared_tokenizer = out_dir / "tokenizer"  # where the other ranks find rank 0's tokenizer
-        if info.is_main:
+        if train_cfg.tokenizer_from:  # every rank reads the same files
+            tokenizers = TokenizerPair.from_path(train_cfg.tokenizer_from)
+            log(f"reusing the tokenizer of {train_cfg.tokenizer_from} ({tokenizers!r}); "
+                f"the tokenizer and vocab_size settings are not used")
+        elif info.is_main:
             if train_cfg.init_from:
                 log(f"tokenizer: the one of {train_cfg.init_from} (init_from)")
             else:
@@ -540,7 +546,7 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
                 shutil.rmtree(shared_tokenizer, ignore_errors=True)  # no stale model of an earlier attempt
                 tokenizers.save(shared_tokenizer)
         distributed.barrier()
-        if not info.is_main:
+        if not info.is_main and not train_cfg.tokenizer_from:
             tokenizers = TokenizerPair.load(shared_tokenizer)
     if train_cfg.init_from and not resume:
         model_cfg = init_model_config(model_cfg, train_cfg.init_from, log)
