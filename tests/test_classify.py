@@ -209,3 +209,8 @@ def test_bilstm_learns_from_cli(run, tmp_path):
     preds = model.classify([d["text"] for d in data])
     acc = sum(p == d["label"] for (p, _), d in zip(preds, data)) / len(data)
     assert acc >= 0.9
+
+
+def test_translate_with_a_classifier_is_a_clear_error(run):
+    code, _, err = cli("translate", str(run["model"]), "a superb film")
+    assert code == 2 and "'classify' model, not a translation model" in err

@@ -257,6 +257,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from qkv.data.corpus import decode_lines, read_lines
 
     model = qkv.load(args.model, quantize="int8" if args.int8 else None)
+    require_translator(model, args.model)
     overrides = flags_for(args, DecodeConfig)
     dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
     if args.text:
@@ -307,6 +308,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if len(src) != len(refs):
             raise QkvError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
         model = qkv.load(args.model, quantize="int8" if args.int8 else None)
+        require_translator(model, args.model)
         hyps = model.translate(src, **flags_for(args, DecodeConfig))
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -326,6 +328,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print("(give --lang to also report BLEU on lowercased, Moses-tokenized text)")
     print(chrf(hyps, refs).text())
     return 0
+
+
+def require_translator(model, path) -> None:
+    if not hasattr(model, "translate"):
+        task = getattr(model, "task", "?")
+        hint = {"classify": "qkv classify / qkv evaluate --test", "mlm": "qkv fill / qkv embed"}.get(task, "")
+        raise QkvError(f"{path} is a {task!r} model, not a translation model" + (f" (use {hint})" if hint else ""))
 
 
 def evaluate_classifier(args: argparse.Namespace) -> int:
