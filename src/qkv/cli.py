@@ -521,7 +521,9 @@ def cmd_viz(args: argparse.Namespace) -> int:
     if args.what == "attention":
         import qkv
 
-        data = viz.attention_data(qkv.load(args.model), args.text, args.target)
+        model = qkv.load(args.model)
+        require_translator(model, args.model)
+        data = viz.attention_data(model, args.text, args.target)
         if data["target_from"] == "greedy":
             print(f"target: the model's own greedy translation (give --target to choose): {data['target']}")
         prefix = args.out[: -len(Path(args.out).suffix)] if Path(args.out).suffix in (".png", ".html") else args.out
