@@ -33,3 +33,35 @@ def test_linear_before_inverse_sqrt_after():
     # Inverse square root decay: lr(4s) = lr(s) / 2.
     assert noam(40000, 512, 4000) == pytest.approx(noam(10000, 512, 4000) / 2)
     assert noam(90000, 512, 4000) == pytest.approx(noam(10000, 512, 4000) / 3)
+
+
+def test_constant_and_inverse_sqrt_by_hand():
+    from qkv.training.schedule import constant, inverse_sqrt, learning_rate
+
+    assert constant(0, 1e-3) == constant(12345, 1e-3) == 1e-3
+    assert inverse_sqrt(1, 1e-3, 100) == pytest.approx(1e-5)  # 1/100 of the peak
+    assert inverse_sqrt(50, 1e-3, 100) == pytest.approx(5e-4)  # linear warmup
+    assert inverse_sqrt(100, 1e-3, 100) == pytest.approx(1e-3)  # the peak
+    assert inverse_sqrt(400, 1e-3, 100) == pytest.approx(5e-4)  # sqrt(100/400) = 1/2
+    assert inverse_sqrt(0, 1e-3, 100) == inverse_sqrt(1, 1e-3, 100)
+    assert learning_rate("constant", 7, d_model=256, warmup=10) == 1e-3  # lr = 0: the default
+    assert learning_rate("constant", 7, d_model=256, warmup=10, lr=5e-4) == 5e-4
+    assert learning_rate("inverse_sqrt", 40, d_model=256, warmup=10, lr=2e-3) == pytest.approx(1e-3)
+    assert learning_rate("noam", 4000, d_model=512, warmup=4000) == pytest.approx(6.9877e-04, rel=1e-4)
+    with pytest.raises(ValueError, match="schedule"):
+        learning_rate("cosine", 1, d_model=8, warmup=1)
+
+
+def test_schedule_config_fields_are_checked_by_name():
+    from qkv.config import TrainConfig
+    from qkv.errors import ConfigError
+
+    TrainConfig(schedule="constant", lr=1e-3).validate()
+    with pytest.raises(ConfigError, match="'schedule'"):
+        TrainConfig(schedule="linear").validate()
+    with pytest.raises(ConfigError, match="'lr'"):
+        TrainConfig(lr=-1.0, schedule="constant").validate()
+    with pytest.raises(ConfigError, match="'lr'"):
+        TrainConfig(lr=1e-3).validate()  # noam ignores lr: refuse rather than silently ignore
+    with pytest.raises(ConfigError, match="'lr_scale'"):
+        TrainConfig(schedule="constant", lr_scale=2.0).validate()

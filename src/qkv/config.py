@@ -21,6 +21,12 @@ from qkv.errors import ConfigError
 # Special token ids, fixed across the project (tokenizer, models, batching, decoding).
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
+RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq2seq.py)
+ARCHS = ("transformer",) + RNN_ARCHS
+ATTENTION_SCORES = ("none", "dot", "scaled_dot", "general", "additive", "cosine", "location")
+SCHEDULES = ("noam", "constant", "inverse_sqrt")
+DEFAULT_LR = 1e-3  # the rate of the constant and inverse_sqrt schedules when TrainConfig.lr = 0
+
 
 def _check(cond: bool, field: str, msg: str) -> None:
     if not cond:
@@ -46,17 +52,38 @@ class ModelConfig:
     tie_output: bool = True  # target embedding and pre-softmax linear share weights
     src_vocab_size: int = 0  # filled in from the tokenizer
     tgt_vocab_size: int = 0
+    # recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
+    # n_encoder_layers / n_decoder_layers the stacked layers, dropout between layers and on embeddings
+    rnn_nonlinearity: str = "tanh"  # f of the vanilla RNN (arch rnn): tanh | relu
+    bidirectional: bool = True  # bidirectional encoder
+    attention: str = "additive"  # none (context vector only) | dot | scaled_dot | general | additive | cosine | location
+    input_feeding: bool = False  # feed the attentional state h~_{t-1} into the decoder input (Luong et al., 2015)
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self.arch in RNN_ARCHS
 
     def validate(self) -> "ModelConfig":
-        _check(self.arch in ("transformer",), "arch", f"unknown architecture {self.arch!r}")
+        _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}; choose one of {', '.join(ARCHS)}")
         for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(self.rnn_nonlinearity in ("tanh", "relu"), "rnn_nonlinearity",
+               f"must be tanh or relu, got {self.rnn_nonlinearity!r}")
+        _check(self.attention in ATTENTION_SCORES, "attention",
+               f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTION_SCORES)}")
+        if self.is_recurrent:
+            _check(not (self.input_feeding and self.attention == "none"), "input_feeding",
+                   "input feeding passes the attentional state on; it needs an attention score, not 'none'")
+            return self._validate_common()
         _check(
             self.d_model % self.n_heads == 0,
             "n_heads",
             f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}",
         )
-        if self.positional == "sinusoidal":
+        return self._validate_common()
+
+    def _validate_common(self) -> "ModelConfig":
+        if self.positional == "sinusoidal" and not self.is_recurrent:
             _check(self.d_model % 2 == 0, "d_model", "sinusoidal positions need an even d_model")
         for name in ("dropout", "attention_dropout"):
             v = getattr(self, name)
@@ -82,11 +109,14 @@ class TrainConfig:
 
     # data
     tokenizer: str = "bpe"  # bpe | unigram | char
+    tokenizer_from: str = ""  # reuse the tokenizer of this checkpoint directory (or .model file) instead of training one
     vocab_size: int = 8000
     joint_vocab: bool = True
     max_len: int = 256  # tokens; longer training pairs are skipped and counted
     max_tokens: int = 4096  # token budget per batch (source or target side, padded)
     # optimisation
+    schedule: str = "noam"  # noam (the paper's) | constant | inverse_sqrt
+    lr: float = 0.0  # peak (inverse_sqrt) or constant rate; 0: DEFAULT_LR = 1e-3 (not used by noam)
     lr_scale: float = 1.0  # the noam schedule's overall factor
     warmup_steps: int = 4000
     adam_beta1: float = 0.9
@@ -116,6 +146,12 @@ class TrainConfig:
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
         _check(self.max_tokens >= self.max_len + 2, "max_tokens", f"must hold one sentence of max_len={self.max_len} (+2)")
         _check(self.lr_scale > 0, "lr_scale", "must be positive")
+        _check(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        _check(self.lr >= 0, "lr", f"must be >= 0 (0: the default {DEFAULT_LR:g}), got {self.lr}")
+        _check(not (self.schedule == "noam" and self.lr > 0), "lr",
+               "the noam schedule sets its own rate (scale it with lr_scale); lr is for constant and inverse_sqrt")
+        _check(not (self.schedule != "noam" and self.lr_scale != 1.0), "lr_scale",
+               f"lr_scale scales the noam schedule only; with schedule={self.schedule!r} set lr")
         _check(0.0 <= self.adam_beta1 < 1.0 and 0.0 <= self.adam_beta2 < 1.0, "adam_beta1", "betas must be in [0, 1)")
         _check(self.adam_eps > 0, "adam_eps", "must be positive")
         _check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")

@@ -202,6 +202,18 @@ class TokenizerPair:
             f"{d}: no tokenizer found (expected {cls.JOINT_FILE}, or {cls.SRC_FILE} and {cls.TGT_FILE})"
         )
 
+    @classmethod
+    def from_path(cls, path: str | Path) -> "TokenizerPair":
+        """An existing tokenizer to reuse: a checkpoint (or tokenizer) directory, or one SentencePiece
+        ``.model`` file (used for both sides, a joint vocabulary)."""
+        p = Path(path)
+        if p.is_dir():
+            return cls.load(p)
+        if p.is_file():
+            shared = Tokenizer.from_file(p)
+            return cls(shared, shared)
+        raise QkvError(f"{p}: no such tokenizer (give a checkpoint directory or a SentencePiece .model file)")
+
     def __repr__(self) -> str:
         if self.joint:
             return f"TokenizerPair(joint, vocab_size={self.src.vocab_size})"

@@ -1,6 +1,7 @@
-"""The learning-rate schedule of the paper (section 5.3), called "noam" after its author.
+"""Learning-rate schedules: the paper's (section 5.3), called "noam" after its author, and two
+for models usually trained at a set rate (``constant``, ``inverse_sqrt``).
 
-The rate rises linearly for ``warmup`` steps, then decays with the inverse square root of the
+The noam rate rises linearly for ``warmup`` steps, then decays with the inverse square root of the
 step number. The paper trains with Adam (beta1 = 0.9, beta2 = 0.98, eps = 1e-9) and warmup = 4000.
 """
 
@@ -28,3 +29,41 @@ def peak_lr(d_model: int, warmup: int, scale: float = 1.0) -> float:
     if d_model <= 0 or warmup <= 0:
         raise ValueError(f"d_model and warmup must be positive, got {d_model} and {warmup}")
     return scale * (d_model * warmup) ** -0.5
+
+
+# --- schedules for models trained with a fixed rate (the recurrent models) ---------------------------
+
+def constant(step: int, lr: float) -> float:
+    """A constant rate, ``lrate = lr`` at every step (Adam with lr = 1e-3 is the usual choice for
+    RNN/LSTM/GRU encoder–decoders)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return lr
+
+
+def inverse_sqrt(step: int, lr: float, warmup: int) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, then decay with the inverse square root of the
+    step (fairseq's ``inverse_sqrt``; the shape of :func:`noam` with the peak set directly):
+
+        lrate = lr * min(step / warmup, sqrt(warmup / step))      (step 0 is treated as 1)
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if warmup <= 0:
+        raise ValueError(f"warmup must be positive, got {warmup}")
+    step = max(step, 1)
+    return lr * min(step / warmup, (warmup / step) ** 0.5)
+
+
+def learning_rate(schedule: str, step: int, *, d_model: int, warmup: int, scale: float = 1.0, lr: float = 0.0,
+                  default_lr: float = 1e-3) -> float:
+    """The rate of the named schedule (``noam`` | ``constant`` | ``inverse_sqrt``) at ``step``;
+    ``lr = 0`` means ``default_lr`` for the last two."""
+    if schedule == "noam":
+        return noam(step, d_model, warmup, scale)
+    rate = lr or default_lr
+    if schedule == "constant":
+        return constant(step, rate)
+    if schedule == "inverse_sqrt":
+        return inverse_sqrt(step, rate, warmup)
+    raise ValueError(f"unknown schedule {schedule!r}; choose noam, constant or inverse_sqrt")

@@ -2,7 +2,8 @@
 
 * teacher forcing: the decoder reads the target shifted right (BOS + y) and predicts y + EOS;
 * label-smoothed cross-entropy over non-padding target tokens (:mod:`qkv.training.loss`);
-* Adam(β1=0.9, β2=0.98, ε=1e-9) with the warmup schedule (:mod:`qkv.training.schedule`);
+* Adam(β1=0.9, β2=0.98, ε=1e-9) with the warmup schedule, or a constant / inverse-sqrt rate
+  (``schedule``, :mod:`qkv.training.schedule`);
 * gradient clipping, gradient accumulation (``update_freq``);
 * length-bucketed batches under a token budget (:mod:`qkv.data.batching`);
 * the device (``device``: CPU or CUDA, fused Adam on CUDA), mixed precision (``amp``: bf16, or fp16
@@ -34,7 +35,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv.config import DecodeConfig, ModelConfig, TrainConfig, to_dict
+from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
 from qkv.data.batching import Batch, collate, token_budget_batches
 from qkv.data.corpus import CorpusReport, filter_by_length
 from qkv.data.tokenizer import TokenizerPair
@@ -45,7 +46,7 @@ from qkv.training import distributed
 from qkv.training.checkpoint import list_checkpoints, load_into, read_checkpoint, save_checkpoint, step_path
 from qkv.training.distributed import DistInfo
 from qkv.training.loss import label_smoothed_nll_loss
-from qkv.training.schedule import noam
+from qkv.training.schedule import learning_rate
 
 
 @dataclass
@@ -271,7 +272,8 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         c = self.train_cfg
-        return noam(step, self.model_cfg.d_model, c.warmup_steps, c.lr_scale)
+        return learning_rate(c.schedule, step, d_model=self.model_cfg.d_model, warmup=c.warmup_steps,
+                             scale=c.lr_scale, lr=c.lr, default_lr=DEFAULT_LR)
 
     def loss(self, batch: Batch, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss_sum, nll_sum) of ``batch`` (on the device); ``train``: through the training forward
@@ -553,7 +555,11 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
         if last.exists():
             raise QkvError(f"{out_dir} already holds a run ({last}); pass --resume to continue it or choose another --out")
         shared_tokenizer = out_dir / "tokenizer"  # where the other ranks find rank 0's tokenizer
-        if info.is_main:
+        if train_cfg.tokenizer_from:  # every rank reads the same files
+            tokenizers = TokenizerPair.from_path(train_cfg.tokenizer_from)
+            log(f"reusing the tokenizer of {train_cfg.tokenizer_from} ({tokenizers!r}); "
+                f"the tokenizer and vocab_size settings are not used")
+        elif info.is_main:
             log(f"training a {train_cfg.tokenizer} tokenizer ({'joint' if train_cfg.joint_vocab else 'separate'} "
                 f"vocabulary, up to {train_cfg.vocab_size} pieces) on {len(train_data.src)} pairs")
             tokenizers = TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size,
@@ -562,7 +568,7 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
                 shutil.rmtree(shared_tokenizer, ignore_errors=True)  # no stale model of an earlier attempt
                 tokenizers.save(shared_tokenizer)
         distributed.barrier()
-        if not info.is_main:
+        if not info.is_main and not train_cfg.tokenizer_from:
             tokenizers = TokenizerPair.load(shared_tokenizer)
     train_split = encode_split(train_data, tokenizers, train_cfg.max_len, log)
     if not train_split.src_ids:
