@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from qkv.config import EOS
-from qkv.data.text import batchify, bptt_windows, holdout_split, lm_windows, read_text, strip_gutenberg, token_stream
+from qkv.data.text import batchify, holdout_split, lm_windows, read_text, strip_gutenberg, token_stream
 from qkv.errors import CorpusError, QkvError
+from qkv.training.bptt import bptt_windows
 
 BOOK = """The Project Gutenberg EBook of A Tiny Book
 Release Date: never
@@ -75,11 +76,9 @@ def test_lm_windows_inputs_and_shifted_targets():
 def test_batchify_rows_are_contiguous_and_bptt_windows_follow_in_time():
     rows = batchify(list(range(20)), 3)  # 6 per row, 2 dropped
     assert rows.tolist() == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17]]
-    wins = bptt_windows(rows, 2)
-    assert [x.tolist()[0] for x, _ in wins] == [[0, 1], [2, 3], [4]]
-    assert [y.tolist()[0] for _, y in wins] == [[1, 2], [3, 4], [5]]
-    # the windows tile each row: every input token but the last is predicted exactly once
-    assert torch.equal(torch.cat([y for _, y in wins], 1), rows[:, 1:])
+    wins = list(bptt_windows(rows, 2))  # the rows feed truncated BPTT: windows follow in time
+    assert [w.inputs.tolist()[1] for w in wins] == [[6, 7], [8, 9], [10]]
+    assert torch.equal(torch.cat([w.targets for w in wins], 1), rows[:, 1:])
 
 
 @pytest.mark.skipif(not TIMEMACHINE.is_file(), reason=f"{TIMEMACHINE} is absent (the shared data set)")

@@ -12,8 +12,8 @@ Training cuts the stream two ways:
 
 * Transformer (:func:`lm_windows`): non-overlapping windows of ``n + 1`` tokens, each an input
   ``x_1..x_n`` and its targets ``x_2..x_{n+1}`` (shuffled between batches; no state crosses them);
-* RNN (:func:`batchify` + :func:`bptt_windows`): the stream is cut into B contiguous rows
-  ``(B, N)``, and consecutive windows ``(B, bptt)`` of those rows follow each other in time,
+* RNN (:func:`batchify`, then :func:`qkv.training.bptt.bptt_windows`): the stream is cut into B
+  contiguous rows ``(B, N)``, and consecutive windows ``(B, bptt)`` of those rows follow each other in time,
   so the recurrent state at the end of one window is the right initial state of the next
   (truncated backpropagation through time).
 """
@@ -114,13 +114,3 @@ def batchify(stream: Sequence[int], batch_size: int) -> torch.Tensor:
     if n < 2:
         raise QkvError(f"a token stream of {ids.numel()} tokens is too short for {batch_size} rows of at least 2 tokens")
     return ids[: n * batch_size].view(batch_size, n)  # (B, N)
-
-
-def bptt_windows(rows: torch.Tensor, bptt: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Consecutive ``(input, target)`` windows ``(B, <=bptt)`` over contiguous rows ``(B, N)``:
-    window i reads positions ``[i·bptt, (i+1)·bptt)`` and predicts the positions one later."""
-    if bptt < 1:
-        raise QkvError(f"bptt must be >= 1, got {bptt}")
-    n = rows.size(1)
-    return [(rows[:, i : min(i + bptt, n - 1)], rows[:, i + 1 : min(i + bptt, n - 1) + 1])
-            for i in range(0, n - 1, bptt)]
