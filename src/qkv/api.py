@@ -156,8 +156,10 @@ def quantize_int8(model: nn.Module, output_projection: bool = True) -> nn.Module
 QUANTIZE_CHOICES = (None, "int8")
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | None = None) -> Translator:
-    """Load a checkpoint directory (e.g. ``runs/default/best``) as a :class:`Translator`.
+def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | None = None):
+    """Load a checkpoint directory (e.g. ``runs/default/best``) as its task's front-end: a
+    :class:`Translator` for translation, a :class:`qkv.encoder.Encoder` for classify and mlm
+    (``.classify``, ``.fill``, ``.embed``, ``.search``); see :mod:`qkv.tasks`.
 
     Only data is read: JSON, safetensors, SentencePiece models; never pickled code.
     ``quantize="int8"``: dynamic int8 quantisation for faster CPU decoding (:func:`quantize_int8`;
@@ -182,7 +184,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     model.to(device).eval()
     if quantize == "int8":
         quantize_int8(model)
-    return Translator(model, tokenizers, decode_cfg, train_cfg)
+    from qkv.tasks import get_task
+
+    return get_task(model_cfg.task).frontend(model, tokenizers, ckpt.config, decode_cfg, train_cfg)
 
 
 __all__ = ["Translator", "load", "quantize_int8", "Int8TiedOutput"]

@@ -2,7 +2,13 @@
 
     qkv train      train a model (on the embedded default task when no data is given)
     qkv translate  translate arguments, a file or stdin with a trained model
-    qkv evaluate   sacreBLEU and chrF of a hypothesis file, or of a model's output, against references
+    qkv generate   continue a text with a language model (sampling, streamed)
+    qkv evaluate   sacreBLEU and chrF of a hypothesis file, or of a model's output, against references;
+                   accuracy, macro-F1 and the confusion matrix of a classifier (--test)
+    qkv classify   label texts with a classifier (--task classify)
+    qkv fill       the top predictions for [MASK] of a masked language model (--task mlm)
+    qkv embed      sentence embeddings (mean or <cls> pooling) to .npy or .tsv
+    qkv search     rank a corpus by cosine similarity to a query
     qkv average    average the parameters of several checkpoints
     qkv info       parameter count by component and training FLOPs per token
     qkv viz        attention maps (PNG + HTML), the positional encoding, the schedule, a run's curves
@@ -22,9 +28,15 @@ from pathlib import Path
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict, load_toml, override, preset, PRESETS
 from qkv.errors import QkvError
 
-HIDDEN_FIELDS = {"src_vocab_size", "tgt_vocab_size"}
+HIDDEN_FIELDS = {"src_vocab_size", "tgt_vocab_size", "n_classes"}
 
 FIELD_HELP = {
+    "task": "translate | classify (labelled text -> label) | mlm (masked-LM pretraining of an encoder) "
+            "| lm | prefix_lm",
+    "pooling": "classify: cls (the <cls> token's state) | mean (over non-padding positions) | last (RNN final states)",
+    "mask_prob": "mlm: share of tokens chosen for prediction (of those 80%% -> [MASK], 10%% random, 10%% kept)",
+    "init_from": "start from this checkpoint's weights where names and shapes match (e.g. a classifier "
+                 "from an mlm run's encoder; its tokenizer and architecture are used)",
     "arch": "architecture",
     "d_model": "model width d_model",
     "n_heads": "attention heads h (d_k = d_v = d_model / h)",
@@ -41,7 +53,8 @@ FIELD_HELP = {
     "tokenizer": "SentencePiece model type: bpe | unigram | char",
     "vocab_size": "SentencePiece vocabulary size (a cap for char)",
     "joint_vocab": "one vocabulary for source and target",
-    "max_len": "skip (and count) training pairs longer than this many tokens",
+    "max_len": "translate: skip (and count) training pairs longer than this many tokens; classify/mlm: "
+               "keep the first max_len tokens of each text",
     "max_tokens": "token budget per batch (padded), as fairseq's --max-tokens",
     "lr_scale": "factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)",
     "warmup_steps": "linear warmup steps of the schedule",
@@ -113,7 +126,7 @@ def resolve_configs(args: argparse.Namespace, default_preset: str = "small") -> 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from qkv.data import toy
-    from qkv.data.corpus import read_parallel
+    from qkv.tasks import DataPaths, get_task
     from qkv.training.trainer import ParallelData, train
 
     data_files = [args.src_train, args.tgt_train]
@@ -121,29 +134,35 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise QkvError("give both --src-train and --tgt-train (or neither, for the embedded default task)")
     if bool(args.src_valid) != bool(args.tgt_valid):
         raise QkvError("give both --src-valid and --tgt-valid (or neither)")
+    if args.valid and not args.train:
+        raise QkvError("--valid needs --train")
     out = Path(args.out)
+    has_data = bool(args.src_train or args.train)
     if args.resume:
         model_cfg, train_cfg, decode_cfg = resumed_configs(out / "last", args)
         saved = resumed_data(out / "last")  # None: a checkpoint from before the data was recorded
-        if saved not in (None, "toy/train") and not args.src_train:
-            raise QkvError(f"{out} was trained on {saved}: give the same --src-train and --tgt-train to resume it")
-        if saved == "toy/train" and args.src_train:
+        if saved not in (None, "toy/train") and not has_data:
+            flags = "--src-train and --tgt-train" if model_cfg.task in ("translate", "prefix_lm") else "--train"
+            raise QkvError(f"{out} was trained on {saved}: give the same {flags} to resume it")
+        if saved == "toy/train" and has_data:
             raise QkvError(f"{out} was trained on the embedded default task: resume it without --src-train")
-    elif args.src_train:
+    elif has_data:
         model_cfg, train_cfg, decode_cfg = resolve_configs(args, default_preset="small")
     else:
         model_cfg, train_cfg, decode_cfg = resolve_configs_toy(args)
+        if model_cfg.task not in ("translate", "prefix_lm"):
+            raise QkvError(f"--task {model_cfg.task} needs data: --train FILE (and --valid FILE); the embedded "
+                           "default task is translation (translate or prefix_lm)")
 
+    task = get_task(model_cfg.task)
     test_pairs = None
-    if args.src_train:
-        t = read_parallel(args.src_train, args.tgt_train)
-        log(t.report.summary())
-        train_data = ParallelData(t.src, t.tgt, f"{args.src_train}/{args.tgt_train}", t.line_numbers, t.report)
-        valid_data = None
-        if args.src_valid:
-            v = read_parallel(args.src_valid, args.tgt_valid)
-            log(v.report.summary())
-            valid_data = ParallelData(v.src, v.tgt, f"{args.src_valid}/{args.tgt_valid}", v.line_numbers, v.report)
+    if has_data:
+        paths = DataPaths(args.train, args.valid, args.src_train, args.tgt_train, args.src_valid, args.tgt_valid,
+                          args.text_field, args.label_field, args.strip_gutenberg, args.valid_fraction)
+        if task.data_kind == "parallel" and args.train:
+            raise QkvError(f"--task {task.name} reads parallel files: --src-train/--tgt-train (and --src-valid/"
+                           f"--tgt-valid); --train/--valid are for one-sided tasks (classify, mlm, lm)")
+        train_data, valid_data = task.read_data(paths, log)
     else:
         log("no data given: training on the embedded default task, English number words -> German number words")
         splits = toy.default_splits()
@@ -275,6 +294,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from qkv.data.corpus import read_lines
     from qkv.metrics import bleu, bleu_tok_lc, chrf
 
+    if args.test:
+        if args.model and checkpoint_task(args.model) == "lm":
+            return evaluate_lm(args)
+        return evaluate_classifier(args)
+    if not args.ref:
+        raise QkvError("give --ref (references, for a translation) or --test (labelled data for a classifier, "
+                       "plain text for a language model)")
     refs = read_lines(args.ref)
     if args.model:
         import qkv
@@ -303,6 +329,185 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         print("(give --lang to also report BLEU on lowercased, Moses-tokenized text)")
     print(chrf(hyps, refs).text())
+    return 0
+
+
+def checkpoint_task(path: str) -> str | None:
+    """The task recorded in a checkpoint's config.json (None if unreadable: loading will say why)."""
+    import json
+
+    try:
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))["model"].get("task", "translate")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+
+
+def evaluate_lm(args: argparse.Namespace) -> int:
+    """Perplexity per token and bits per character of a language model on plain --test text."""
+    import qkv
+    from qkv.data.text import holdout_split, read_text, strip_gutenberg
+
+    lines = read_text(args.test)
+    if args.strip_gutenberg:
+        lines = strip_gutenberg(lines, args.test)
+    what = args.test
+    if args.last_fraction:
+        _, lines = holdout_split(lines, args.last_fraction)
+        what = f"{args.test} (the last {args.last_fraction:g} of the text, as --valid-fraction holds out)"
+    model = qkv.load(args.model)
+    r = model.score(lines)
+    print(f"{what}: perplexity {r.ppl:.4f} per token ({r.tokens} tokens), "
+          f"{r.bpc:.4f} bits per character ({r.characters} characters, newlines counted)")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import qkv
+    from qkv.tasks.lm import LanguageModel
+
+    model = qkv.load(args.model)
+    if not isinstance(model, LanguageModel):
+        raise QkvError(f"{args.model} is not a language model (--task lm); translate with 'qkv translate'")
+    temperature = 0.0 if args.greedy else args.temperature
+    out = sys.stdout
+    out.write(args.prefix)
+    out.flush()
+    for piece in model.generate(args.prefix, args.max_new_tokens, temperature, args.top_k, args.top_p, args.seed):
+        out.write(piece)
+        out.flush()  # streamed: each piece as it is produced
+    out.write("\n")
+    return 0
+
+
+def evaluate_classifier(args: argparse.Namespace) -> int:
+    """Accuracy, macro-F1 and the confusion matrix of a classifier on labelled --test data."""
+    import qkv
+    from qkv.data.labelled import read_labelled
+    from qkv.metrics import accuracy, confusion_matrix, f1_per_class, format_confusion, macro_f1
+
+    if not args.model:
+        raise QkvError("--test needs a MODEL (a classifier checkpoint)")
+    model = qkv.load(args.model)
+    if getattr(model, "task", "translate") != "classify":
+        raise QkvError(f"{args.model} is not a classifier: --test evaluates --task classify models "
+                       "(score translations with --src and --ref)")
+    data = read_labelled(args.test, args.text_field, args.label_field)
+    index = {label: i for i, label in enumerate(model.labels)}
+    for i, label in enumerate(data.labels):
+        if label not in index:
+            raise QkvError(f"{args.test}:{data.line(i)}: label {label!r} is not one of the model's labels "
+                           f"({', '.join(model.labels)})")
+    golds = [index[label] for label in data.labels]
+    preds = model.probabilities(data.texts).argmax(dim=-1).tolist()
+    matrix = confusion_matrix(golds, preds, len(model.labels))
+    if args.output:
+        Path(args.output).write_text("".join(model.labels[p] + "\n" for p in preds), encoding="utf-8")
+    print(f"{args.test}: {len(golds)} examples")
+    print(f"accuracy {accuracy(golds, preds):.4f}")
+    print(f"macro-F1 {macro_f1(matrix):.4f}  (per class: "
+          + ", ".join(f"{lab} {f:.4f}" for lab, f in zip(model.labels, f1_per_class(matrix))) + ")")
+    print("confusion matrix (rows: true label, columns: predicted):")
+    print(format_confusion(matrix, model.labels))
+    return 0
+
+
+def read_inputs(args: argparse.Namespace) -> list[str]:
+    """Texts from the arguments, --input FILE or stdin, one a line."""
+    from qkv.data.corpus import decode_lines, read_lines
+
+    if args.text:
+        return list(args.text)
+    if args.input and args.input != "-":
+        return read_lines(args.input)
+    return decode_lines(sys.stdin.buffer.read(), "<stdin>")
+
+
+def load_encoder(path: str, needs: str):
+    import qkv
+
+    model = qkv.load(path)
+    task = getattr(model, "task", "translate")
+    if needs == "classify" and task != "classify":
+        raise QkvError(f"{path} is a {task!r} model, not a classifier (train one with --task classify)")
+    if needs == "mlm" and task != "mlm":
+        raise QkvError(f"{path} is a {task!r} model: fill needs a masked language model (--task mlm)")
+    if needs == "encoder" and not hasattr(model, "embed"):
+        raise QkvError(f"{path} is a {task!r} model: embed/search need an encoder (--task classify or mlm)")
+    return model
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    model = load_encoder(args.model, "classify")
+    lines = read_inputs(args)
+    out_fh = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for start in range(0, len(lines), 512):  # a chunk at a time: output streams on long inputs
+            chunk = lines[start:start + 512]
+            keep = [i for i, line in enumerate(chunk) if line.strip()]
+            rows = dict(zip(keep, model.probabilities([chunk[i] for i in keep]))) if keep else {}
+            for i in range(len(chunk)):
+                if i not in rows:
+                    out_fh.write("\n")  # an empty input line stays an empty output line
+                    continue
+                p = rows[i]
+                c = int(p.argmax())
+                extra = "\t" + " ".join(f"{lab}={float(v):.4f}" for lab, v in zip(model.labels, p)) if args.all else ""
+                out_fh.write(f"{model.labels[c]}\t{float(p[c]):.4f}{extra}\n")
+            out_fh.flush()
+    finally:
+        if args.output:
+            out_fh.close()
+    return 0
+
+
+def cmd_fill(args: argparse.Namespace) -> int:
+    model = load_encoder(args.model, "mlm")
+    for text in args.text:
+        print(text)
+        for m, preds in enumerate(model.fill(text, args.top_k)):
+            for piece, p in preds:
+                print(f"  [MASK]{m + 1 if len(preds) and text.count('[MASK]') > 1 else ''}  {p:.4f}  {piece}")
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from qkv.data.corpus import read_lines
+
+    model = load_encoder(args.model, "encoder")
+    lines = read_lines(args.input)
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise QkvError(f"{args.input}:{i}: empty line (every line is one text to embed)")
+    out = Path(args.output)
+    if out.suffix not in (".npy", ".tsv"):
+        raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
+    vectors = model.embed(lines, args.pooling).numpy()
+    if out.suffix == ".npy":
+        np.save(out, vectors)
+    else:
+        out.write_text("".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in vectors), encoding="utf-8")
+    pooling = args.pooling or "the model's"
+    log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings ({pooling} pooling) to {out}")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from qkv.data.corpus import read_lines
+
+    model = load_encoder(args.model, "encoder")
+    corpus = read_lines(args.corpus)
+    rows = [i for i, line in enumerate(corpus) if line.strip()]
+    if not rows:
+        raise QkvError(f"{args.corpus}: no text to search")
+    vectors = model.embed([corpus[i] for i in rows], args.pooling)
+    for query in args.query:
+        if not query.strip():
+            raise QkvError("empty query")
+        print(f"query: {query}")
+        for score, j in model.search(query, None, args.top_k, args.pooling, corpus_vectors=vectors):
+            print(f"  {score:.4f}  {rows[j] + 1}: {corpus[rows[j]]}")
     return 0
 
 
@@ -400,9 +605,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="train a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                       description="Train an encoder-decoder Transformer on parallel text (one sentence a line, "
-                                   "plain or gzip). With no data, trains on the embedded default task. "
-                                   "Checkpoints go to OUT/last and OUT/best, metrics to OUT/metrics.jsonl.")
+                       description="Train a model for a task (--task): translate (the default: an encoder-decoder "
+                                   "on parallel text, --src-train/--tgt-train, one sentence a line, plain or gzip), "
+                                   "classify (labelled text, --train/--valid JSONL or TSV), mlm (masked-LM "
+                                   "pretraining of an encoder on plain text, --train/--valid). With no data, "
+                                   "trains on the embedded default translation task. Checkpoints go to OUT/last "
+                                   "and OUT/best, metrics to OUT/metrics.jsonl.",
+                       epilog="examples:\n  qkv train --task classify --train train.jsonl --valid valid.jsonl "
+                              "--pooling mean --out runs/clf\n  qkv train --task mlm --train texts.txt --out runs/mlm\n"
+                              "  qkv train --task classify --init-from runs/mlm/best --train train.jsonl --out runs/clf2")
+    t.add_argument("--train", help="one-sided tasks (classify, mlm, lm): training file; classify: JSONL "
+                                   "({\"text\": ..., \"label\": ...} a line) or TSV with a header; mlm/lm: plain "
+                                   "text, one text a line (or JSONL/TSV); plain or gzip")
+    t.add_argument("--valid", help="one-sided tasks: validation file, same format as --train")
+    t.add_argument("--valid-fraction", type=float, default=0.0, metavar="F",
+                   help="lm: no --valid file; hold out the last F of the --train text (e.g. 0.1)")
+    t.add_argument("--strip-gutenberg", action="store_true",
+                   help="lm: keep only the book between the '*** START' and '*** END' lines of a Project "
+                        "Gutenberg text (an error if they are missing)")
+    t.add_argument("--text-field", default="text", help="JSONL key / TSV column of the text")
+    t.add_argument("--label-field", default="label", help="JSONL key / TSV column of the label (classify)")
     t.add_argument("--src-train", help="training source file")
     t.add_argument("--tgt-train", help="training target file (same number of lines)")
     t.add_argument("--src-valid", help="validation source file")
@@ -429,20 +651,97 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
     tr.set_defaults(func=cmd_translate)
 
-    ev = sub.add_parser("evaluate", help="BLEU and chrF (sacreBLEU) against references",
-                        description="Score detokenized output against raw references with sacreBLEU (BLEU, "
-                                    "cased, 13a tokenization; chrF) and print the signatures. Either score a "
-                                    "hypothesis file (--hyp) or translate --src with MODEL first.")
+    ev = sub.add_parser("evaluate", help="BLEU and chrF of translations; accuracy, macro-F1 of a classifier",
+                        description="Translation: score detokenized output against raw references with sacreBLEU "
+                                    "(BLEU, cased, 13a tokenization; chrF) and print the signatures. Either score "
+                                    "a hypothesis file (--hyp) or translate --src with MODEL first. "
+                                    "Classification: 'qkv evaluate MODEL --test FILE' (labelled JSONL or TSV) "
+                                    "prints accuracy, macro-F1 (the mean of the per-class F1) and the confusion "
+                                    "matrix.")
     ev.add_argument("model", nargs="?", help="checkpoint directory (translate --src, then score)")
     ev.add_argument("--src", help="source file to translate with MODEL")
     ev.add_argument("--hyp", help="hypothesis file (instead of MODEL)")
-    ev.add_argument("--ref", required=True, help="reference file (raw text, one line per sentence)")
-    ev.add_argument("--output", "-o", help="also save MODEL's translations here")
+    ev.add_argument("--ref", help="reference file (raw text, one line per sentence)")
+    ev.add_argument("--test", help="classifier: labelled test file (JSONL or TSV, as for training); language "
+                                  "model: plain text, scored as perplexity and bits per character")
+    ev.add_argument("--strip-gutenberg", action="store_true",
+                    help="language model: score only the book between the '*** START' and '*** END' lines")
+    ev.add_argument("--last-fraction", type=float, default=0.0,
+                    help="language model: score only the last F of the text (what --valid-fraction F held out)")
+    ev.add_argument("--text-field", default="text", help="classifier: JSONL key / TSV column of the text")
+    ev.add_argument("--label-field", default="label", help="classifier: JSONL key / TSV column of the label")
+    ev.add_argument("--output", "-o", help="also save MODEL's translations (or predicted labels) here")
     ev.add_argument("--int8", action="store_true", help=INT8_HELP)
     ev.add_argument("--lang", help="target language for the Moses tokenizer of the lowercased BLEU "
                                    "(default: from the --ref file name, e.g. test.de)")
     add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
     ev.set_defaults(func=cmd_evaluate)
+
+    g = sub.add_parser("generate", help="continue a text with a language model (streamed)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Continue --prefix with a language model trained with --task lm, printing "
+                                   "the text as it is produced (each token flushed). Tokens are drawn from the "
+                                   "model's next-token distribution reshaped by --temperature (T<1 sharper, "
+                                   "T>1 flatter), --top-k (keep the k most probable) and --top-p (keep the "
+                                   "smallest set with probability mass >= p); --greedy takes the most probable "
+                                   "token every time. --seed makes a draw repeatable. The Transformer keeps a "
+                                   "key/value cache, the RNNs their state: each new token costs one step.",
+                       epilog='example: qkv generate runs/timemachine/lstm/best --prefix "the time traveller" '
+                              "--temperature 0.8 --top-p 0.95 --seed 1")
+    g.add_argument("model", help="checkpoint directory of a --task lm run, e.g. runs/tm/best")
+    g.add_argument("--prefix", default="", help="the text to continue (may be empty)")
+    g.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
+    g.add_argument("--temperature", type=float, default=1.0, help="divide the logits by T (> 0)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most probable tokens (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (1: all)")
+    g.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh draw each run)")
+    g.add_argument("--greedy", action="store_true", help="always the most probable token (temperature 0)")
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("classify", help="label texts with a trained classifier",
+                       description="Print the most probable label and its probability ('label<TAB>prob') for "
+                                   "each text given as an argument, in a file (--input) or on stdin, one per "
+                                   "line. An empty input line gives an empty output line. Texts are cleaned as "
+                                   "in training (<br /> -> space) and truncated to the model's max_len tokens.",
+                       epilog='example: qkv classify runs/imdb/best "this movie is so great"')
+    c.add_argument("model", help="checkpoint directory of a --task classify run, e.g. runs/imdb/best")
+    c.add_argument("text", nargs="*", help="texts to classify (else --input or stdin)")
+    c.add_argument("--input", "-i", help="file with one text a line, plain or gzip ('-' = stdin)")
+    c.add_argument("--output", "-o", help="write the labels here instead of stdout")
+    c.add_argument("--all", action="store_true", help="also print every label's probability")
+    c.set_defaults(func=cmd_classify)
+
+    fl = sub.add_parser("fill", help="fill in [MASK] with a masked language model",
+                        description="Show the most probable pieces for each [MASK] in the text, with their "
+                                    "probabilities, from a --task mlm model.",
+                        epilog='example: qkv fill runs/mlm/best "the movie was [MASK]" --top-k 5')
+    fl.add_argument("model", help="checkpoint directory of a --task mlm run")
+    fl.add_argument("text", nargs="+", help="texts with one or more [MASK]")
+    fl.add_argument("--top-k", type=int, default=5, dest="top_k", help="predictions per mask (default: %(default)s)")
+    fl.set_defaults(func=cmd_fill)
+
+    em = sub.add_parser("embed", help="sentence embeddings from an encoder",
+                        description="Embed every line of --input with a classify or mlm model: the encoder's "
+                                    "states pooled into one vector (mean over the tokens, or the <cls> state). "
+                                    "Writes an N x d_model array: .npy (NumPy) or .tsv (one vector a line).",
+                        epilog="example: qkv embed runs/mlm/best --input sentences.txt --output vectors.npy")
+    em.add_argument("model", help="checkpoint directory of a --task classify or mlm run")
+    em.add_argument("--input", "-i", required=True, help="one text a line (plain or gzip)")
+    em.add_argument("--output", "-o", required=True, help="FILE.npy or FILE.tsv")
+    em.add_argument("--pooling", choices=["mean", "cls"],
+                    help="mean over the tokens or the <cls> state (default: a classifier's own, mean for mlm)")
+    em.set_defaults(func=cmd_embed)
+
+    se = sub.add_parser("search", help="rank the lines of a corpus by similarity to a query",
+                        description="Embed every line of --corpus and each query (as qkv embed), and print the "
+                                    "top-k lines by cosine similarity q.d / (|q| |d|), with their line numbers.",
+                        epilog='example: qkv search runs/mlm/best --corpus reviews.txt "a funny film" --top-k 5')
+    se.add_argument("model", help="checkpoint directory of a --task classify or mlm run")
+    se.add_argument("query", nargs="+", help="query texts")
+    se.add_argument("--corpus", required=True, help="one text a line (plain or gzip)")
+    se.add_argument("--top-k", type=int, default=5, dest="top_k", help="results per query (default: %(default)s)")
+    se.add_argument("--pooling", choices=["mean", "cls"], help="as for qkv embed")
+    se.set_defaults(func=cmd_search)
 
     a = sub.add_parser("average", help="average checkpoints (the paper averages the last 5 or 20)",
                        description="Average the parameters of several checkpoints of one run into a new "

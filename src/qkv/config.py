@@ -20,6 +20,14 @@ from qkv.errors import ConfigError
 
 # Special token ids, fixed across the project (tokenizer, models, batching, decoding).
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+# Pieces the monolingual tasks add to the SentencePiece model as user-defined symbols, at these
+# fixed ids right after the four specials: the classification token, the MLM mask, a separator.
+CLS, MASK, SEP = 4, 5, 6
+CLS_PIECE, MASK_PIECE, SEP_PIECE = "<cls>", "[MASK]", "<sep>"
+
+# What a model is trained to do (see qkv.tasks): the structure of the model depends on it.
+TASKS = ("translate", "classify", "mlm", "lm", "prefix_lm")
+POOLINGS = ("cls", "mean", "last")
 
 RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq2seq.py)
 ARCHS = ("transformer",) + RNN_ARCHS
@@ -37,6 +45,7 @@ def _check(cond: bool, field: str, msg: str) -> None:
 class ModelConfig:
     """The network. Defaults are the paper's base model (Table 3, row "base")."""
 
+    task: str = "translate"  # translate | classify | mlm | lm | prefix_lm (see qkv.tasks)
     arch: str = "transformer"
     d_model: int = 512
     n_heads: int = 8
@@ -58,12 +67,25 @@ class ModelConfig:
     bidirectional: bool = True  # bidirectional encoder
     attention: str = "additive"  # none (context vector only) | dot | scaled_dot | general | additive | cosine | location
     input_feeding: bool = False  # feed the attentional state h~_{t-1} into the decoder input (Luong et al., 2015)
+    pooling: str = "cls"  # classify: cls (the <cls> token) | mean (over valid positions) | last (RNN last state)
+    n_classes: int = 0  # classify: filled in from the training labels
 
     @property
     def is_recurrent(self) -> bool:
         return self.arch in RNN_ARCHS
 
     def validate(self) -> "ModelConfig":
+        _check(self.task in TASKS, "task", f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        _check(self.pooling in POOLINGS, "pooling", f"must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        _check(self.n_classes >= 0, "n_classes", f"must be >= 0, got {self.n_classes}")
+        if self.task == "classify" and self.n_classes:
+            _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
+        if self.task == "classify" and self.arch == "transformer":
+            _check(self.pooling != "last", "pooling", "'last' (the last RNN state) needs a recurrent arch; "
+                   "a Transformer encoder pools 'cls' or 'mean'")
+        if self.task == "classify" and self.arch != "transformer":
+            _check(self.pooling != "cls", "pooling", "'cls' needs a Transformer encoder; a recurrent classifier "
+                   "pools 'mean' (over valid positions) or 'last' (the final states)")
         _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}; choose one of {', '.join(ARCHS)}")
         for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
@@ -112,7 +134,7 @@ class TrainConfig:
     tokenizer_from: str = ""  # reuse the tokenizer of this checkpoint directory (or .model file) instead of training one
     vocab_size: int = 8000
     joint_vocab: bool = True
-    max_len: int = 256  # tokens; longer training pairs are skipped and counted
+    max_len: int = 256  # tokens; longer training pairs are skipped and counted (classify/mlm: truncated to the head)
     max_tokens: int = 4096  # token budget per batch (source or target side, padded)
     # optimisation
     schedule: str = "noam"  # noam (the paper's) | constant | inverse_sqrt
@@ -132,6 +154,8 @@ class TrainConfig:
     # evaluation and checkpoints
     eval_every: int = 1000
     eval_bleu_samples: int = 200  # validation sentences decoded greedily for BLEU
+    mask_prob: float = 0.15  # mlm: share of tokens chosen for prediction (80% [MASK], 10% random, 10% kept)
+    init_from: str = ""  # checkpoint whose encoder weights start the model (e.g. a classifier from an mlm run)
     keep_last: int = 0  # numbered step_N/ checkpoints kept besides last/ and best/ (for averaging)
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0: torch's default
@@ -156,6 +180,7 @@ class TrainConfig:
         _check(self.adam_eps > 0, "adam_eps", "must be positive")
         _check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
         _check(self.clip_norm >= 0, "clip_norm", "must be >= 0")
+        _check(0.0 < self.mask_prob < 1.0, "mask_prob", f"must be in (0, 1), got {self.mask_prob}")
         for name in ("max_epochs", "max_time", "eval_bleu_samples", "keep_last", "threads", "weight_decay"):
             _check(getattr(self, name) >= 0, name, "must be >= 0")
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")

@@ -96,3 +96,50 @@ def perplexity(nll_sum: float, n_tokens: int) -> float:
         raise QkvError(f"perplexity needs at least one token, got {n_tokens}")
     mean = float(nll_sum) / n_tokens
     return math.exp(mean) if mean < 700 else math.inf
+
+
+# --- classification ----------------------------------------------------------------------------------
+
+def confusion_matrix(golds: list[int], preds: list[int], n_classes: int) -> list[list[int]]:
+    """``C[i][j]`` = number of examples of true class i predicted as class j (rows: truth)."""
+    if len(golds) != len(preds):
+        raise QkvError(f"cannot compare {len(preds)} predictions with {len(golds)} labels: counts differ")
+    matrix = [[0] * n_classes for _ in range(n_classes)]
+    for g, p in zip(golds, preds):
+        matrix[g][p] += 1
+    return matrix
+
+
+def accuracy(golds: list[int], preds: list[int]) -> float:
+    """Fraction (0-1) of predictions equal to the label."""
+    if not golds:
+        raise QkvError("accuracy of an empty set of examples")
+    return sum(g == p for g, p in zip(golds, preds, strict=True)) / len(golds)
+
+
+def f1_per_class(matrix: list[list[int]]) -> list[float]:
+    """F1_c = 2 P_c R_c / (P_c + R_c), P_c = C[c][c] / Σ_i C[i][c], R_c = C[c][c] / Σ_j C[c][j];
+    0 for a class never predicted nor present (as scikit-learn's ``zero_division=0``)."""
+    n = len(matrix)
+    out = []
+    for c in range(n):
+        tp = matrix[c][c]
+        predicted = sum(matrix[i][c] for i in range(n))
+        actual = sum(matrix[c])
+        out.append(2 * tp / (predicted + actual) if predicted + actual else 0.0)  # = 2PR/(P+R)
+    return out
+
+
+def macro_f1(matrix: list[list[int]]) -> float:
+    """The unweighted mean of the per-class F1 scores: every class counts the same."""
+    scores = f1_per_class(matrix)
+    return sum(scores) / len(scores)
+
+
+def format_confusion(matrix: list[list[int]], labels: list[str]) -> str:
+    """The matrix as a text table: one row per true label, one column per predicted label."""
+    width = max([len(s) for s in labels] + [len(str(v)) for row in matrix for v in row] + [len("true\\pred")])
+    lines = [" ".join(s.rjust(width) for s in ["true\\pred", *labels])]
+    for label, row in zip(labels, matrix):
+        lines.append(" ".join([label.rjust(width), *(str(v).rjust(width) for v in row)]))
+    return "\n".join(lines)

@@ -10,6 +10,13 @@ Training happens in memory (SentencePiece reads an iterator and writes the model
 the serialized model bytes are kept, so ``save`` writes exactly the trained model.
 Small corpora are fine: ``hard_vocab_limit=False`` lets SentencePiece return a smaller
 vocabulary than asked for when the text does not support more pieces.
+
+The monolingual tasks (classify, mlm, lm, prefix_lm) train with ``specials=True``: the pieces
+``<cls>``, ``[MASK]`` and ``<sep>`` become user-defined symbols at the fixed ids
+``CLS, MASK, SEP = 4, 5, 6`` of :mod:`qkv.config` (right after the four specials), so every task
+agrees on them, and ``[MASK]`` typed in a text is that one piece. Translation tokenizers are
+trained without them, exactly as before; :meth:`Tokenizer.has_specials` tells the two apart,
+so older checkpoints load unchanged.
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from qkv.config import BOS, EOS, PAD, UNK
+from qkv.config import BOS, CLS, CLS_PIECE, EOS, MASK, MASK_PIECE, PAD, SEP, SEP_PIECE, UNK
 from qkv.errors import QkvError
 
 MODEL_TYPES = ("bpe", "unigram", "char")
+SPECIAL_PIECES = {CLS: CLS_PIECE, MASK: MASK_PIECE, SEP: SEP_PIECE}
 
 
 class Tokenizer:
@@ -53,6 +61,7 @@ class Tokenizer:
         vocab_size: int,
         model_type: str = "bpe",
         character_coverage: float = 1.0,
+        specials: bool = False,
     ) -> "Tokenizer":
         """Train a SentencePiece model on ``texts`` (one sentence per item), silently.
 
@@ -60,6 +69,7 @@ class Tokenizer:
         for that many pieces gets fewer (``hard_vocab_limit=False``). For ``model_type="char"``
         the vocabulary is exactly the characters the corpus needs, whatever ``vocab_size`` says.
         A ``vocab_size`` smaller than the corpus' characters (+4 specials) is a :class:`QkvError`.
+        ``specials``: also reserve ``<cls>``, ``[MASK]``, ``<sep>`` at ids 4, 5, 6.
         """
         if model_type not in MODEL_TYPES:
             raise QkvError(f"unknown tokenizer model type {model_type!r}; choose one of {', '.join(MODEL_TYPES)}")
@@ -67,7 +77,8 @@ class Tokenizer:
         if not sentences:
             raise QkvError("cannot train a tokenizer on an empty corpus")
         if model_type == "char":
-            vocab_size = _char_vocab_bound(sentences)
+            vocab_size = _char_vocab_bound(sentences) + (len(SPECIAL_PIECES) if specials else 0)
+        extra = {"user_defined_symbols": [SPECIAL_PIECES[i] for i in sorted(SPECIAL_PIECES)]} if specials else {}
         buffer = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
@@ -82,10 +93,14 @@ class Tokenizer:
                 bos_id=BOS,
                 eos_id=EOS,
                 minloglevel=2,  # errors only: training is silent
+                **extra,
             )
         except RuntimeError as e:
             raise QkvError(f"tokenizer training failed ({model_type}, vocab_size={vocab_size}): {e}") from None
-        return cls(buffer.getvalue())
+        tok = cls(buffer.getvalue())
+        if specials and not tok.has_specials:
+            raise QkvError("tokenizer training did not place <cls>, [MASK], <sep> at ids 4, 5, 6")
+        return tok
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Tokenizer":
@@ -105,6 +120,17 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of pieces, the four special ones included."""
         return self.sp.get_piece_size()
+
+    @property
+    def has_specials(self) -> bool:
+        """True when ``<cls>``, ``[MASK]``, ``<sep>`` sit at their fixed ids 4, 5, 6."""
+        return all(i < self.vocab_size and self.sp.id_to_piece(i) == piece for i, piece in SPECIAL_PIECES.items())
+
+    def require_specials(self, task: str) -> None:
+        """Raise a clear error when a task needs ``<cls>``/``[MASK]``/``<sep>`` and this model lacks them."""
+        if not self.has_specials:
+            raise QkvError(f"task {task!r} needs a tokenizer with <cls>, [MASK], <sep> at ids 4, 5, 6; this one "
+                           "(trained for translation) has none: train the model with --task " + task)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Texts -> ids, without BOS/EOS (``collate`` adds those)."""
@@ -166,13 +192,14 @@ class TokenizerPair:
         model_type: str = "bpe",
         joint: bool = True,
         character_coverage: float = 1.0,
+        specials: bool = False,
     ) -> "TokenizerPair":
         """Train one model on both sides (``joint``) or one model per side."""
         if joint:
-            shared = Tokenizer.train([*src_texts, *tgt_texts], vocab_size, model_type, character_coverage)
+            shared = Tokenizer.train([*src_texts, *tgt_texts], vocab_size, model_type, character_coverage, specials)
             return cls(shared, shared)
-        src = Tokenizer.train(src_texts, vocab_size, model_type, character_coverage)
-        tgt = Tokenizer.train(tgt_texts, vocab_size, model_type, character_coverage)
+        src = Tokenizer.train(src_texts, vocab_size, model_type, character_coverage, specials)
+        tgt = Tokenizer.train(tgt_texts, vocab_size, model_type, character_coverage, specials)
         return cls(src, tgt)
 
     def files(self) -> list[str]:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.config import PAD, ModelConfig
+from qkv.config import PAD, SEP, ModelConfig
 from qkv.masks import causal_mask, combine, padding_mask
 from qkv.nn.attention import KVCache, MultiHeadAttention
 from qkv.nn.embedding import ScaledEmbedding
@@ -95,7 +95,11 @@ class DecoderOnlyTransformer(nn.Module):
     ``cfg.n_decoder_layers`` layers."""
 
     def __init__(self, cfg: ModelConfig, sep_id: int | None = None):
+        """``sep_id``: the separator ``start`` appends to a source (default: ``<sep>`` for the
+        prefix_lm task, none for lm)."""
         super().__init__()
+        if sep_id is None and getattr(cfg, "task", "lm") == "prefix_lm":
+            sep_id = SEP
         cfg.validate()
         if cfg.tgt_vocab_size <= 0:
             raise ValueError("ModelConfig.tgt_vocab_size must be set (from the tokenizer)")

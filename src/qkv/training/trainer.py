@@ -1,7 +1,14 @@
-"""The training loop, written once for every architecture (section 5).
+"""The training loop, written once for every architecture and task (section 5).
+
+What is task-specific comes from a :class:`qkv.tasks.base.Task` (chosen by ``ModelConfig.task``,
+interface in :mod:`qkv.tasks`): reading the data, the tokenizer, encoding and collating a split,
+the loss of a batch, extra validation metrics and which of them picks ``best/``. For translation:
 
 * teacher forcing: the decoder reads the target shifted right (BOS + y) and predicts y + EOS;
 * label-smoothed cross-entropy over non-padding target tokens (:mod:`qkv.training.loss`);
+
+Everything else is here, the same for every task:
+
 * Adam(β1=0.9, β2=0.98, ε=1e-9) with the warmup schedule, or a constant / inverse-sqrt rate
   (``schedule``, :mod:`qkv.training.schedule`);
 * gradient clipping, gradient accumulation (``update_freq``);
@@ -12,8 +19,10 @@
   ``update_freq x world_size`` batches of the one seeded batch order, rank r trains on every
   world_size-th of them, and the loss is normalised by the update's global number of target
   tokens, so N processes compute the update of one process with ``update_freq x N``;
-* periodic validation: loss, perplexity, BLEU (and exact match) of greedy output on a sample;
-* checkpoints ``last/`` and ``best/`` (lowest validation loss), written atomically, and ``--resume``
+* periodic validation: loss, perplexity, and the task's metrics (BLEU of greedy output on a sample
+  for translation, accuracy and macro-F1 for classification);
+* checkpoints ``last/`` and ``best/`` (best by the task's ``best_metric``: the lowest validation
+  loss for translation), written atomically, and ``--resume``
   that continues exactly where a run stopped: weights, optimizer, step, position in the epoch's
   batch order and the RNG state are all restored;
 * a progress bar with loss, learning rate and tokens/s; every record appended to ``metrics.jsonl``.
@@ -27,7 +36,7 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -36,44 +45,16 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
-from qkv.data.batching import Batch, collate, token_budget_batches
-from qkv.data.corpus import CorpusReport, filter_by_length
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
-from qkv.metrics import bleu, chrf, exact_match
 from qkv.models import build_model
+from qkv.tasks import get_task
+from qkv.tasks.base import Task, init_model_config, init_weights
+from qkv.tasks.translate import EncodedSplit, ParallelData, encode_split  # noqa: F401  (public here too)
 from qkv.training import distributed
 from qkv.training.checkpoint import list_checkpoints, load_into, read_checkpoint, save_checkpoint, step_path
 from qkv.training.distributed import DistInfo
-from qkv.training.loss import label_smoothed_nll_loss
 from qkv.training.schedule import learning_rate
-
-
-@dataclass
-class ParallelData:
-    """Sentence pairs for one split, as raw text (tokenized by the trainer)."""
-
-    src: list[str]
-    tgt: list[str]
-    name: str = "data"
-    line_numbers: list[int] | None = None
-    report: CorpusReport | None = None
-
-
-@dataclass
-class EncodedSplit:
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-    raw_src: list[str]
-    raw_tgt: list[str]
-
-    def batches(self, max_tokens: int, shuffle: bool, seed: int, epoch: int) -> list[list[int]]:
-        return token_budget_batches(
-            [len(s) for s in self.src_ids], [len(t) for t in self.tgt_ids], max_tokens, shuffle, seed, epoch
-        )
-
-    def collate(self, indices: list[int]) -> Batch:
-        return collate([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices])
 
 
 @dataclass
@@ -117,21 +98,19 @@ class Trainer:
         train_cfg: TrainConfig,
         decode_cfg: DecodeConfig,
         tokenizers: TokenizerPair,
-        train_split: EncodedSplit,
-        valid_split: EncodedSplit | None,
+        train_split,
+        valid_split,
         out_dir: Path,
         log: Callable[[str], None] = _log_stderr,
         data_name: str = "data",
         device: torch.device | str = "cpu",
         dist_info: DistInfo | None = None,
+        task: Task | None = None,
     ):
+        """``train_split``/``valid_split``: what ``task.encode`` returned (see :mod:`qkv.tasks`)."""
         self.train_cfg, self.decode_cfg = train_cfg, decode_cfg
-        self.model_cfg = replace(
-            model_cfg,
-            src_vocab_size=tokenizers.src.vocab_size,
-            tgt_vocab_size=tokenizers.tgt.vocab_size,
-            share_embeddings=model_cfg.share_embeddings and tokenizers.joint,
-        ).validate()
+        self.task = task or get_task(model_cfg.task)
+        self.model_cfg = self.task.model_config(model_cfg, tokenizers).validate()
         self.tokenizers = tokenizers
         self.train_split, self.valid_split = train_split, valid_split
         self.out_dir, self.log = out_dir, log
@@ -165,7 +144,8 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # batches of the current epoch already consumed
-        self.best_valid_loss = math.inf
+        # the best value so far of the task's selection metric, stored as "lower is better"
+        self.best_score = math.inf
         self.elapsed = 0.0  # seconds of training over all sessions of this run
         self.metrics_path = out_dir / "metrics.jsonl"
         self.data_name = data_name  # what the run trains on (recorded in the checkpoint's config)
@@ -174,7 +154,7 @@ class Trainer:
 
     def config_dict(self) -> dict:
         return {"model": to_dict(self.model_cfg), "train": to_dict(self.train_cfg), "decode": to_dict(self.decode_cfg),
-                "data": {"train": self.data_name}}
+                "data": {"train": self.data_name}, **self.task.state()}
 
     def _rng_state(self) -> list[torch.Tensor]:
         """This process's random state: the CPU generator, and the GPU's when training on one."""
@@ -197,7 +177,8 @@ class Trainer:
             "step": self.step,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
-            "best_valid_loss": self.best_valid_loss,
+            "best_metric": self.task.best_metric,
+            "best_score": self.best_score,
             "elapsed": self.elapsed,
             "optimizer": _to_cpu(self.optimizer.state_dict()),
             "torch_rng": own[0],
@@ -243,7 +224,8 @@ class Trainer:
         if self.scaler is not None and "grad_scaler" in st:
             self.scaler.load_state_dict(st["grad_scaler"])
         self.step, self.epoch, self.batch_in_epoch = int(st["step"]), int(st["epoch"]), int(st["batch_in_epoch"])
-        self.best_valid_loss, self.elapsed = float(st["best_valid_loss"]), float(st["elapsed"])
+        self.best_score = float(st["best_score"] if "best_score" in st else st["best_valid_loss"])
+        self.elapsed = float(st["elapsed"])
         saved_world = int(st.get("world_size", 1))
         if saved_world != self.dist.world_size:
             self.log(f"note: {path} was written by a run of {saved_world} process(es), this one has "
@@ -275,18 +257,16 @@ class Trainer:
         return learning_rate(c.schedule, step, d_model=self.model_cfg.d_model, warmup=c.warmup_steps,
                              scale=c.lr_scale, lr=c.lr, default_lr=DEFAULT_LR)
 
-    def loss(self, batch: Batch, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss_sum, nll_sum) of ``batch`` (on the device); ``train``: through the training forward
-        (DDP / compiled, under autocast), else the plain model in full precision."""
+    def loss(self, batch, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss_sum, nll_sum) of ``batch`` (on the device), by the task; ``train``: through the
+        training forward (DDP / compiled, under autocast), else the plain model in full precision.
+        The task computes the loss from the logits in float32 whatever their dtype."""
         if train:
             autocast = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None
                         else contextlib.nullcontext())
             with autocast:
-                logits = self.train_module(batch.src, batch.tgt_in)  # (B, T, V)
-        else:
-            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
-        # outside autocast: the loss is computed in float32 whatever the logits' dtype
-        return label_smoothed_nll_loss(logits, batch.tgt_out, self.train_cfg.label_smoothing)
+                return self.task.loss(self.train_module, batch, self.train_cfg)
+        return self.task.loss(self.model, batch, self.train_cfg)
 
     def _stop_reason(self, started: float) -> str | None:
         c = self.train_cfg
@@ -379,7 +359,8 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict:
-        """Validation loss and perplexity over the whole split; BLEU/exact match of greedy output on a sample."""
+        """Validation loss and perplexity over the whole split, then the task's metrics (for
+        translation: BLEU/exact match of greedy output on a sample)."""
         split = self.valid_split
         assert split is not None
         self.model.eval()
@@ -393,18 +374,13 @@ class Trainer:
         loss_sum, nll_sum = sums.tolist()
         out = {"valid_loss": loss_sum / n_tokens, "valid_nll": nll_sum / n_tokens,
                "valid_ppl": math.exp(min(nll_sum / n_tokens, 50.0))}
-        n = min(self.train_cfg.eval_bleu_samples, len(split.raw_src))
-        if n > 0:
-            from qkv.api import Translator  # the same decoding code users run
-
-            translator = Translator(self.model, self.tokenizers, replace(self.decode_cfg, beam_size=1, nbest=1))
-            hyps = translator.translate(split.raw_src[:n])
-            refs = split.raw_tgt[:n]
-            out["valid_bleu"] = bleu(hyps, refs).score
-            out["valid_chrf"] = chrf(hyps, refs).score
-            out["valid_exact"] = exact_match(hyps, refs)
-            out["valid_samples"] = [[s, h, r] for s, h, r in zip(split.raw_src[:3], hyps[:3], refs[:3])]
+        out.update(self.task.metrics(self.model, split, self.tokenizers, self.decode_cfg, self.train_cfg))
         return out
+
+    def _score(self, record: dict) -> float:
+        """The task's selection metric as "lower is better"."""
+        value = float(record[self.task.best_metric])
+        return -value if self.task.best_mode == "max" else value
 
     def _validate_and_save(self, bar: tqdm | None) -> dict:
         """Validate and write checkpoints: on rank 0 alone, once every rank's random state is gathered."""
@@ -412,16 +388,16 @@ class Trainer:
         if not self.dist.is_main:
             return {}
         record: dict = {"step": self.step, "epoch": self.epoch}
-        if self.valid_split is not None and len(self.valid_split.src_ids) > 0:
+        if self.valid_split is not None and len(self.valid_split) > 0:
             v = self.validate()
             samples = v.pop("valid_samples", [])
             record.update(v)
-            improved = v["valid_loss"] < self.best_valid_loss
+            score = self._score(v)
+            improved = score < self.best_score
             if improved:
-                self.best_valid_loss = v["valid_loss"]
+                self.best_score = score
             msg = (f"step {self.step}: valid loss {v['valid_loss']:.3f}  ppl {v['valid_ppl']:.2f}"
-                   + (f"  BLEU {v['valid_bleu']:.2f}  chrF {v['valid_chrf']:.2f}  exact {100 * v['valid_exact']:.1f}%"
-                      if "valid_bleu" in v else "")
+                   + self.task.summary(v)
                    + ("  (best)" if improved else ""))
             self.log(msg)
             for s, h, r in samples[:1]:
@@ -490,32 +466,21 @@ class Trainer:
         return TrainResult(self.out_dir, self.step, last_record, is_main=main)
 
 
-def encode_split(data: ParallelData, tokenizers: TokenizerPair, max_len: int | None, log) -> EncodedSplit:
-    """Tokenize a split; with ``max_len``, drop over-long pairs and report how many (with line numbers)."""
-    src_ids = tokenizers.src.encode(data.src)
-    tgt_ids = tokenizers.tgt.encode(data.tgt)
-    keep = list(range(len(src_ids)))
-    if max_len is not None:
-        report = data.report or CorpusReport(paths=[data.name], n_lines=len(src_ids))
-        lines = data.line_numbers or list(range(1, len(src_ids) + 1))
-        keep = filter_by_length(src_ids, tgt_ids, max_len, lines, report)
-        if len(keep) < len(src_ids):
-            log(f"{data.name}: skipped {len(src_ids) - len(keep)} pair(s) longer than max_len={max_len} tokens")
-    return EncodedSplit([src_ids[i] for i in keep], [tgt_ids[i] for i in keep],
-                        [data.src[i] for i in keep], [data.tgt[i] for i in keep])
-
-
 def train(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
     decode_cfg: DecodeConfig,
-    train_data: ParallelData,
-    valid_data: ParallelData | None,
+    train_data,
+    valid_data,
     out_dir: str | Path,
     resume: bool = False,
     log: Callable[[str], None] = _log_stderr,
 ) -> TrainResult:
     """Train a model on ``train_data``; validate on ``valid_data``; checkpoints under ``out_dir``.
+
+    The task is ``model_cfg.task``; the data are what its ``read_data`` returns
+    (:class:`~qkv.tasks.translate.ParallelData` for translation, :class:`~qkv.tasks.base.TextData`
+    for the one-sided tasks).
 
     With ``resume``, the configs, the tokenizer and the whole training state come from
     ``out_dir/last`` and training continues to the (possibly raised) ``max_steps``.
@@ -531,21 +496,30 @@ def train(
     out_dir = Path(out_dir)
     if train_cfg.threads:
         torch.set_num_threads(train_cfg.threads)
-    if not train_data.src:
-        raise QkvError(f"{train_data.name}: no training pairs left to train on")
+    task = get_task(model_cfg.task)
+    saved = _saved_config(out_dir / "last") if resume else None
+    task.check_data(train_data, valid_data, saved)
     device = distributed.resolve_device(train_cfg.device, train_cfg.amp, distributed.env_local_rank())
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls for what runs in float32
     info = distributed.init_from_env(device)
     try:
         return _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir, resume,
-                      log if info.is_main else _quiet, device, info)
+                      log if info.is_main else _quiet, device, info, task)
     finally:
         distributed.cleanup(info)
 
 
+def _saved_config(last: Path) -> dict | None:
+    """The config dict of the checkpoint a resumed run continues (None when there is none yet)."""
+    try:
+        return json.loads((last / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Path, resume: bool, log,
-           device: torch.device, info: DistInfo) -> TrainResult:
+           device: torch.device, info: DistInfo, task: Task) -> TrainResult:
     last = out_dir / "last"
     if resume:
         if not last.exists():
@@ -560,29 +534,36 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
             log(f"reusing the tokenizer of {train_cfg.tokenizer_from} ({tokenizers!r}); "
                 f"the tokenizer and vocab_size settings are not used")
         elif info.is_main:
-            log(f"training a {train_cfg.tokenizer} tokenizer ({'joint' if train_cfg.joint_vocab else 'separate'} "
-                f"vocabulary, up to {train_cfg.vocab_size} pieces) on {len(train_data.src)} pairs")
-            tokenizers = TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size,
-                                             train_cfg.tokenizer, train_cfg.joint_vocab)
+            if train_cfg.init_from:
+                log(f"tokenizer: the one of {train_cfg.init_from} (init_from)")
+            else:
+                joint = train_cfg.joint_vocab or task.data_kind == "text"
+                log(f"training a {train_cfg.tokenizer} tokenizer ({'joint' if joint else 'separate'} "
+                    f"vocabulary, up to {train_cfg.vocab_size} pieces) on {len(train_data)} "
+                    f"{'pairs' if task.data_kind == 'parallel' else 'texts'}")
+            tokenizers = task.train_tokenizers(train_data, train_cfg)
             if info.distributed:
                 shutil.rmtree(shared_tokenizer, ignore_errors=True)  # no stale model of an earlier attempt
                 tokenizers.save(shared_tokenizer)
         distributed.barrier()
         if not info.is_main and not train_cfg.tokenizer_from:
             tokenizers = TokenizerPair.load(shared_tokenizer)
-    train_split = encode_split(train_data, tokenizers, train_cfg.max_len, log)
-    if not train_split.src_ids:
-        raise QkvError(f"{train_data.name}: every pair is longer than max_len={train_cfg.max_len}")
-    valid_split = encode_split(valid_data, tokenizers, None, log) if valid_data is not None else None
+    if train_cfg.init_from and not resume:
+        model_cfg = init_model_config(model_cfg, train_cfg.init_from, log)
+    train_split = task.encode(train_data, tokenizers, train_cfg, log, train=True)
+    valid_split = task.encode(valid_data, tokenizers, train_cfg, log, train=False) if valid_data is not None else None
     trainer = Trainer(model_cfg, train_cfg, decode_cfg, tokenizers, train_split, valid_split, out_dir, log,
-                      data_name=train_data.name, device=device, dist_info=info)
+                      data_name=train_data.name, device=device, dist_info=info, task=task)
+    if train_cfg.init_from and not resume:
+        init_weights(trainer.model, train_cfg.init_from, log)
     if resume:
         trainer.restore(last)
         # The run continues under the saved settings, except where the user raised a limit.
         log(f"resuming from {last} at step {trainer.step} (epoch {trainer.epoch})")
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    log(f"model: {trainer.model_cfg.arch}, {n_params:,} parameters; "
-        f"{len(train_split.src_ids)} training pairs, {len(valid_split.src_ids) if valid_split else 0} validation pairs")
+    unit = "pairs" if task.data_kind == "parallel" else "examples"
+    log(f"model: {trainer.model_cfg.arch} ({task.name}), {n_params:,} parameters; "
+        f"{len(train_split)} training {unit}, {len(valid_split) if valid_split else 0} validation {unit}")
     c = train_cfg
     log(f"device: {device}" + (f", amp {c.amp}" if c.amp != "none" else "") + (", compiled" if c.compile else "")
         + (f"; {info.world_size} processes ({info.backend}), {c.update_freq} x {info.world_size} batches per update"

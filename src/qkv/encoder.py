@@ -1,0 +1,136 @@
+"""The encoder front-end: what ``qkv.load`` returns for a classify or mlm checkpoint.
+
+    >>> enc = qkv.load("runs/imdb/best")
+    >>> enc.classify(["this movie is so great"])
+    [('pos', 0.97)]
+    >>> qkv.load("runs/imdb-mlm/best").fill("the movie was [MASK]", k=3)
+    [[('great', 0.21), ('good', 0.12), ('bad', 0.08)]]
+
+Texts are cleaned as the training data were (:func:`qkv.data.labelled.clean_text`), tokenized,
+truncated to the model's ``max_len`` (the head is kept) and run in batches of similar length.
+Embeddings (:meth:`Encoder.embed`) pool the encoder states: the ``<cls>`` state or the mean over
+the valid positions; :meth:`Encoder.search` ranks a corpus by cosine similarity to a query,
+
+    cos(q, d) = q·d / (‖q‖ ‖d‖).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qkv.config import MASK, TrainConfig
+from qkv.data.labelled import clean_text
+from qkv.data.tokenizer import TokenizerPair
+from qkv.errors import QkvError
+from qkv.tasks.classify import encoder_input, truncate
+
+
+class Encoder:
+    """A trained encoder-only (or recurrent) model with its tokenizer and, for a classifier, its labels."""
+
+    def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, labels: list[str] | None = None,
+                 train_cfg: TrainConfig | None = None, batch_size: int = 64):
+        self.model = model
+        self.tokenizers = tokenizers
+        self.labels = list(labels) if labels else None
+        self.max_len = min((train_cfg or TrainConfig()).max_len, getattr(model.cfg, "max_positions", 10**9) - 1)
+        self.batch_size = batch_size
+
+    @property
+    def task(self) -> str:
+        return self.model.cfg.task
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        if isinstance(texts, str):
+            raise TypeError("pass a list of texts, not a single string")
+        cleaned = [clean_text(t) for t in texts]
+        for i, t in enumerate(cleaned):
+            if not t:
+                raise QkvError(f"text {i + 1} is empty")
+        ids, _ = truncate(self.tokenizers.src.encode(cleaned), self.max_len)
+        return ids
+
+    def _batches(self, ids: list[list[int]]):
+        """(indices, (B, T) tokens on the device), similar lengths together."""
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            yield idx, encoder_input([ids[i] for i in idx]).to(self.device)
+
+    # --- classify --------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def probabilities(self, texts: list[str]) -> torch.Tensor:
+        """``(N, C)`` class probabilities, columns in the order of :attr:`labels`."""
+        if self.task != "classify":
+            raise QkvError(f"this is a {self.task!r} model, not a classifier (train one with --task classify)")
+        self.model.eval()
+        ids = self._ids(texts)
+        out = torch.zeros(len(ids), len(self.labels))
+        for idx, tokens in self._batches(ids):
+            out[idx] = torch.softmax(self.model(tokens).float(), dim=-1).cpu()  # (B, C)
+        return out
+
+    def classify(self, texts: list[str]) -> list[tuple[str, float]]:
+        """The most probable label of each text and its probability."""
+        probs = self.probabilities(texts)
+        best = probs.argmax(dim=-1)
+        return [(self.labels[int(c)], float(probs[i, c])) for i, c in enumerate(best)]
+
+    # --- fill ------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def fill(self, text: str, k: int = 5) -> list[list[tuple[str, float]]]:
+        """For each ``[MASK]`` in ``text``, the ``k`` most probable pieces (as text) and their probabilities."""
+        if self.task != "mlm":
+            raise QkvError(f"this is a {self.task!r} model: fill needs a masked language model (--task mlm)")
+        if "[MASK]" not in text:
+            raise QkvError('the text has no [MASK] to fill, e.g. "the movie was [MASK]"')
+        self.model.eval()
+        ids = self.tokenizers.src.encode([clean_text(text)])[0]
+        # SentencePiece splits " [MASK]" into a lone "▁" and [MASK]; in training a mask replaces a
+        # whole piece such as "▁great", so the lone "▁" goes.
+        lone = self.tokenizers.src.sp.piece_to_id("▁")
+        ids = [t for j, t in enumerate(ids) if not (t == lone and j + 1 < len(ids) and ids[j + 1] == MASK)]
+        ids = ids[: self.max_len]
+        tokens = encoder_input([ids]).to(self.device)  # (1, T)
+        where = (tokens[0] == MASK).nonzero().squeeze(1)
+        probs = torch.softmax(self.model(tokens)[0, where].float(), dim=-1)  # (M, V)
+        top = probs.topk(min(k, probs.size(-1)), dim=-1)
+        out = []
+        for values, indices in zip(top.values.tolist(), top.indices.tolist()):
+            out.append([(self.tokenizers.src.sp.decode([i]) or self.tokenizers.src.id_to_piece(i), v)
+                        for i, v in zip(indices, values)])
+        return out
+
+    # --- embed and search ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def embed(self, texts: list[str], pooling: str | None = None) -> torch.Tensor:
+        """``(N, d)`` sentence embeddings: ``pooling`` "mean" or "cls" (default: the model's own,
+        "mean" for an mlm model)."""
+        self.model.eval()
+        if pooling is None:
+            pooling = self.model.cfg.pooling if self.task == "classify" else "mean"
+        ids = self._ids(texts)
+        out = None
+        for idx, tokens in self._batches(ids):
+            vectors = self.model.embed(tokens, pooling).float().cpu()  # (B, d)
+            if out is None:
+                out = torch.zeros(len(ids), vectors.size(-1))
+            out[idx] = vectors
+        return out if out is not None else torch.zeros(0, self.model.cfg.d_model)
+
+    def search(self, query: str, corpus: list[str], k: int = 5, pooling: str | None = None,
+               corpus_vectors: torch.Tensor | None = None) -> list[tuple[float, int]]:
+        """The ``k`` corpus entries most similar to ``query``: (cosine similarity, index), best first."""
+        docs = corpus_vectors if corpus_vectors is not None else self.embed(corpus, pooling)
+        q = self.embed([query], pooling)  # (1, d)
+        sims = F.cosine_similarity(q, docs, dim=-1)  # (N,)
+        top = sims.topk(min(k, sims.numel()))
+        return [(float(s), int(i)) for s, i in zip(top.values, top.indices)]

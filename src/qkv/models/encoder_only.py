@@ -1,0 +1,105 @@
+"""The Transformer encoder alone (seq2vec): classification and masked language modelling.
+
+The left half of Figure 1 with a head on top (as BERT, Devlin et al., 2019):
+
+    tokens = <cls> x_1 .. x_n  -> Embedding·√d_model + PE -> Dropout -> N × EncoderLayer = H  (B, T, d)
+
+    pooling "cls":  h = H[:, 0]                                       (the <cls> position)
+    pooling "mean": h = Σ_t m_t H[:, t] / Σ_t m_t,  m_t = [token t is not PAD]
+    classification: logits = W_c · Dropout(h) + b_c                  (B, C)
+    MLM:            logits = LayerNorm(GELU(W_m H + b_m)) Eᵀ + b_v    (B, T, V), E the tied embedding
+
+Padding is masked in self-attention (:func:`qkv.masks.padding_mask`) and in the mean, so
+adding padding to a batch does not change any example's output.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.config import ModelConfig
+from qkv.masks import padding_mask
+from qkv.nn.embedding import ScaledEmbedding
+from qkv.nn.layers import EncoderLayer
+from qkv.nn.positional import positional_encoding
+
+
+def mean_pool(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``h (B, T, d)``, ``valid (B, T)`` bool -> the mean over valid positions ``(B, d)``."""
+    w = valid.to(h.dtype)[:, :, None]  # (B, T, 1)
+    return (h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1.0)  # (B, d)
+
+
+class MLMHead(nn.Module):
+    """``LayerNorm(GELU(W H + b)) Eᵀ + b_v``: the output projection is the (tied) embedding matrix."""
+
+    def __init__(self, d_model: int, embed: ScaledEmbedding):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.embed = embed  # shared, not a copy
+        self.bias = nn.Parameter(torch.zeros(embed.weight.size(0)))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.embed.logits(self.norm(F.gelu(self.dense(h)))) + self.bias  # (B, T, V)
+
+
+class EncoderOnly(nn.Module):
+    """Encoder + head; ``cfg.task`` picks the head: ``classify`` (n_classes) or ``mlm`` (vocabulary)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        if cfg.src_vocab_size <= 0:
+            raise ValueError("ModelConfig.src_vocab_size must be set (from the tokenizer)")
+        if cfg.task == "classify" and cfg.n_classes < 2:
+            raise ValueError("ModelConfig.n_classes must be set (from the training labels)")
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d)
+        self.src_pos = positional_encoding(cfg.positional, d, cfg.max_positions)
+        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(cfg.n_encoder_layers))
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        if cfg.task == "classify":
+            self.classifier = nn.Linear(d, cfg.n_classes)
+        else:
+            self.mlm_head = MLMHead(d, self.src_embed)
+
+    def encode(self, tokens: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """``tokens (B, T)`` -> states ``H (B, T, d)``, padding mask ``(B, 1, 1, T)``, attention weights."""
+        mask = padding_mask(tokens)  # (B, 1, 1, T)
+        x = self.src_embed(tokens) + self.src_pos(tokens.size(1))  # (B, T, d)
+        x = F.dropout(x, self.cfg.dropout, self.training)
+        weights = []
+        for layer in self.encoder_layers:
+            x, w = layer(x, mask, need_weights)
+            weights.append(w)
+        return self.encoder_norm(x), mask, weights
+
+    def pool(self, h: torch.Tensor, tokens: torch.Tensor, pooling: str | None = None) -> torch.Tensor:
+        """One vector per sequence ``(B, d)``: the ``<cls>`` state or the mean over non-PAD positions."""
+        pooling = pooling or self.cfg.pooling
+        if pooling == "cls":
+            return h[:, 0]  # (B, d): the <cls> token, always first
+        if pooling == "mean":
+            return mean_pool(h, tokens != 0)
+        raise ValueError(f"an encoder pools 'cls' or 'mean', not {pooling!r}")
+
+    def embed(self, tokens: torch.Tensor, pooling: str | None = None) -> torch.Tensor:
+        """Sentence embeddings ``(B, d)`` (for ``qkv embed`` / ``qkv search``)."""
+        h, _, _ = self.encode(tokens)
+        return self.pool(h, tokens, pooling)
+
+    def forward(self, tokens: torch.Tensor, predict: torch.Tensor | None = None) -> torch.Tensor:
+        """classify: ``(B, T)`` -> class logits ``(B, C)``; mlm: -> token logits ``(B, T, V)``, or
+        ``(N, V)`` at the N positions where ``predict (B, T)`` is True (the chosen ones: cheaper)."""
+        h, _, _ = self.encode(tokens)
+        if self.cfg.task == "classify":
+            pooled = self.pool(h, tokens)
+            return self.classifier(F.dropout(pooled, self.cfg.dropout, self.training))  # (B, C)
+        if predict is not None:
+            h = h[predict]  # (N, d)
+        return self.mlm_head(h)  # (B, T, V) or (N, V)

@@ -1,0 +1,140 @@
+"""The task interface (documented in :mod:`qkv.tasks`), its defaults, and the data containers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from qkv.config import DecodeConfig, ModelConfig, TrainConfig
+from qkv.data.tokenizer import TokenizerPair
+from qkv.errors import QkvError
+
+
+@dataclass
+class DataPaths:
+    """The data files named on the command line (each task reads the ones it needs)."""
+
+    train: str | None = None  # one-sided tasks: text (mlm, lm) or labelled text (classify)
+    valid: str | None = None
+    src_train: str | None = None  # parallel tasks: translate, prefix_lm
+    tgt_train: str | None = None
+    src_valid: str | None = None
+    tgt_valid: str | None = None
+    text_field: str = "text"  # JSONL key / TSV column of the text
+    label_field: str = "label"  # JSONL key / TSV column of the label (classify)
+    strip_gutenberg: bool = False  # lm: keep only the book between the "*** START" and "*** END" lines
+    valid_fraction: float = 0.0  # lm: without a valid file, hold out this last fraction of the training text
+
+
+@dataclass
+class TextData:
+    """One-sided examples: texts, with a label each for classification."""
+
+    texts: list[str]
+    labels: list[str] | None = None
+    name: str = "data"
+    line_numbers: list[int] | None = None  # 1-based line of each example in its file
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def line(self, i: int) -> int:
+        return self.line_numbers[i] if self.line_numbers else i + 1
+
+
+class Task:
+    """Defaults shared by the tasks; each task module overrides what differs."""
+
+    name = "task"
+    data_kind = "text"  # "parallel" or "text"
+    specials = True
+    best_metric, best_mode = "valid_loss", "min"
+
+    def read_data(self, paths: DataPaths, log: Callable[[str], None]):
+        raise NotImplementedError
+
+    def check_data(self, train_data, valid_data, saved: dict | None) -> None:
+        if len(train_data) == 0:
+            raise QkvError(f"{train_data.name}: no training examples to train on")
+
+    def training_texts(self, train_data) -> list[str]:
+        """What the tokenizer learns from."""
+        return list(train_data.texts)
+
+    def train_tokenizers(self, train_data, train_cfg: TrainConfig) -> TokenizerPair:
+        if train_cfg.init_from:  # the start checkpoint's own vocabulary: its embeddings index it
+            return TokenizerPair.load(train_cfg.init_from)
+        texts = self.training_texts(train_data)
+        return TokenizerPair.train(texts, texts, train_cfg.vocab_size, train_cfg.tokenizer, True, specials=self.specials)
+
+    def model_config(self, model_cfg: ModelConfig, tokenizers: TokenizerPair) -> ModelConfig:
+        v = tokenizers.src.vocab_size
+        return replace(model_cfg, src_vocab_size=v, tgt_vocab_size=tokenizers.tgt.vocab_size,
+                       share_embeddings=model_cfg.share_embeddings and tokenizers.joint)
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def encode(self, data, tokenizers: TokenizerPair, train_cfg: TrainConfig, log, train: bool):
+        raise NotImplementedError
+
+    def loss(self, module: torch.nn.Module, batch, train_cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def metrics(self, model, split, tokenizers: TokenizerPair, decode_cfg: DecodeConfig, train_cfg: TrainConfig) -> dict:
+        return {}
+
+    def summary(self, record: dict) -> str:
+        return ""
+
+    def frontend(self, model, tokenizers: TokenizerPair, config: dict, decode_cfg: DecodeConfig,
+                 train_cfg: TrainConfig | None):
+        raise NotImplementedError
+
+
+# --- starting from another checkpoint ------------------------------------------------------------------
+
+ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "positional",
+               "max_positions", "norm_first", "share_embeddings", "tie_output")
+
+
+def init_model_config(model_cfg: ModelConfig, path: str | Path, log: Callable[[str], None]) -> ModelConfig:
+    """The architecture of the checkpoint at ``path`` (its weights must fit), this run's task and the rest."""
+    from qkv.config import from_dict
+    from qkv.training.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(Path(path))
+    saved = from_dict(ModelConfig, ckpt.config["model"], f"{path}/config.json")
+    changed = {k: getattr(saved, k) for k in ARCH_FIELDS if getattr(saved, k) != getattr(model_cfg, k)}
+    if changed:
+        log(f"init_from {path}: its architecture wins over this run's: "
+            + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
+    return replace(model_cfg, **{k: getattr(saved, k) for k in ARCH_FIELDS})
+
+
+def init_weights(model: torch.nn.Module, path: str | Path, log: Callable[[str], None]) -> tuple[list[str], list[str]]:
+    """Copy every parameter of the checkpoint at ``path`` whose name and shape match ``model``'s.
+
+    Returns (copied names, names left at their fresh initialisation), e.g. an MLM encoder's
+    embeddings and layers copied into a classifier whose head stays new.
+    """
+    from qkv.training.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(Path(path))
+    own = model.state_dict()
+    copied, fresh = [], []
+    with torch.no_grad():
+        for name, tensor in own.items():
+            src = ckpt.state_dict.get(name)
+            if src is not None and src.shape == tensor.shape:
+                tensor.copy_(src)
+                copied.append(name)
+            else:
+                fresh.append(name)
+    if not copied:
+        raise QkvError(f"init_from {path}: no parameter of that checkpoint fits this model (nothing to start from)")
+    log(f"init_from {path}: copied {len(copied)} tensors; new: {', '.join(fresh) if fresh else 'none'}")
+    return copied, fresh

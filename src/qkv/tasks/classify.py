@@ -1,0 +1,177 @@
+"""Classification (seq2vec): labelled text -> one label per text.
+
+    input  = <cls> x_1 .. x_n         (truncated to the first max_len subword tokens: the head is kept)
+    logits = model(input)              (B, C)
+    loss   = sum over the batch of H(q_ls, softmax(logits)),  q_ls the label-smoothed one-hot label
+
+The label set is the sorted set of training labels; it is saved in the checkpoint
+(``config.json: "labels"``). A validation label not among them is an error naming its line.
+Validation: accuracy and macro-F1 over the whole split; best/ = highest validation accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from qkv.config import CLS, DecodeConfig, ModelConfig, TrainConfig
+from qkv.data.batching import _pad, token_budget_batches
+from qkv.data.tokenizer import TokenizerPair
+from qkv.errors import CorpusError, QkvError
+from qkv.metrics import accuracy, confusion_matrix, macro_f1
+from qkv.tasks.base import DataPaths, Task, TextData
+from qkv.training.loss import label_smoothed_nll_loss
+
+NO_LABEL = -1  # ignore_index of the loss: no class id is negative
+
+
+def encoder_input(ids: list[list[int]]) -> torch.Tensor:
+    """Token lists -> ``(B, T)``: ``<cls>`` first, PAD on the right (the encoder tasks' layout)."""
+    return _pad([[CLS, *row] for row in ids])
+
+
+def truncate(ids: list[list[int]], max_len: int) -> tuple[list[list[int]], int]:
+    """Keep the first ``max_len`` tokens of each text; also return how many were cut."""
+    cut = sum(len(row) > max_len for row in ids)
+    return [row[:max_len] for row in ids], cut
+
+
+@dataclass
+class ClassifyBatch:
+    src: torch.Tensor  # (B, T) <cls> x_1 .. x_n, PAD-padded
+    labels: torch.Tensor  # (B,) class ids
+    indices: list[int]
+
+    @property
+    def n_tgt_tokens(self) -> int:
+        """Loss terms: one per example."""
+        return int(self.labels.numel())
+
+    def to(self, device, non_blocking: bool = False) -> "ClassifyBatch":
+        return ClassifyBatch(self.src.to(device, non_blocking=non_blocking),
+                             self.labels.to(device, non_blocking=non_blocking), self.indices)
+
+    def __len__(self) -> int:
+        return self.src.size(0)
+
+
+@dataclass
+class TextSplit:
+    """Encoded one-sided examples (no <cls>; ``collate`` adds it) with optional class ids."""
+
+    ids: list[list[int]]
+    labels: list[int] | None
+    texts: list[str]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batches(self, max_tokens: int, shuffle: bool, seed: int, epoch: int) -> list[list[int]]:
+        return token_budget_batches([len(r) for r in self.ids], None, max_tokens, shuffle, seed, epoch)
+
+    def collate(self, indices: list[int]) -> ClassifyBatch:
+        assert self.labels is not None
+        return ClassifyBatch(encoder_input([self.ids[i] for i in indices]),
+                             torch.tensor([self.labels[i] for i in indices], dtype=torch.long), list(indices))
+
+
+def read_text_data(paths: DataPaths, labelled: bool, log, task: str):
+    """--train (+ --valid): JSONL / TSV (labelled) or plain text, JSONL, TSV (unlabelled)."""
+    from qkv.data.labelled import read_labelled, read_texts
+
+    if not paths.train:
+        raise QkvError(f"--task {task} needs --train FILE (and usually --valid FILE)"
+                       + (f"; --src-train/--tgt-train are for translate and prefix_lm" if paths.src_train else ""))
+    if paths.src_train or paths.src_valid:
+        raise QkvError(f"--task {task} reads --train/--valid; --src-train/--tgt-train are for translate and prefix_lm")
+    read = (lambda p: read_labelled(p, paths.text_field, paths.label_field)) if labelled else \
+        (lambda p: read_texts(p, paths.text_field))
+    train = read(paths.train)
+    log(f"{paths.train}: {len(train)} {'examples' if labelled else 'texts'}")
+    valid = None
+    if paths.valid:
+        valid = read(paths.valid)
+        log(f"{paths.valid}: {len(valid)} {'examples' if labelled else 'texts'}")
+    return train, valid
+
+
+def encode_texts(data: TextData, tokenizers: TokenizerPair, max_len: int | None, log, task: str) -> list[list[int]]:
+    tokenizers.src.require_specials(task)
+    ids = tokenizers.src.encode(data.texts)
+    if max_len is not None:
+        ids, cut = truncate(ids, max_len)
+        if cut:
+            log(f"{data.name}: truncated {cut} of {len(ids)} texts to their first max_len={max_len} tokens")
+    return ids
+
+
+class ClassifyTask(Task):
+    name = "classify"
+    best_metric, best_mode = "valid_accuracy", "max"
+
+    def __init__(self, labels: list[str] | None = None):
+        self.labels: list[str] = list(labels or [])
+
+    def read_data(self, paths: DataPaths, log):
+        return read_text_data(paths, True, log, self.name)
+
+    def check_data(self, train_data: TextData, valid_data: TextData | None, saved: dict | None) -> None:
+        super().check_data(train_data, valid_data, saved)
+        if train_data.labels is None:
+            raise QkvError(f"{train_data.name}: classification needs labelled examples")
+        labels = sorted(set(train_data.labels))
+        if saved is not None and saved.get("labels"):
+            if labels != saved["labels"]:
+                raise QkvError(f"{train_data.name}: labels {labels} differ from the resumed run's {saved['labels']}")
+        if len(labels) < 2:
+            raise QkvError(f"{train_data.name}: a classifier needs at least 2 labels, found {labels}")
+        self.labels = labels
+        if valid_data is not None:
+            if valid_data.labels is None:
+                raise QkvError(f"{valid_data.name}: validation data for a classifier needs labels")
+            known = set(labels)
+            for i, label in enumerate(valid_data.labels):
+                if label not in known:
+                    raise CorpusError(f"{valid_data.name}:{valid_data.line(i)}: label {label!r} does not occur in the "
+                                      f"training data (labels: {', '.join(labels)})")
+
+    def model_config(self, model_cfg: ModelConfig, tokenizers: TokenizerPair) -> ModelConfig:
+        return replace(super().model_config(model_cfg, tokenizers), n_classes=len(self.labels))
+
+    def state(self) -> dict:
+        return {"labels": self.labels}
+
+    def encode(self, data: TextData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> TextSplit:
+        index = {label: i for i, label in enumerate(self.labels)}
+        ids = encode_texts(data, tokenizers, train_cfg.max_len, log, self.name)
+        labels = [index[label] for label in data.labels] if data.labels is not None else None
+        return TextSplit(ids, labels, data.texts)
+
+    def loss(self, module, batch: ClassifyBatch, train_cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = module(batch.src)  # (B, C)
+        return label_smoothed_nll_loss(logits, batch.labels, train_cfg.label_smoothing, ignore_index=NO_LABEL)
+
+    @torch.no_grad()
+    def predict(self, model, split: TextSplit, max_tokens: int) -> list[int]:
+        device = next(model.parameters()).device
+        preds = [0] * len(split)
+        for ix in split.batches(max_tokens, shuffle=False, seed=0, epoch=0):
+            logits = model(encoder_input([split.ids[i] for i in ix]).to(device))  # (B, C)
+            for i, p in zip(ix, logits.argmax(-1).tolist()):
+                preds[i] = p
+        return preds
+
+    def metrics(self, model, split: TextSplit, tokenizers, decode_cfg: DecodeConfig, train_cfg: TrainConfig) -> dict:
+        preds = self.predict(model, split, train_cfg.max_tokens)
+        matrix = confusion_matrix(split.labels, preds, len(self.labels))
+        return {"valid_accuracy": accuracy(split.labels, preds), "valid_macro_f1": macro_f1(matrix),
+                "valid_confusion": matrix}
+
+    def summary(self, v: dict) -> str:
+        return f"  accuracy {100 * v['valid_accuracy']:.2f}%  macro-F1 {100 * v['valid_macro_f1']:.2f}"
+
+    def frontend(self, model, tokenizers, config, decode_cfg, train_cfg):
+        from qkv.encoder import Encoder
+
+        return Encoder(model, tokenizers, config.get("labels"), train_cfg)

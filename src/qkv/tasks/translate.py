@@ -1,0 +1,140 @@
+"""Translation (seq2seq): parallel text, teacher forcing, label-smoothed cross-entropy, BLEU.
+
+    src = x_1 .. x_n EOS,  tgt_in = BOS y_1 .. y_m,  tgt_out = y_1 .. y_m EOS
+    loss = sum over non-PAD target positions of H(q_ls, softmax(model(src, tgt_in)))
+
+Validation: loss and perplexity over the split (by the trainer), then BLEU / chrF / exact match
+of greedy output on the first ``eval_bleu_samples`` sentences. best/ = lowest validation loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from qkv.config import DecodeConfig, TrainConfig
+from qkv.data.batching import Batch, collate, token_budget_batches
+from qkv.data.corpus import CorpusReport, filter_by_length, read_parallel
+from qkv.data.tokenizer import TokenizerPair
+from qkv.errors import QkvError
+from qkv.metrics import bleu, chrf, exact_match
+from qkv.tasks.base import DataPaths, Task
+from qkv.training.loss import label_smoothed_nll_loss
+
+
+@dataclass
+class ParallelData:
+    """Sentence pairs for one split, as raw text (tokenized by the trainer)."""
+
+    src: list[str]
+    tgt: list[str]
+    name: str = "data"
+    line_numbers: list[int] | None = None
+    report: CorpusReport | None = None
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@dataclass
+class EncodedSplit:
+    src_ids: list[list[int]]
+    tgt_ids: list[list[int]]
+    raw_src: list[str]
+    raw_tgt: list[str]
+
+    def __len__(self) -> int:
+        return len(self.src_ids)
+
+    def batches(self, max_tokens: int, shuffle: bool, seed: int, epoch: int) -> list[list[int]]:
+        return token_budget_batches(
+            [len(s) for s in self.src_ids], [len(t) for t in self.tgt_ids], max_tokens, shuffle, seed, epoch
+        )
+
+    def collate(self, indices: list[int]) -> Batch:
+        return collate([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices])
+
+
+def encode_split(data: ParallelData, tokenizers: TokenizerPair, max_len: int | None, log) -> EncodedSplit:
+    """Tokenize a split; with ``max_len``, drop over-long pairs and report how many (with line numbers)."""
+    src_ids = tokenizers.src.encode(data.src)
+    tgt_ids = tokenizers.tgt.encode(data.tgt)
+    keep = list(range(len(src_ids)))
+    if max_len is not None:
+        report = data.report or CorpusReport(paths=[data.name], n_lines=len(src_ids))
+        lines = data.line_numbers or list(range(1, len(src_ids) + 1))
+        keep = filter_by_length(src_ids, tgt_ids, max_len, lines, report)
+        if len(keep) < len(src_ids):
+            log(f"{data.name}: skipped {len(src_ids) - len(keep)} pair(s) longer than max_len={max_len} tokens")
+    return EncodedSplit([src_ids[i] for i in keep], [tgt_ids[i] for i in keep],
+                        [data.src[i] for i in keep], [data.tgt[i] for i in keep])
+
+
+def read_parallel_data(paths: DataPaths, log) -> tuple[ParallelData, ParallelData | None]:
+    """--src-train/--tgt-train (+ --src-valid/--tgt-valid): line-aligned files, empty pairs skipped."""
+    if not (paths.src_train and paths.tgt_train):
+        raise QkvError("give both --src-train and --tgt-train (or neither, for the embedded default task)")
+    if bool(paths.src_valid) != bool(paths.tgt_valid):
+        raise QkvError("give both --src-valid and --tgt-valid (or neither)")
+    t = read_parallel(paths.src_train, paths.tgt_train)
+    log(t.report.summary())
+    train = ParallelData(t.src, t.tgt, f"{paths.src_train}/{paths.tgt_train}", t.line_numbers, t.report)
+    valid = None
+    if paths.src_valid:
+        v = read_parallel(paths.src_valid, paths.tgt_valid)
+        log(v.report.summary())
+        valid = ParallelData(v.src, v.tgt, f"{paths.src_valid}/{paths.tgt_valid}", v.line_numbers, v.report)
+    return train, valid
+
+
+class TranslateTask(Task):
+    name = "translate"
+    data_kind = "parallel"
+    specials = False  # translation vocabularies are trained exactly as before the other tasks existed
+
+    def read_data(self, paths: DataPaths, log):
+        return read_parallel_data(paths, log)
+
+    def check_data(self, train_data, valid_data, saved):
+        if not train_data.src:
+            raise QkvError(f"{train_data.name}: no training pairs left to train on")
+
+    def train_tokenizers(self, train_data: ParallelData, train_cfg: TrainConfig) -> TokenizerPair:
+        if train_cfg.init_from:
+            return TokenizerPair.load(train_cfg.init_from)
+        return TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size, train_cfg.tokenizer,
+                                   train_cfg.joint_vocab)
+
+    def encode(self, data: ParallelData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> EncodedSplit:
+        split = encode_split(data, tokenizers, train_cfg.max_len if train else None, log)
+        if train and not split.src_ids:
+            raise QkvError(f"{data.name}: every pair is longer than max_len={train_cfg.max_len}")
+        return split
+
+    def loss(self, module, batch: Batch, train_cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = module(batch.src, batch.tgt_in)  # (B, T, V)
+        return label_smoothed_nll_loss(logits, batch.tgt_out, train_cfg.label_smoothing)
+
+    def metrics(self, model, split: EncodedSplit, tokenizers, decode_cfg: DecodeConfig, train_cfg: TrainConfig) -> dict:
+        n = min(train_cfg.eval_bleu_samples, len(split.raw_src))
+        if n <= 0:
+            return {}
+        from qkv.api import Translator  # the same decoding code users run
+
+        translator = Translator(model, tokenizers, replace(decode_cfg, beam_size=1, nbest=1))
+        hyps = translator.translate(split.raw_src[:n])
+        refs = split.raw_tgt[:n]
+        return {"valid_bleu": bleu(hyps, refs).score, "valid_chrf": chrf(hyps, refs).score,
+                "valid_exact": exact_match(hyps, refs),
+                "valid_samples": [[s, h, r] for s, h, r in zip(split.raw_src[:3], hyps[:3], refs[:3])]}
+
+    def summary(self, v: dict) -> str:
+        if "valid_bleu" not in v:
+            return ""
+        return f"  BLEU {v['valid_bleu']:.2f}  chrF {v['valid_chrf']:.2f}  exact {100 * v['valid_exact']:.1f}%"
+
+    def frontend(self, model, tokenizers, config, decode_cfg, train_cfg):
+        from qkv.api import Translator
+
+        return Translator(model, tokenizers, decode_cfg, train_cfg)
