@@ -142,7 +142,8 @@ def quantize_int8(model: nn.Module, output_projection: bool = True) -> nn.Module
 
     sliced = {id(layer.cross_attn.in_proj) for layer in getattr(model, "decoder_layers", [])}
     spec = {name: qconfig for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in sliced}
-    tied = output_projection and getattr(model, "output_proj", "absent") is None  # a Transformer with tie_output
+    tied = (output_projection and getattr(model, "output_proj", "absent") is None
+            and hasattr(model, "tgt_embed"))  # an encoder-decoder Transformer with tie_output
     model.eval()
     _quantize_dynamic(model, spec)
     if tied:

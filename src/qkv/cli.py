@@ -608,12 +608,18 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a model for a task (--task): translate (the default: an encoder-decoder "
                                    "on parallel text, --src-train/--tgt-train, one sentence a line, plain or gzip), "
                                    "classify (labelled text, --train/--valid JSONL or TSV), mlm (masked-LM "
-                                   "pretraining of an encoder on plain text, --train/--valid). With no data, "
+                                   "pretraining of an encoder on plain text, --train/--valid), lm (a language model on plain "
+                                   "text, --train with --valid or --valid-fraction: decoder-only Transformer or "
+                                   "--arch rnn/lstm/gru with truncated BPTT over --max-len steps), prefix_lm (a "
+                                   "decoder-only translator on 'source <sep> target', parallel files). With no data, "
                                    "trains on the embedded default translation task. Checkpoints go to OUT/last "
                                    "and OUT/best, metrics to OUT/metrics.jsonl.",
                        epilog="examples:\n  qkv train --task classify --train train.jsonl --valid valid.jsonl "
                               "--pooling mean --out runs/clf\n  qkv train --task mlm --train texts.txt --out runs/mlm\n"
-                              "  qkv train --task classify --init-from runs/mlm/best --train train.jsonl --out runs/clf2")
+                              "  qkv train --task classify --init-from runs/mlm/best --train train.jsonl --out runs/clf2\n"
+                              "  qkv train --task lm --arch lstm --tokenizer char --train book.txt --strip-gutenberg "
+                              "--valid-fraction 0.1 --out runs/lm\n"
+                              "  qkv train --task prefix_lm --out runs/prefix   (the embedded default task)")
     t.add_argument("--train", help="one-sided tasks (classify, mlm, lm): training file; classify: JSONL "
                                    "({\"text\": ..., \"label\": ...} a line) or TSV with a header; mlm/lm: plain "
                                    "text, one text a line (or JSONL/TSV); plain or gzip")

@@ -12,7 +12,8 @@ stream is cut depends on the model:
   (:mod:`qkv.training.bptt`). The stream is cut into ``B = max_tokens // max_len`` contiguous
   rows; batch k is window k (``max_len`` = bptt positions) of all rows, in order, never shuffled,
   and the recurrent state at the end of window k (detached) starts window k + 1. The task keeps
-  that state between batches (one for training, one for evaluation; it restarts at window 0).
+  that state between batches (one for training, one for evaluation; it restarts at window 0,
+  and from zeros where a resumed run continues mid-epoch). One process only (no torchrun).
 
 Validation (and ``qkv evaluate``) cut the held-out text the same way, so the perplexity of an RNN
 uses its carried state and that of the Transformer a context of at most ``max_len`` tokens.
@@ -140,6 +141,9 @@ class LmTask(Task):
 
     def model_config(self, model_cfg, tokenizers):
         self.recurrent = model_cfg.arch != "transformer"
+        if self.recurrent and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise QkvError("a recurrent LM trains with its state carried from window to window, one stream of "
+                           "batches: run it in one process (not under torchrun)")
         return super().model_config(model_cfg, tokenizers)
 
     def encode(self, data: TextData, tokenizers: TokenizerPair, train_cfg: TrainConfig, log, train: bool) -> StreamSplit:
