@@ -2,6 +2,7 @@
 
     qkv train      train a model (on the embedded default task when no data is given)
     qkv translate  translate arguments, a file or stdin with a trained model
+    qkv generate   continue a text with a language model (sampling, streamed)
     qkv evaluate   sacreBLEU and chrF of a hypothesis file, or of a model's output, against references;
                    accuracy, macro-F1 and the confusion matrix of a classifier (--test)
     qkv classify   label texts with a classifier (--task classify)
@@ -160,15 +161,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         model_cfg, train_cfg, decode_cfg = resolve_configs(args, default_preset="small")
     else:
         model_cfg, train_cfg, decode_cfg = resolve_configs_toy(args)
-        if model_cfg.task != "translate":
+        if model_cfg.task not in ("translate", "prefix_lm"):
             raise QkvError(f"--task {model_cfg.task} needs data: --train FILE (and --valid FILE); the embedded "
-                           "default task is translation")
+                           "default task is translation (translate or prefix_lm)")
 
     task = get_task(model_cfg.task)
     test_pairs = None
     if has_data:
         paths = DataPaths(args.train, args.valid, args.src_train, args.tgt_train, args.src_valid, args.tgt_valid,
-                          args.text_field, args.label_field)
+                          args.text_field, args.label_field, args.strip_gutenberg, args.valid_fraction)
         if task.data_kind == "parallel" and args.train:
             raise QkvError(f"--task {task.name} reads parallel files: --src-train/--tgt-train (and --src-valid/"
                            f"--tgt-valid); --train/--valid are for one-sided tasks (classify, mlm, lm)")
@@ -306,9 +307,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from qkv.metrics import bleu, bleu_tok_lc, chrf
 
     if args.test:
+        if args.model and checkpoint_task(args.model) == "lm":
+            return evaluate_lm(args)
         return evaluate_classifier(args)
     if not args.ref:
-        raise QkvError("give --ref (references, for a translation) or --test (labelled data, for a classifier)")
+        raise QkvError("give --ref (references, for a translation) or --test (labelled data for a classifier, "
+                       "plain text for a language model)")
     refs = read_lines(args.ref)
     if args.model:
         import qkv
@@ -346,6 +350,53 @@ def require_translator(model, path) -> None:
         task = getattr(model, "task", "?")
         hint = {"classify": "qkv classify / qkv evaluate --test", "mlm": "qkv fill / qkv embed"}.get(task, "")
         raise QkvError(f"{path} is a {task!r} model, not a translation model" + (f" (use {hint})" if hint else ""))
+
+
+def checkpoint_task(path: str) -> str | None:
+    """The task recorded in a checkpoint's config.json (None if unreadable: loading will say why)."""
+    import json
+
+    try:
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))["model"].get("task", "translate")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+
+
+def evaluate_lm(args: argparse.Namespace) -> int:
+    """Perplexity per token and bits per character of a language model on plain --test text."""
+    import qkv
+    from qkv.data.text import holdout_split, read_text, strip_gutenberg
+
+    lines = read_text(args.test)
+    if args.strip_gutenberg:
+        lines = strip_gutenberg(lines, args.test)
+    what = args.test
+    if args.last_fraction:
+        _, lines = holdout_split(lines, args.last_fraction)
+        what = f"{args.test} (the last {args.last_fraction:g} of the text, as --valid-fraction holds out)"
+    model = qkv.load(args.model)
+    r = model.score(lines)
+    print(f"{what}: perplexity {r.ppl:.4f} per token ({r.tokens} tokens), "
+          f"{r.bpc:.4f} bits per character ({r.characters} characters, newlines counted)")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import qkv
+    from qkv.tasks.lm import LanguageModel
+
+    model = qkv.load(args.model)
+    if not isinstance(model, LanguageModel):
+        raise QkvError(f"{args.model} is not a language model (--task lm); translate with 'qkv translate'")
+    temperature = 0.0 if args.greedy else args.temperature
+    out = sys.stdout
+    out.write(args.prefix)
+    out.flush()
+    for piece in model.generate(args.prefix, args.max_new_tokens, temperature, args.top_k, args.top_p, args.seed):
+        out.write(piece)
+        out.flush()  # streamed: each piece as it is produced
+    out.write("\n")
+    return 0
 
 
 def evaluate_classifier(args: argparse.Namespace) -> int:
@@ -590,16 +641,27 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Transformer, or with --arch lstm|gru|rnn a recurrent encoder-decoder with or "
                                    "without --attention, on parallel text, --src-train/--tgt-train, one sentence a line, plain or gzip), "
                                    "classify (labelled text, --train/--valid JSONL or TSV), mlm (masked-LM "
-                                   "pretraining of an encoder on plain text, --train/--valid). With no data, "
+                                   "pretraining of an encoder on plain text, --train/--valid), lm (a language model on plain "
+                                   "text, --train with --valid or --valid-fraction: decoder-only Transformer or "
+                                   "--arch rnn/lstm/gru with truncated BPTT over --max-len steps), prefix_lm (a "
+                                   "decoder-only translator on 'source <sep> target', parallel files). With no data, "
                                    "trains on the embedded default translation task. Checkpoints go to OUT/last "
                                    "and OUT/best, metrics to OUT/metrics.jsonl.",
                        epilog="examples:\n  qkv train --task classify --train train.jsonl --valid valid.jsonl "
                               "--pooling mean --out runs/clf\n  qkv train --task mlm --train texts.txt --out runs/mlm\n"
-                              "  qkv train --task classify --init-from runs/mlm/best --train train.jsonl --out runs/clf2")
+                              "  qkv train --task classify --init-from runs/mlm/best --train train.jsonl --out runs/clf2\n"
+                              "  qkv train --task lm --arch lstm --tokenizer char --train book.txt --strip-gutenberg "
+                              "--valid-fraction 0.1 --out runs/lm\n"
+                              "  qkv train --task prefix_lm --out runs/prefix   (the embedded default task)")
     t.add_argument("--train", help="one-sided tasks (classify, mlm, lm): training file; classify: JSONL "
                                    "({\"text\": ..., \"label\": ...} a line) or TSV with a header; mlm/lm: plain "
                                    "text, one text a line (or JSONL/TSV); plain or gzip")
     t.add_argument("--valid", help="one-sided tasks: validation file, same format as --train")
+    t.add_argument("--valid-fraction", type=float, default=0.0, metavar="F",
+                   help="lm: no --valid file; hold out the last F of the --train text (e.g. 0.1)")
+    t.add_argument("--strip-gutenberg", action="store_true",
+                   help="lm: keep only the book between the '*** START' and '*** END' lines of a Project "
+                        "Gutenberg text (an error if they are missing)")
     t.add_argument("--text-field", default="text", help="JSONL key / TSV column of the text")
     t.add_argument("--label-field", default="label", help="JSONL key / TSV column of the label (classify)")
     t.add_argument("--src-train", help="training source file")
@@ -639,7 +701,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--src", help="source file to translate with MODEL")
     ev.add_argument("--hyp", help="hypothesis file (instead of MODEL)")
     ev.add_argument("--ref", help="reference file (raw text, one line per sentence)")
-    ev.add_argument("--test", help="classifier: labelled test file (JSONL or TSV, as for training)")
+    ev.add_argument("--test", help="classifier: labelled test file (JSONL or TSV, as for training); language "
+                                  "model: plain text, scored as perplexity and bits per character")
+    ev.add_argument("--strip-gutenberg", action="store_true",
+                    help="language model: score only the book between the '*** START' and '*** END' lines")
+    ev.add_argument("--last-fraction", type=float, default=0.0,
+                    help="language model: score only the last F of the text (what --valid-fraction F held out)")
     ev.add_argument("--text-field", default="text", help="classifier: JSONL key / TSV column of the text")
     ev.add_argument("--label-field", default="label", help="classifier: JSONL key / TSV column of the label")
     ev.add_argument("--output", "-o", help="also save MODEL's translations (or predicted labels) here")
@@ -648,6 +715,27 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(default: from the --ref file name, e.g. test.de)")
     add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
     ev.set_defaults(func=cmd_evaluate)
+
+    g = sub.add_parser("generate", help="continue a text with a language model (streamed)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Continue --prefix with a language model trained with --task lm, printing "
+                                   "the text as it is produced (each token flushed). Tokens are drawn from the "
+                                   "model's next-token distribution reshaped by --temperature (T<1 sharper, "
+                                   "T>1 flatter), --top-k (keep the k most probable) and --top-p (keep the "
+                                   "smallest set with probability mass >= p); --greedy takes the most probable "
+                                   "token every time. --seed makes a draw repeatable. The Transformer keeps a "
+                                   "key/value cache, the RNNs their state: each new token costs one step.",
+                       epilog='example: qkv generate runs/timemachine/lstm/best --prefix "the time traveller" '
+                              "--temperature 0.8 --top-p 0.95 --seed 1")
+    g.add_argument("model", help="checkpoint directory of a --task lm run, e.g. runs/tm/best")
+    g.add_argument("--prefix", default="", help="the text to continue (may be empty)")
+    g.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
+    g.add_argument("--temperature", type=float, default=1.0, help="divide the logits by T (> 0)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most probable tokens (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (1: all)")
+    g.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh draw each run)")
+    g.add_argument("--greedy", action="store_true", help="always the most probable token (temperature 0)")
+    g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("classify", help="label texts with a trained classifier",
                        description="Print the most probable label and its probability ('label<TAB>prob') for "

@@ -59,10 +59,13 @@ from __future__ import annotations
 from qkv.errors import ConfigError
 from qkv.tasks.base import DataPaths, Task, TextData
 from qkv.tasks.classify import ClassifyTask
+from qkv.tasks.lm import LmTask
 from qkv.tasks.mlm import MlmTask
+from qkv.tasks.prefix_lm import PrefixLmTask
 from qkv.tasks.translate import ParallelData, TranslateTask
 
-TASKS: dict[str, type[Task]] = {"translate": TranslateTask, "classify": ClassifyTask, "mlm": MlmTask}
+TASKS: dict[str, type[Task]] = {"translate": TranslateTask, "classify": ClassifyTask, "mlm": MlmTask,
+                                 "lm": LmTask, "prefix_lm": PrefixLmTask}
 
 
 def get_task(name: str) -> Task:

@@ -25,6 +25,8 @@ class DataPaths:
     tgt_valid: str | None = None
     text_field: str = "text"  # JSONL key / TSV column of the text
     label_field: str = "label"  # JSONL key / TSV column of the label (classify)
+    strip_gutenberg: bool = False  # lm: keep only the book between the "*** START" and "*** END" lines
+    valid_fraction: float = 0.0  # lm: without a valid file, hold out this last fraction of the training text
 
 
 @dataclass

@@ -1,0 +1,192 @@
+"""The decoder-only Transformer: a causal language model (the Transformer decoder without
+cross-attention; Liu et al., 2018, "Generating Wikipedia by Summarizing Long Sequences";
+Radford et al., 2018).
+
+    tokens -> Embedding·√d_model + PE -> Dropout
+           -> N × [masked self-attention, position-wise FFN]   (each in a residual + LayerNorm)
+           -> Linear (tied to the embedding) -> softmax
+
+    p(x) = Π_t p(x_t | x_<t)
+
+Training runs a whole sequence at once with the causal mask (position t sees positions <= t,
+section 3.2.3), so one forward pass predicts every next token.
+
+Incremental decoding uses the same interface as the encoder–decoder (:mod:`qkv.decoding`):
+
+* :meth:`DecoderOnlyTransformer.start` runs a prefix ``(B, P)`` once and fills a key/value cache
+  per layer;
+* :meth:`DecoderOnlyTransformer.step` feeds one token per row and returns the next-token logits.
+
+Prefixes of different lengths share a batch right-padded with PAD. Each row then has its own
+position counter (the next token of a row with ``n`` prefix tokens is at position ``n``) and
+the state keeps a key mask: cached keys that are padding are hidden from every later query. A
+row thus gives the same logits in a batch as alone.
+
+For the prefix language model (``sep_id`` set), ``start(src)`` reads the source followed by the
+separator ``<sep>``, and the first ``step`` is fed BOS, as for every qkv decoder; the training
+sequence is ``src <sep> BOS tgt EOS`` and :mod:`qkv.decoding`'s greedy and beam search work
+unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.config import PAD, SEP, ModelConfig
+from qkv.masks import causal_mask, combine, padding_mask
+from qkv.nn.attention import KVCache, MultiHeadAttention
+from qkv.nn.embedding import ScaledEmbedding
+from qkv.nn.feed_forward import PositionwiseFeedForward
+from qkv.nn.layers import Residual
+from qkv.nn.positional import positional_encoding
+
+
+@dataclass
+class DecoderOnlyState:
+    """Incremental decoding state: the cached keys/values, which of them are real, and where each row is."""
+
+    kv: list[KVCache]  # per layer, (B, h, T, d_k): grows by one position per step
+    key_mask: torch.Tensor  # (B, T) bool: True where the cached position is a real token (not padding)
+    positions: torch.Tensor  # (B,) long: the position of each row's next token
+
+    def reorder(self, indices: torch.Tensor) -> "DecoderOnlyState":
+        """Select/reorder batch rows (beam back-pointers, dropping finished rows)."""
+        return DecoderOnlyState(
+            [kv.reorder(indices) for kv in self.kv],
+            self.key_mask.index_select(0, indices),
+            self.positions.index_select(0, indices),
+        )
+
+
+class CausalLayer(nn.Module):
+    """One decoder-only layer: masked multi-head self-attention, then the position-wise FFN
+    (the decoder layer of Figure 1 without its cross-attention sublayer)."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.ffn = PositionwiseFeedForward(d_model, d_ff)
+        self.res_attn = Residual(d_model, dropout, norm_first)
+        self.res_ffn = Residual(d_model, dropout, norm_first)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
+        """``x (B, T, d)`` -> ``(B, T, d)``; with a ``cache`` the new keys/values are appended to it."""
+        a, cache, weights = self.self_attn(
+            self.res_attn.before(x), mask=mask, is_causal=is_causal, cache=cache, need_weights=need_weights
+        )
+        x = self.res_attn.after(x, a)
+        x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
+        return x, cache, weights
+
+
+class DecoderOnlyTransformer(nn.Module):
+    """A causal Transformer language model over one vocabulary (``cfg.tgt_vocab_size``) with
+    ``cfg.n_decoder_layers`` layers."""
+
+    def __init__(self, cfg: ModelConfig, sep_id: int | None = None):
+        """``sep_id``: the separator ``start`` appends to a source (default: ``<sep>`` for the
+        prefix_lm task, none for lm)."""
+        super().__init__()
+        if sep_id is None and getattr(cfg, "task", "lm") == "prefix_lm":
+            sep_id = SEP
+        cfg.validate()
+        if cfg.tgt_vocab_size <= 0:
+            raise ValueError("ModelConfig.tgt_vocab_size must be set (from the tokenizer)")
+        self.cfg, self.sep_id = cfg, sep_id
+        d = cfg.d_model
+        self.embed = ScaledEmbedding(cfg.tgt_vocab_size, d)
+        self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+        self.pos = positional_encoding(cfg.positional, d, cfg.max_positions)
+        self.layers = nn.ModuleList(
+            CausalLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
+            for _ in range(cfg.n_decoder_layers)
+        )
+        # Pre-norm stacks end with a LayerNorm (the residual stream is otherwise never normalised).
+        self.final_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+
+    # --- pieces ------------------------------------------------------------------------------------
+
+    def _positional(self, positions: torch.Tensor) -> torch.Tensor:
+        """Encodings of per-row positions ``(B, T)`` -> ``(B, T, d)``."""
+        table = self.pos(int(positions.max()) + 1 if positions.numel() else 1)[0]  # (P, d)
+        return table[positions]  # (B, T, d)
+
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self._positional(positions)  # (B, T, d)
+        return F.dropout(x, self.cfg.dropout, self.training)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.final_norm(x)
+        return self.embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
+
+    # --- training ----------------------------------------------------------------------------------
+
+    def forward(self, tokens: torch.Tensor, need_weights: bool = False):
+        """``tokens (B, T)`` (right-padded) -> next-token logits ``(B, T, V)``: position t predicts x_{t+1}.
+
+        With right padding the causal mask alone suffices: a real position never sees a pad
+        (pads come after it), and outputs at pad positions are ignored by the loss.
+        With ``need_weights`` also returns each layer's attention weights ``(B, h, T, T)``.
+        """
+        t = tokens.size(1)
+        positions = torch.arange(t, device=tokens.device).expand(tokens.size(0), t)  # (B, T)
+        x = self._embed(tokens, positions)
+        weights = []
+        for layer in self.layers:
+            x, _, w = layer(x, is_causal=True, need_weights=need_weights)
+            weights.append(w)
+        logits = self._logits(x)
+        return (logits, weights) if need_weights else logits
+
+    # --- incremental decoding ----------------------------------------------------------------------
+
+    def with_separator(self, src: torch.Tensor) -> torch.Tensor:
+        """``src (B, S)`` right-padded -> ``(B, S + 1)`` with ``<sep>`` after each row's last real token."""
+        lengths = (src != PAD).sum(dim=1)  # (B,)
+        out = F.pad(src, (0, 1), value=PAD)  # (B, S + 1)
+        out[torch.arange(src.size(0), device=src.device), lengths] = self.sep_id
+        return out
+
+    def start(self, prefix: torch.Tensor) -> DecoderOnlyState:
+        """Run ``prefix (B, P)`` (right-padded with PAD; P may be 0) once and cache every layer's
+        keys and values. For a prefix LM (``sep_id`` set) the separator is appended first."""
+        if self.sep_id is not None:
+            prefix = self.with_separator(prefix)
+        b, p = prefix.shape
+        real = prefix != PAD  # (B, P)
+        positions = torch.arange(p, device=prefix.device).expand(b, p)  # (B, P): padding trails, so 0..P-1
+        # Causal and padding; every position also sees itself, so that a padded query row is never
+        # fully masked (its output is unused, and later queries never see it).
+        eye = torch.eye(p, dtype=torch.bool, device=prefix.device)[None, None]  # (1, 1, P, P)
+        mask = combine(causal_mask(p, device=prefix.device), padding_mask(prefix)) | eye  # (B, 1, P, P)
+        h, d_k = self.cfg.n_heads, self.cfg.d_k
+        x = self._embed(prefix, positions)  # (B, P, d)
+        kv = []
+        for layer in self.layers:
+            empty = x.new_zeros(b, h, 0, d_k)  # (B, h, 0, d_k)
+            x, cache, _ = layer(x, mask=mask, cache=KVCache(empty, empty))
+            kv.append(cache)
+        return DecoderOnlyState(kv, real, real.sum(dim=1))
+
+    def step(self, tokens: torch.Tensor, state: DecoderOnlyState) -> tuple[torch.Tensor, DecoderOnlyState]:
+        """Feed one token per row ``(B,)`` -> next-token logits ``(B, V)`` and the grown state."""
+        x = self._embed(tokens[:, None], state.positions[:, None])  # (B, 1, d)
+        key_mask = torch.cat([state.key_mask, state.key_mask.new_ones(tokens.size(0), 1)], dim=1)  # (B, T + 1)
+        mask = key_mask[:, None, None, :]  # (B, 1, 1, T + 1): the new query sees every real key
+        kv = []
+        for layer, cache in zip(self.layers, state.kv):
+            x, cache, _ = layer(x, mask=mask, cache=cache)
+            kv.append(cache)
+        logits = self._logits(x)[:, 0]  # (B, V)
+        return logits, DecoderOnlyState(kv, key_mask, state.positions + 1)
