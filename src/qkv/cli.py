@@ -581,7 +581,7 @@ def add_bench_parser(sub) -> None:
                                     "the loss with respect to the input embedding at the deciding position, at "
                                     "initialisation and after training. Writes OUT/long-range.{json,md} and "
                                     "OUT/long-range-{accuracy,gradnorm}.png.")
-    blr.add_argument("--distances", help="comma-separated distances t (default: 5,10,20,50,100,200,500,1000)")
+    blr.add_argument("--distances", help="comma-separated distances t (default: 2,5,10,20,50,100,200,500,1000)")
     blr.add_argument("--models", default="rnn,lstm,transformer", help="comma-separated subset of rnn, lstm, transformer")
     blr.add_argument("--steps", type=int, default=300, help="training steps per model and distance")
     blr.add_argument("--hidden", type=int, default=64, help="hidden size (RNN, LSTM) and d_model (Transformer)")
