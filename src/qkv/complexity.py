@@ -603,7 +603,8 @@ def plot(result: dict, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(MEASURES), figsize=(4.2 * len(MEASURES), 4.2))
+    fig, grid = plt.subplots(2, 3, figsize=(13, 8))
+    axes = grid.flat
     s = result["settings"]
     for ax, (key, label) in zip(axes, MEASURES):
         for kind, points in result["layers"].items():
@@ -617,11 +618,15 @@ def plot(result: dict, path: str) -> str:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length n")
-        ax.set_title({"seconds": "time (ms)", "peak_bytes": "peak memory (MiB)"}.get(key, label))
+        ax.set_title({"seconds": "wall time (ms)", "peak_bytes": "peak tensor memory (MiB)",
+                      "sequential_steps": "sequential steps (dependent ops, forward)",
+                      "path_length": "max path length (layers / steps)"}.get(key, label + " (counted)"))
         ax.grid(True, which="both", alpha=0.3)
         if key in ("flops", "seconds"):
             ax.axvline(s["d"], color="grey", ls="--", lw=0.8)
-    axes[0].legend(fontsize=7)
+    handles, labels = grid[0, 0].get_legend_handles_labels()
+    grid[1, 2].axis("off")
+    grid[1, 2].legend(handles, labels, loc="center", title="layer type")
     fig.suptitle(f"One layer, forward + backward, d = {s['d']}, r = {s['r']}, k = {s['k']} (dashed: n = d)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
