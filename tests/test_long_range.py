@@ -76,3 +76,10 @@ def test_cli_bench_long_range(tmp_path, capsys):
     assert "rnn accuracy" in capsys.readouterr().out
     assert main(["bench", "long-range", "--models", "gru", "--out", str(tmp_path)]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+def test_cli_bench_long_range_rejects_bad_distances(tmp_path, capsys):
+    assert main(["bench", "long-range", "--distances", "5,x", "--out", str(tmp_path)]) == 2
+    assert "--distances" in capsys.readouterr().err
+    assert main(["bench", "long-range", "--distances", "0", "--out", str(tmp_path)]) == 2
+    assert "distances must be >= 1" in capsys.readouterr().err

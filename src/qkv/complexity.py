@@ -453,6 +453,16 @@ def crossover(ns: list[int], a: list[float], b: list[float]) -> float | None:
 
 # --- the sweep -------------------------------------------------------------------------------------------
 
+def check_settings(d: int, n_heads: int, r: int, k: int, kinds: list[str]) -> None:
+    if d < 1 or n_heads < 1 or d % n_heads:
+        raise ValueError(f"d = {d} must be a positive multiple of the number of heads {n_heads}")
+    if k < 2 or r < 1:
+        raise ValueError(f"need k >= 2 and r >= 1 (got k={k}, r={r})")
+    for kind in kinds:
+        if kind not in LAYERS:
+            raise ValueError(f"unknown layer type {kind!r}; choose from {', '.join(LAYERS)}")
+
+
 @dataclass
 class Point:
     """One layer type at one n."""
@@ -491,10 +501,7 @@ def measure_layers(
     """Run the sweep: every layer type at every n; returns a JSON-able dict (``report`` reads it)."""
     ns = ns or powers_of_two(16, 4096)
     kinds = kinds or list(LAYERS)
-    if d % n_heads:
-        raise ValueError(f"d = {d} must be divisible by the number of heads {n_heads}")
-    if k < 2 or r < 1:
-        raise ValueError(f"need k >= 2 and r >= 1 (got k={k}, r={r})")
+    check_settings(d, n_heads, r, k, kinds)
     results: dict[str, list[dict]] = {}
     t_start = time.perf_counter()
     for kind in kinds:
@@ -650,9 +657,7 @@ def bench_layers(out_dir: str, d: int = 512, n_min: int = 16, n_max: int = 4096,
 
     if n_min < 2 or n_max < n_min:
         raise ValueError(f"need 2 <= n_min <= n_max (got {n_min}, {n_max})")
-    for kind in kinds or []:
-        if kind not in LAYERS:
-            raise ValueError(f"unknown layer type {kind!r}; choose from {', '.join(LAYERS)}")
+    check_settings(d, n_heads, r, k, kinds or list(LAYERS))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result = measure_layers(d, powers_of_two(n_min, n_max), r, k, n_heads, batch, repeats, kinds, log)
