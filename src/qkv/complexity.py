@@ -487,6 +487,22 @@ def powers_of_two(n_min: int, n_max: int) -> list[int]:
     return ns
 
 
+def run_metadata() -> dict:
+    """When, where and at which commit a measurement ran (the commit when run from a git checkout)."""
+    import datetime
+    import subprocess
+    from pathlib import Path
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
 def measure_layers(
     d: int = 512,
     ns: list[int] | None = None,
@@ -503,6 +519,7 @@ def measure_layers(
     kinds = kinds or list(LAYERS)
     check_settings(d, n_heads, r, k, kinds)
     results: dict[str, list[dict]] = {}
+    meta = run_metadata()
     t_start = time.perf_counter()
     for kind in kinds:
         torch.manual_seed(0)
@@ -523,8 +540,7 @@ def measure_layers(
     return {
         "settings": {"d": d, "ns": ns, "r": r, "k": k, "n_heads": n_heads, "batch": batch, "repeats": repeats,
                      "probe_d": PROBE_D, "threads": torch.get_num_threads()},
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__},
+        "machine": meta,
         "layers": results,
         "seconds": time.perf_counter() - t_start,
     }

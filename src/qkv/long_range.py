@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qkv.complexity import run_metadata
 from qkv.nn.layers import EncoderLayer
 from qkv.nn.positional import SinusoidalPositionalEncoding
 
@@ -207,6 +208,7 @@ def run_long_range(distances=DEFAULT_DISTANCES, models=MODELS, steps: int = 300,
     if steps < 1 or hidden < 4 or hidden % 4:
         raise ValueError(f"need steps >= 1 and a hidden size that is a multiple of 4 (got {steps}, {hidden})")
     runs = []
+    meta = run_metadata()
     t_start = time.perf_counter()
     for t in distances:
         for m in models:
@@ -218,7 +220,7 @@ def run_long_range(distances=DEFAULT_DISTANCES, models=MODELS, steps: int = 300,
     return {"settings": {"distances": list(distances), "models": list(models), "steps": steps, "hidden": hidden,
                          "symbols": symbols, "batch": batch, "lr": lr, "seed": seed, "prefix": PREFIX,
                          "threads": torch.get_num_threads(), "torch": torch.__version__},
-            "runs": runs, "seconds": time.perf_counter() - t_start}
+            "machine": meta, "runs": runs, "seconds": time.perf_counter() - t_start}
 
 
 def _norm(v: float) -> str:
