@@ -98,18 +98,6 @@ class AttentionCore(nn.Module):
         return out.transpose(1, 2).reshape(b, n, d)  # (B, n, d)
 
 
-class Restricted(nn.Module):
-    """:class:`RestrictedSelfAttention` over |i - j| <= r: blocked (O(r·n·d) work: 8·n·d² + 12·r·n·d
-    forward FLOPs) or ``dense`` (band mask on full attention: still 8·n·d² + 4·n²·d)."""
-
-    def __init__(self, d: int, n_heads: int, r: int, dense: bool):
-        super().__init__()
-        self.attn = RestrictedSelfAttention(d, n_heads, r, dense=dense)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(x)
-
-
 class Recurrent(nn.Module):
     """torch's ``nn.LSTM`` (forward FLOPs 16·n·d²: four gates, each W x_t + U h_{t-1}) or
     ``nn.RNN`` with tanh (4·n·d²); n dependent steps."""
@@ -173,7 +161,8 @@ def make_layer(kind: str, d: int, n_heads: int = 8, r: int = 64, k: int = 3, lay
     if kind == "attention-core":
         return AttentionCore(d, n_heads)
     if kind in ("restricted", "restricted-dense"):
-        return Restricted(d, n_heads, r, dense=kind == "restricted-dense")
+        # blocked: 8·n·d² + 12·r·n·d forward FLOPs; dense (band mask on full attention): still 8·n·d² + 4·n²·d
+        return RestrictedSelfAttention(d, n_heads, r, dense=kind == "restricted-dense")
     if kind in ("lstm", "rnn"):
         return Recurrent(d, kind)
     if kind == "conv":
