@@ -170,3 +170,14 @@ def test_cli_bench_layers_rejects_bad_values(tmp_path, capsys, flags, message):
     rc = main(["bench", "layers", "--n-min", "8", "--n-max", "8", "--out", str(tmp_path), *flags])
     assert rc == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_without_matplotlib_fails_before_measuring(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
+    rc = main(["bench", "layers", "--d", "16", "--heads", "2", "--n-min", "8", "--n-max", "8",
+               "--out", str(tmp_path / "b")])
+    assert rc == 2
+    assert "needs matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

@@ -63,6 +63,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from qkv.errors import QkvError
 from qkv.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 from qkv.nn.restricted_attention import RestrictedSelfAttention
 
@@ -608,14 +609,23 @@ def format_report(result: dict, summary: dict) -> str:
     return "\n".join(lines)
 
 
+def new_figure(**kwargs):
+    """A matplotlib Figure on an Agg canvas (no pyplot state, no display); a clear error without
+    matplotlib, which the benches check before they start measuring."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise QkvError("drawing the plots needs matplotlib: pip install 'qkv[viz]'") from None
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def plot(result: dict, path: str) -> str:
-    """Log-log panels of each measure against n, one line per layer type (matplotlib, Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, grid = plt.subplots(2, 3, figsize=(13, 8))
+    """Log-log panels of each measure against n, one line per layer type."""
+    fig = new_figure(figsize=(13, 8))
+    grid = fig.subplots(2, 3)
     axes = grid.flat
     s = result["settings"]
     for ax, (key, label) in zip(axes, MEASURES):
@@ -642,7 +652,6 @@ def plot(result: dict, path: str) -> str:
     fig.suptitle(f"One layer, forward + backward, d = {s['d']}, r = {s['r']}, k = {s['k']} (dashed: n = d)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -663,6 +672,7 @@ def bench_layers(out_dir: str, d: int = 512, n_min: int = 16, n_max: int = 4096,
     if n_min < 2 or n_max < n_min:
         raise ValueError(f"need 2 <= n_min <= n_max (got {n_min}, {n_max})")
     check_settings(d, n_heads, r, k, kinds or list(LAYERS))
+    new_figure()  # matplotlib is there, before minutes of measuring
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result = measure_layers(d, powers_of_two(n_min, n_max), r, k, n_heads, batch, repeats, kinds, log)

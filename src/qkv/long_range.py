@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.complexity import run_metadata
+from qkv.complexity import new_figure, run_metadata
 from qkv.nn.layers import EncoderLayer
 from qkv.nn.positional import SinusoidalPositionalEncoding
 
@@ -254,15 +254,11 @@ def format_report(result: dict) -> str:
 
 
 def plot(result: dict, accuracy_png: str, gradnorm_png: str) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     s = result["settings"]
     ts = s["distances"]
     runs = {(r["model"], r["t"]): r for r in result["runs"]}
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = new_figure(figsize=(6, 4))
+    ax = fig.subplots()
     for m in s["models"]:
         ax.plot(ts, [runs[(m, t)]["accuracy"] for t in ts], marker="o", label=m)
     ax.axhline(1 / s["symbols"], color="grey", ls="--", lw=0.8, label=f"chance (1/{s['symbols']})")
@@ -275,9 +271,9 @@ def plot(result: dict, accuracy_png: str, gradnorm_png: str) -> list[str]:
     ax.legend()
     fig.tight_layout()
     fig.savefig(accuracy_png, dpi=110)
-    plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig = new_figure(figsize=(10, 4))
+    axes = fig.subplots(1, 2, sharey=True)
     for ax, key, title in [(axes[0], "grad_norm_init", "at initialisation"),
                            (axes[1], "grad_norm_trained", f"after {s['steps']} steps")]:
         for m in s["models"]:
@@ -291,7 +287,6 @@ def plot(result: dict, accuracy_png: str, gradnorm_png: str) -> list[str]:
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(gradnorm_png, dpi=110)
-    plt.close(fig)
     return [accuracy_png, gradnorm_png]
 
 
@@ -307,6 +302,7 @@ def bench_long_range(out_dir: str, distances=None, models=MODELS, steps: int = 3
     distances = list(distances or DEFAULT_DISTANCES)
     if any(t < 1 for t in distances):
         raise ValueError(f"distances must be >= 1, got {distances}")
+    new_figure()  # matplotlib is there, before minutes of training
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result = run_long_range(distances, models, steps, hidden, symbols, batch, lr, seed, log)
