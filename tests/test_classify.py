@@ -172,3 +172,45 @@ def test_tsv_and_single_label_and_task_flags(tmp_path):
 def test_classify_with_a_translation_model_is_refused(tmp_path):
     code, _, err = cli("classify", str(tmp_path / "nope"), "text")
     assert code == 2 and "not found" in err
+
+
+# --- recurrent classifiers -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,pooling,bidirectional", [("lstm", "mean", True), ("gru", "last", True),
+                                                        ("rnn", "last", False)])
+def test_rnn_pooling_ignores_padding_and_last_is_the_final_states(arch, pooling, bidirectional):
+    torch.manual_seed(0)
+    cfg = ModelConfig(task="classify", arch=arch, pooling=pooling, bidirectional=bidirectional, d_model=8,
+                      n_encoder_layers=2, dropout=0.0, src_vocab_size=20, tgt_vocab_size=20, n_classes=2)
+    model = build_model(cfg).eval()
+    x = torch.tensor([[4, 8, 9, 10], [4, 11, 0, 0]])
+    padded = torch.cat([x, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    assert torch.allclose(model(x), model(padded), atol=1e-6)
+    assert torch.allclose(model(x)[1], model(x[1:, :2])[0], atol=1e-6)  # as if alone, unpadded
+    if pooling == "last":
+        # the final states of the top layer of torch's own module, run on each sequence alone
+        with torch.no_grad():
+            emb = model.src_embed(x[1:, :2])
+            _, state = model.encoder(emb, None)
+        h = state.h.view(2, 2 if bidirectional else 1, 1, 8)[-1]  # (dirs, 1, H): top layer
+        expected = torch.cat(list(h), dim=-1)  # [forward; backward]
+        out, lengths = model.encode(x)
+        assert torch.allclose(model.pool(out, x, lengths)[1], expected[0], atol=1e-6)
+
+
+def test_bilstm_learns_from_cli(run, tmp_path):
+    flags = [f for f in FLAGS if f not in ("--lr-scale", "2")]
+    code, _, err = cli("train", *flags, "--arch", "lstm", "--pooling", "mean", "--d-model", "32",
+                       "--train", str(run["train"]), "--valid", str(run["valid"]), "--max-steps", "150",
+                       "--eval-every", "150", "--schedule", "constant", "--lr", "0.01", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    model = qkv.load(tmp_path / "r" / "best")
+    data = [json.loads(x) for x in run["test"].read_text().splitlines()]
+    preds = model.classify([d["text"] for d in data])
+    acc = sum(p == d["label"] for (p, _), d in zip(preds, data)) / len(data)
+    assert acc >= 0.9
+
+
+def test_translate_with_a_classifier_is_a_clear_error(run):
+    code, _, err = cli("translate", str(run["model"]), "a superb film")
+    assert code == 2 and "'classify' model, not a translation model" in err

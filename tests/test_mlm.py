@@ -85,8 +85,8 @@ def write_texts(path: Path, n: int, seed: int) -> Path:
     return path
 
 
-FLAGS = ["--preset", "tiny", "--tokenizer", "bpe", "--vocab-size", "60", "--max-tokens", "512", "--warmup-steps", "30",
-         "--lr-scale", "2", "--label-smoothing", "0", "--threads", "1"]
+FLAGS = ["--preset", "tiny", "--tokenizer", "bpe", "--vocab-size", "60", "--max-tokens", "512", "--warmup-steps", "50",
+         "--lr-scale", "0.5", "--label-smoothing", "0", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def mlm_run(tmp_path_factory) -> Path:
     train = write_texts(d / "train.txt", 300, 1)
     valid = write_texts(d / "valid.txt", 30, 2)
     code, _, err = cli("train", "--task", "mlm", *FLAGS, "--train", str(train), "--valid", str(valid),
-                       "--max-steps", "200", "--eval-every", "100", "--out", str(d / "run"))
+                       "--max-steps", "400", "--eval-every", "200", "--out", str(d / "run"))
     assert code == 0, err
     return d
 
@@ -103,7 +103,7 @@ def mlm_run(tmp_path_factory) -> Path:
 def test_mlm_trains_and_fills(mlm_run):
     records = [json.loads(x) for x in (mlm_run / "run" / "metrics.jsonl").read_text().splitlines()]
     valid = [r["valid_loss"] for r in records if "valid_loss" in r]
-    assert valid[-1] < 1.0  # far below log(V) ~ 4: the model uses the context
+    assert valid[-1] < 1.2, valid  # far below ln(V) ~ 4: the model uses the context
     model = qkv.load(mlm_run / "run" / "best")
     preds = model.fill("the movie was great and the story was [MASK]", k=3)
     assert len(preds) == 1 and preds[0][0][0].strip() == "great", preds
@@ -135,3 +135,36 @@ def test_classifier_starts_from_mlm_encoder(mlm_run, tmp_path):
         assert torch.allclose(clf[k], mlm[k], atol=1e-6), k
     assert "classifier.weight" in clf and "classifier.weight" not in mlm  # the head is new
     assert not any(k.startswith("mlm_head") for k in clf)
+
+
+@pytest.mark.parametrize("task", ["mlm", "classify"])
+def test_resume_repeats_the_run_exactly(tmp_path, task):
+    """3 + 3 steps with --resume give the weights of 6 steps in one go (masks and dropout included)."""
+    rng = random.Random(3)
+    rows = [json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))),
+                        "label": rng.choice(["a", "b"])}) for _ in range(80)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    flags = ["--task", task, *FLAGS, "--dropout", "0.1", "--max-tokens", "128", "--max-len", "32", "--train", str(data), "--valid", str(data),
+             "--eval-every", "3"]
+    assert cli("train", *flags, "--max-steps", "6", "--out", str(tmp_path / "full"))[0] == 0
+    assert cli("train", *flags, "--max-steps", "3", "--out", str(tmp_path / "part"))[0] == 0
+    code, _, err = cli("train", *flags, "--max-steps", "6", "--out", str(tmp_path / "part"), "--resume")
+    assert code == 0, err
+    a = read_checkpoint(tmp_path / "full" / "last").state_dict
+    b = read_checkpoint(tmp_path / "part" / "last").state_dict
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_tokenizer_specials_and_old_tokenizers(tmp_path):
+    from qkv.data.tokenizer import Tokenizer
+    from qkv.errors import QkvError
+
+    texts = ["the movie was great", "the film was bad"] * 20
+    tok = Tokenizer.train(texts, 40, "bpe", specials=True)
+    assert tok.has_specials and [tok.id_to_piece(i) for i in (4, 5, 6)] == ["<cls>", "[MASK]", "<sep>"]
+    assert 5 in tok.encode(["the movie was [MASK]"])[0]  # typed [MASK] is the one piece
+    old = Tokenizer.train(texts, 40, "bpe")  # as translation (and every checkpoint before) trains them
+    assert not old.has_specials
+    with pytest.raises(QkvError, match="<cls>, \\[MASK\\], <sep>"):
+        old.require_specials("mlm")

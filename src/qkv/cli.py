@@ -258,6 +258,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from qkv.data.corpus import decode_lines, read_lines
 
     model = qkv.load(args.model, quantize="int8" if args.int8 else None)
+    require_translator(model, args.model)
     overrides = flags_for(args, DecodeConfig)
     dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
     if args.text:
@@ -311,6 +312,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if len(src) != len(refs):
             raise QkvError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
         model = qkv.load(args.model, quantize="int8" if args.int8 else None)
+        require_translator(model, args.model)
         hyps = model.translate(src, **flags_for(args, DecodeConfig))
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -377,6 +379,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out.flush()  # streamed: each piece as it is produced
     out.write("\n")
     return 0
+
+
+def require_translator(model, path) -> None:
+    if not hasattr(model, "translate"):
+        task = getattr(model, "task", "?")
+        hint = {"classify": "qkv classify / qkv evaluate --test", "mlm": "qkv fill / qkv embed",
+                "lm": "qkv generate / qkv evaluate --test"}.get(task, "")
+        raise QkvError(f"{path} is a {task!r} model, not a translation model" + (f" (use {hint})" if hint else ""))
 
 
 def evaluate_classifier(args: argparse.Namespace) -> int:
@@ -475,14 +485,14 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     from qkv.data.corpus import read_lines
 
+    out = Path(args.output)
+    if out.suffix not in (".npy", ".tsv"):
+        raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
     model = load_encoder(args.model, "encoder")
     lines = read_lines(args.input)
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             raise QkvError(f"{args.input}:{i}: empty line (every line is one text to embed)")
-    out = Path(args.output)
-    if out.suffix not in (".npy", ".tsv"):
-        raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
     vectors = model.embed(lines, args.pooling).numpy()
     if out.suffix == ".npy":
         np.save(out, vectors)
@@ -563,7 +573,9 @@ def cmd_viz(args: argparse.Namespace) -> int:
     if args.what == "attention":
         import qkv
 
-        data = viz.attention_data(qkv.load(args.model), args.text, args.target)
+        model = qkv.load(args.model)
+        require_translator(model, args.model)
+        data = viz.attention_data(model, args.text, args.target)
         if data["target_from"] == "greedy":
             print(f"target: the model's own greedy translation (give --target to choose): {data['target']}")
         prefix = args.out[: -len(Path(args.out).suffix)] if Path(args.out).suffix in (".png", ".html") else args.out

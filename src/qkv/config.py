@@ -61,20 +61,21 @@ class ModelConfig:
     tie_output: bool = True  # target embedding and pre-softmax linear share weights
     src_vocab_size: int = 0  # filled in from the tokenizer
     tgt_vocab_size: int = 0
+    pooling: str = "cls"  # classify: cls (the <cls> token) | mean (over valid positions) | last (RNN last state)
+    n_classes: int = 0  # classify: filled in from the training labels
     # recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
     # n_encoder_layers / n_decoder_layers the stacked layers, dropout between layers and on embeddings
     rnn_nonlinearity: str = "tanh"  # f of the vanilla RNN (arch rnn): tanh | relu
     bidirectional: bool = True  # bidirectional encoder
     attention: str = "additive"  # none (context vector only) | dot | scaled_dot | general | additive | cosine | location
     input_feeding: bool = False  # feed the attentional state h~_{t-1} into the decoder input (Luong et al., 2015)
-    pooling: str = "cls"  # classify: cls (the <cls> token) | mean (over valid positions) | last (RNN last state)
-    n_classes: int = 0  # classify: filled in from the training labels
 
     @property
     def is_recurrent(self) -> bool:
         return self.arch in RNN_ARCHS
 
     def validate(self) -> "ModelConfig":
+        _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}; choose one of {', '.join(ARCHS)}")
         _check(self.task in TASKS, "task", f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         _check(self.pooling in POOLINGS, "pooling", f"must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         _check(self.n_classes >= 0, "n_classes", f"must be >= 0, got {self.n_classes}")
@@ -86,7 +87,6 @@ class ModelConfig:
         if self.task == "classify" and self.arch != "transformer":
             _check(self.pooling != "cls", "pooling", "'cls' needs a Transformer encoder; a recurrent classifier "
                    "pools 'mean' (over valid positions) or 'last' (the final states)")
-        _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}; choose one of {', '.join(ARCHS)}")
         for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
         _check(self.rnn_nonlinearity in ("tanh", "relu"), "rnn_nonlinearity",

@@ -3,6 +3,7 @@
     translate  transformer   Transformer             encoder-decoder (the paper's model)
     translate  rnn/lstm/gru  RNNSeq2Seq              recurrent encoder-decoder, optionally with attention
     classify   transformer   EncoderOnly             encoder + <cls>/mean pooling + linear head
+    classify   rnn/lstm/gru  RNNClassifier           (bi)directional RNN + mean/last pooling + linear head
     mlm        transformer   EncoderOnly             encoder + tied masked-language-model head
     lm         transformer   DecoderOnlyTransformer  causal self-attention, no cross-attention
     lm         rnn/lstm/gru  RNNLanguageModel        recurrent language model (truncated BPTT)
@@ -12,6 +13,7 @@
 from qkv.errors import ConfigError
 from qkv.models.decoder_only import DecoderOnlyTransformer
 from qkv.models.encoder_only import EncoderOnly
+from qkv.models.rnn_classifier import RNNClassifier
 from qkv.models.rnn_lm import RNNLanguageModel
 from qkv.models.rnn_seq2seq import RNNSeq2Seq
 from qkv.models.transformer import Transformer
@@ -22,6 +24,9 @@ MODELS = {
     ("translate", "lstm"): RNNSeq2Seq,
     ("translate", "gru"): RNNSeq2Seq,
     ("classify", "transformer"): EncoderOnly,
+    ("classify", "rnn"): RNNClassifier,
+    ("classify", "lstm"): RNNClassifier,
+    ("classify", "gru"): RNNClassifier,
     ("mlm", "transformer"): EncoderOnly,
     ("lm", "transformer"): DecoderOnlyTransformer,
     ("lm", "rnn"): RNNLanguageModel,

@@ -16,6 +16,7 @@ The interface (:class:`qkv.tasks.base.Task`; one module per task, one instance p
     data_kind: str                 "parallel" (--src-train/--tgt-train...) or "text" (--train/--valid)
     specials: bool                 train the tokenizer with <cls>, [MASK], <sep> at ids 4, 5, 6
     best_metric, best_mode         the validation record key that picks best/, and "min" | "max"
+    unit                           what a batch's n_tgt_tokens counts, for the progress line ("tok", "ex")
 
     read_data(paths: DataPaths, log) -> (train_data, valid_data | None)
         read and validate the files named on the command line (errors name file:line)

@@ -52,6 +52,7 @@ class Task:
     data_kind = "text"  # "parallel" or "text"
     specials = True
     best_metric, best_mode = "valid_loss", "min"
+    unit = "tok"  # what n_tgt_tokens counts, for the progress line ("tok/s", "ex/s")
 
     def read_data(self, paths: DataPaths, log: Callable[[str], None]):
         raise NotImplementedError

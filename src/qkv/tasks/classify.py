@@ -109,6 +109,7 @@ def encode_texts(data: TextData, tokenizers: TokenizerPair, max_len: int | None,
 class ClassifyTask(Task):
     name = "classify"
     best_metric, best_mode = "valid_accuracy", "max"
+    unit = "ex"  # one loss term per example
 
     def __init__(self, labels: list[str] | None = None):
         self.labels: list[str] = list(labels or [])

@@ -439,7 +439,7 @@ class Trainer:
                                  "tokens_per_s": tok_s})
                     if bar.disable and main:  # no terminal (a log file, CI): the progress as lines
                         self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
-                                 f"lr {stats['lr']:.2e}  {tok_s:,.0f} tok/s")
+                                 f"lr {stats['lr']:.2e}  {tok_s:,.0f} {self.task.unit}/s")
                     window_tokens, window_start = 0, now
                 reason = self._stop_reason(started)
                 if reason or self.step % c.eval_every == 0:
