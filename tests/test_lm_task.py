@@ -91,8 +91,8 @@ def test_rnn_state_is_carried_across_windows():
     cfg = TrainConfig(label_smoothing=0.0)
     with torch.no_grad():
         total = sum(float(task.loss(model, split.collate(ix), cfg)[1]) for ix in split.batches(8, False, 0, 0))
-    rows = split._rows
-    logits, _ = model(rows[:, :-1])
+        rows = split._rows
+        logits, _ = model(rows[:, :-1])
     whole = F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1), reduction="sum")
     assert total == pytest.approx(float(whole), rel=1e-5)
 
