@@ -107,3 +107,9 @@ def test_embedded_default_trains_and_reports_exact_match(tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "held-out test:" in out and "exact match" in out
+
+
+def test_generate_refuses_a_translation_model(reversal_model, capsys):
+    out, _ = reversal_model
+    assert main(["generate", str(out / "best"), "--prefix", "a b"]) == 2
+    assert "not a language model" in capsys.readouterr().err

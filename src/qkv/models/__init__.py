@@ -3,6 +3,7 @@
     translate  transformer   Transformer             encoder-decoder (the paper's model)
     translate  rnn/lstm/gru  RNNSeq2Seq              recurrent encoder-decoder, optionally with attention
     classify   transformer   EncoderOnly             encoder + <cls>/mean pooling + linear head
+    classify   rnn/lstm/gru  RNNClassifier           (bi)directional RNN + mean/last pooling + linear head
     mlm        transformer   EncoderOnly             encoder + tied masked-language-model head
     classify   rnn/lstm/gru  RNNClassifier           (bi)directional RNN + mean/last pooling + linear head
     lm         transformer   DecoderOnlyTransformer  causal self-attention, no cross-attention

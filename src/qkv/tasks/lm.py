@@ -213,7 +213,9 @@ class LanguageModel:
     def generate(self, prefix: str, max_new_tokens: int = 200, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
         """Continue ``prefix``; yields the text as it is produced (EOS is a line break). The
-        prefix's lines end with EOS, except the last, which the model continues."""
+        prefix's lines end with EOS, except the last, which the model continues. With a subword
+        tokenizer end the prefix at a word boundary: a word cut in two is tokenized into pieces the
+        model rarely saw in that place."""
         from qkv.decoding.sampling import sample
 
         lines = prefix.split("\n")
