@@ -17,10 +17,12 @@ import torch
 import qkv
 from qkv import viz
 from qkv.cli import main
-from qkv.config import DecodeConfig, ModelConfig, TrainConfig
+from qkv.config import CLS, PAD, DecodeConfig, ModelConfig, TrainConfig
 from qkv.data import toy
 from qkv.data.batching import collate
 from qkv.errors import QkvError
+from qkv.masks import padding_mask
+from qkv.models import build_model
 from qkv.nn.positional import sinusoidal_table
 from qkv.training.schedule import noam
 from qkv.training.trainer import ParallelData, train
@@ -247,3 +249,174 @@ def test_cli_errors_and_help(tmp_path, capsys):
             main(["viz", what, "--help"])
         assert e.value.code == 0
         assert "usage: qkv viz " + what in capsys.readouterr().out
+
+
+# --- encoder-only and decoder-only models; the attention-free ones ---------------------------------------
+
+def tiny_model(task: str, arch: str = "transformer", norm_first: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(task=task, arch=arch, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2,
+                      dropout=0.3, attention_dropout=0.3, src_vocab_size=30, tgt_vocab_size=30, max_positions=32,
+                      n_classes=2 if task == "classify" else 0, norm_first=norm_first,
+                      pooling="mean" if arch != "transformer" else "cls")
+    return build_model(cfg).eval()  # eval: no dropout, as attention_data runs the model
+
+
+def softmax_qk(attn, x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """softmax(Q Kᵀ / √d_k) by hand from a layer's own projections: ``x (B, T, d)`` the layer's input,
+    ``visible (B, 1|h, T, T)`` bool -> ``(B, h, T, T)``."""
+    d, h = attn.d_model, attn.n_heads
+    w, b = attn.in_proj.weight, attn.in_proj.bias
+    q = (x @ w[:d].T + b[:d]).unflatten(-1, (h, d // h)).transpose(1, 2)  # (B, h, T, d_k)
+    k = (x @ w[d:2 * d].T + b[d:2 * d]).unflatten(-1, (h, d // h)).transpose(1, 2)
+    scores = q @ k.transpose(-1, -2) / (d // h) ** 0.5  # (B, h, T, T)
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+
+
+def module_tensors(model) -> set:
+    """Every non-parameter, non-buffer tensor attribute of every module (none is expected)."""
+    return {(name, key) for name, m in model.named_modules() for key, v in vars(m).items()
+            if torch.is_tensor(v) and not isinstance(v, torch.nn.Parameter)}
+
+
+@pytest.mark.parametrize("task,norm_first", [("classify", False), ("mlm", False), ("classify", True)])
+def test_encoder_only_maps_are_softmax_qk_and_padding_keys_get_zero(task, norm_first):
+    model = tiny_model(task, norm_first=norm_first)
+    tokens = torch.tensor([[CLS, 7, 8, 9, 10, 11], [CLS, 12, 13, PAD, PAD, PAD]])  # (B, T), row 2 padded
+    before = module_tensors(model)
+    with torch.no_grad():
+        maps = model.attention_maps(tokens)
+        assert len(maps) == 2 and maps[0].shape == (2, 2, 6, 6)
+        real = (tokens != PAD)[:, None, None, :]  # (B, 1, 1, T): keys that may be seen
+        x = model.src_embed(tokens) + model.src_pos(6)  # the input of layer 1 (dropout is off)
+        for layer, w in zip(model.encoder_layers, maps):
+            torch.testing.assert_close(w, softmax_qk(layer.self_attn, layer.res_attn.before(x), real))
+            x, _ = layer(x, padding_mask(tokens))  # the fast path (SDPA, no weights) to the next layer
+        alone = model.attention_maps(tokens[1:, :3])  # the padded row on its own
+    assert module_tensors(model) == before == set()
+    for w, w_alone in zip(maps, alone):
+        assert torch.allclose(w.sum(-1), torch.ones(2, 2, 6), atol=1e-6) and (w >= 0).all()
+        assert (w[1, :, :, 3:] == 0).all() and (w[0] > 0).all()
+        torch.testing.assert_close(w[1, :, :3, :3], w_alone[0])
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_only_maps_are_causal_softmax_qk_from_the_forward_pass(norm_first):
+    model = tiny_model("lm", norm_first=norm_first)
+    tokens = torch.tensor([[7, 8, 9, 10, 11, 12, 13]])  # (1, T)
+    t = tokens.size(1)
+    with torch.no_grad():
+        maps = model.attention_maps(tokens)
+        logits, _ = model(tokens, need_weights=True)
+        torch.testing.assert_close(logits, model(tokens))  # asking for weights does not change the pass
+        causal = torch.ones(t, t, dtype=torch.bool).tril()  # query i sees keys j <= i
+        x = model.embed(tokens) + model.pos(t)  # the input of layer 1
+        for layer, w in zip(model.layers, maps):
+            torch.testing.assert_close(w, softmax_qk(layer.self_attn, layer.res_attn.before(x), causal))
+            x, _, _ = layer(x, is_causal=True)
+    assert module_tensors(model) == set()
+    for w in maps:  # (1, h, T, T)
+        assert torch.allclose(w.sum(-1), torch.ones(1, 2, t), atol=1e-6)
+        assert (w[..., ~causal] == 0).all() and (w[..., causal] > 0).all()
+        assert torch.allclose(w[..., 0, 0], torch.ones(1, 2))  # the first token sees only itself
+
+
+def write(path, text: str) -> str:
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny checkpoints of each model type, trained for 2 steps through the CLI (with validation
+    for classify, lm and prefix_lm, so that their metrics files hold the task's numbers)."""
+    d = tmp_path_factory.mktemp("viz-types")
+    words = ["the", "film", "was", "great", "bad", "and", "a", "plot"]
+    lines = [" ".join(words[(i * k) % 8] for k in range(1, 5 + i % 3)) for i in range(40)]
+    text = write(d / "text.txt", "\n".join(lines) + "\n")
+    labelled = write(d / "cls.jsonl", "".join(json.dumps({"text": s, "label": "pos" if "great" in s else "neg"}) + "\n"
+                                              for s in lines))
+    src = write(d / "src.txt", "\n".join(lines) + "\n")
+    tgt = write(d / "tgt.txt", "\n".join(" ".join(reversed(s.split())) for s in lines) + "\n")
+    common = ["--preset", "tiny", "--d-model", "16", "--d-ff", "32", "--n-heads", "2", "--tokenizer", "char",
+              "--max-len", "48", "--max-tokens", "256", "--max-steps", "2", "--eval-every", "2", "--threads", "1"]
+    argv = {
+        "classify": ["--task", "classify", "--train", labelled, "--valid", labelled, "--n-encoder-layers", "2"],
+        "mlm": ["--task", "mlm", "--train", text, "--n-encoder-layers", "1"],
+        "lm": ["--task", "lm", "--train", text, "--valid-fraction", "0.2", "--n-decoder-layers", "2"],
+        "prefix_lm": ["--task", "prefix_lm", "--src-train", src, "--tgt-train", tgt, "--src-valid", src,
+                      "--tgt-valid", tgt, "--n-decoder-layers", "2", "--eval-bleu-samples", "4"],
+        "gru_lm": ["--task", "lm", "--arch", "gru", "--train", text],
+        "lstm_classify": ["--task", "classify", "--arch", "lstm", "--pooling", "mean", "--train", labelled],
+    }
+    out = {}
+    for name, flags in argv.items():
+        assert main(["train", *flags, *common, "--out", str(d / name)]) == 0, name
+        out[name] = d / name
+    return out
+
+
+def check_rows(data, causal: bool):
+    for kind, layers in data["weights"].items():
+        for w in as_tensor(layers):  # (h, T, T)
+            t = w.size(-1)
+            assert torch.allclose(w.sum(-1), torch.ones(w.shape[:2]), atol=1e-5) and (w >= 0).all()
+            if causal:
+                assert (w[:, torch.ones(t, t, dtype=torch.bool).triu(1)] == 0).all()
+
+
+def test_attention_data_of_each_model_type(runs):
+    enc = viz.attention_data(qkv.load(runs["classify"] / "best"), "the film was great")
+    assert enc["tokens"]["text"][0] == "<cls>" and list(enc["weights"]) == ["encoder"] and enc["target"] is None
+    assert len(enc["weights"]["encoder"]) == 2 and len(enc["weights"]["encoder"][0]) == 2
+    check_rows(enc, causal=False)
+    mlm = viz.attention_data(qkv.load(runs["mlm"] / "best"), "the film was [MASK]")
+    assert mlm["tokens"]["text"][0] == "<cls>" and mlm["tokens"]["text"][-1] == "[MASK]"
+    check_rows(mlm, causal=False)
+    lm_front = qkv.load(runs["lm"] / "best")
+    lm = viz.attention_data(lm_front, "the film\nwas great")
+    assert lm["tokens"]["text"] == [lm_front.tokenizer.id_to_piece(i) for i in lm_front.prompt_ids("the film\nwas great")]
+    assert "</s>" in lm["tokens"]["text"] and list(lm["weights"]) == ["decoder_self"]
+    check_rows(lm, causal=True)
+    translator = qkv.load(runs["prefix_lm"] / "best")
+    given = viz.attention_data(translator, "the film", "film the")
+    seq = given["tokens"]["sequence"]
+    assert seq[seq.index("<sep>") - 1] == "</s>" and seq[seq.index("<sep>") + 1] == "<s>" and seq[-1] != "</s>"
+    assert given["target_from"] == "given"
+    check_rows(given, causal=True)
+    greedy_data = viz.attention_data(translator, "the film")
+    assert greedy_data["target_from"] == "greedy"
+    assert greedy_data["target"] == translator.translate(["the film"], beam_size=1)[0]
+    check_rows(greedy_data, causal=True)
+    ps = viz.panels(given)
+    assert len(ps) == 4 and {(p.layer, p.head) for p in ps} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert all(p.rows == p.cols == seq and len(p.weights) == len(seq) for p in ps)
+
+
+def test_cli_draws_each_model_type_and_refuses_attention_free_ones(runs, tmp_path, capsys):
+    for name, text in [("classify", "the film"), ("mlm", "a [MASK] plot"), ("lm", "the film"),
+                       ("prefix_lm", "the film")]:
+        rc, out, err = cli(capsys, "viz", "attention", runs[name] / "best", text, "--out", tmp_path / name)
+        assert rc == 0, err
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
+        assert "qkv-attention-data" in (tmp_path / f"{name}.html").read_text(encoding="utf-8")
+    for name, what in [("gru_lm", "gru language model has no attention"),
+                       ("lstm_classify", "lstm classifier has no attention")]:
+        rc, out, err = cli(capsys, "viz", "attention", runs[name] / "best", "the film", "--out", tmp_path / name)
+        assert rc == 2 and what in err and "Traceback" not in err, err
+        assert not list(tmp_path.glob(f"{name}*"))
+    rc, out, err = cli(capsys, "viz", "attention", runs["classify"] / "best", "the film", "--target", "x",
+                       "--out", tmp_path / "t")
+    assert rc == 2 and "--target is for translation models" in err and not list(tmp_path.glob("t.*"))
+
+
+def test_training_curves_of_each_task(runs, run):
+    def labels(record_dir):
+        fig = viz.training_figure(viz.training_data(record_dir))
+        loss_ax, lr_ax, quality_ax, ppl_ax = fig.axes
+        return {line.get_label() for line in quality_ax.lines}, {line.get_label() for line in ppl_ax.lines}
+
+    assert labels(runs["classify"]) == ({"accuracy %", "macro-F1 %"}, {"perplexity"})
+    assert labels(runs["lm"]) == (set(), {"perplexity"})
+    assert labels(runs["prefix_lm"])[0] >= {"BLEU", "chrF", "exact match %"}
+    assert labels(run)[0] >= {"BLEU", "chrF", "exact match %"}

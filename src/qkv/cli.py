@@ -589,15 +589,33 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+ATTENTION_HELP = """\
+Every attention layer and head of MODEL for one input, tokens on the axes, from one forward pass.
+Writes OUT.png and OUT.html (a self-contained page: choose the attention, layer and head; hover
+over a cell for its weight). Each row (a query) sums to 1 over the keys it may see.
+
+  translate, Transformer       encoder self-, decoder masked self- and cross-attention
+  translate, rnn/lstm/gru      the alignment matrix a_t(s) (with --attention other than none)
+  classify, mlm (Transformer)  encoder self-attention over <cls> + TEXT
+  lm (Transformer)             masked self-attention over TEXT (query i sees keys j <= i)
+  prefix_lm                    masked self-attention over 'source </s> <sep> <s> target'
+  recurrent lm / classifier    no attention: an error, nothing written
+
+A translation model (translate, prefix_lm) reads --target, or without it its own greedy translation.
+
+examples:
+  qkv viz attention runs/default/best "three hundred twenty-one" --target dreihunderteinundzwanzig
+  qkv viz attention runs/imdb/best "a great film" --out imdb      # imdb.png, imdb.html
+"""
+
+
 def cmd_viz(args: argparse.Namespace) -> int:
     from qkv import viz
 
     if args.what == "attention":
         import qkv
 
-        model = qkv.load(args.model)
-        require_translator(model, args.model)
-        data = viz.attention_data(model, args.text, args.target)
+        data = viz.attention_data(qkv.load(args.model), args.text, args.target)
         if data["target_from"] == "greedy":
             print(f"target: the model's own greedy translation (give --target to choose): {data['target']}")
         prefix = args.out[: -len(Path(args.out).suffix)] if Path(args.out).suffix in (".png", ".html") else args.out
@@ -811,15 +829,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "pip install 'qkv[viz]').")
     v.set_defaults(func=cmd_viz)
     vs = v.add_subparsers(dest="what", required=True, metavar="WHAT")
-    va = vs.add_parser("attention", help="every layer's and head's attention weights for one sentence",
-                       description="Encoder self-attention, decoder masked self-attention and cross-attention "
-                                   "of every layer and head, tokens on the axes, from one forward pass of MODEL. "
-                                   "Writes OUT.png and OUT.html (a self-contained page: choose the layer and "
-                                   "head, hover for the weights). Without --target the target is the model's "
-                                   "own greedy translation.")
+    va = vs.add_parser("attention", help="every layer's and head's attention weights for one input",
+                       description=ATTENTION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     va.add_argument("model", help="checkpoint directory, e.g. runs/default/best")
-    va.add_argument("text", help="the source sentence")
-    va.add_argument("--target", help="the target sentence the decoder reads (default: the model's greedy translation)")
+    va.add_argument("text", help="the source sentence (translate, prefix_lm) or the text (classify, mlm, lm)")
+    va.add_argument("--target", help="translate, prefix_lm: the target sentence the decoder reads "
+                                     "(default: the model's greedy translation)")
     va.add_argument("--out", default="attention", help="output prefix: writes OUT.png and OUT.html (default: %(default)s)")
     vp = vs.add_parser("positional", help="the sinusoidal positional encoding as a heatmap",
                        description="PE(pos, 2i) = sin(pos/10000^(2i/d)), PE(pos, 2i+1) = cos(...) as a heatmap: "
@@ -836,7 +851,8 @@ def build_parser() -> argparse.ArgumentParser:
     vsch.add_argument("--scale", type=float, default=1.0, help="factor on the rate, as --lr-scale (default: %(default)s)")
     vsch.add_argument("--out", default="schedule.png", help="PNG file to write (default: %(default)s)")
     vt = vs.add_parser("training", help="a run's loss, validation scores and learning rate",
-                       description="Training and validation loss, validation BLEU / chrF / exact match, "
+                       description="Training and validation loss, validation BLEU / chrF / exact match "
+                                   "(translate, prefix_lm) or accuracy / macro-F1 (classify), "
                                    "validation perplexity and the learning rate against the step, from "
                                    "RUN/metrics.jsonl (written by qkv train; a run still training is fine).")
     vt.add_argument("run", help="run directory (the --out of qkv train), e.g. runs/default")

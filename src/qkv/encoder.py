@@ -62,6 +62,20 @@ class Encoder:
             idx = order[start:start + self.batch_size]
             yield idx, encoder_input([ids[i] for i in idx]).to(self.device)
 
+    def input_tokens(self, text: str) -> torch.Tensor:
+        """One text as the model reads it: ``(1, T)`` = ``<cls>`` + its pieces, cleaned as the
+        training data were and truncated to ``max_len``, on the model's device."""
+        cleaned = clean_text(text)
+        if not cleaned:
+            raise QkvError("the text is empty")
+        ids = self.tokenizers.src.encode([cleaned])[0]
+        if self.task == "mlm":
+            # SentencePiece splits " [MASK]" into a lone "▁" and [MASK]; in training a mask replaces a
+            # whole piece such as "▁great", so the lone "▁" goes.
+            lone = self.tokenizers.src.sp.piece_to_id("▁")
+            ids = [t for j, t in enumerate(ids) if not (t == lone and j + 1 < len(ids) and ids[j + 1] == MASK)]
+        return encoder_input([ids[: self.max_len]]).to(self.device)  # (1, T)
+
     # --- classify --------------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -92,13 +106,7 @@ class Encoder:
         if "[MASK]" not in text:
             raise QkvError('the text has no [MASK] to fill, e.g. "the movie was [MASK]"')
         self.model.eval()
-        ids = self.tokenizers.src.encode([clean_text(text)])[0]
-        # SentencePiece splits " [MASK]" into a lone "▁" and [MASK]; in training a mask replaces a
-        # whole piece such as "▁great", so the lone "▁" goes.
-        lone = self.tokenizers.src.sp.piece_to_id("▁")
-        ids = [t for j, t in enumerate(ids) if not (t == lone and j + 1 < len(ids) and ids[j + 1] == MASK)]
-        ids = ids[: self.max_len]
-        tokens = encoder_input([ids]).to(self.device)  # (1, T)
+        tokens = self.input_tokens(text)  # (1, T)
         where = (tokens[0] == MASK).nonzero().squeeze(1)
         probs = torch.softmax(self.model(tokens)[0, where].float(), dim=-1)  # (M, V)
         top = probs.topk(min(k, probs.size(-1)), dim=-1)

@@ -2,17 +2,20 @@
 
 Each picture has a pure function that returns its data and a function that draws it:
 
-    attention_data(translator, source, target=None) -> write_attention_png / write_attention_html
+    attention_data(frontend, text, target=None)     -> panels -> write_attention_png / write_attention_html
     positional_data(n_positions, d_model)           -> positional_png
     schedule_data(d_model, warmup, steps, scale)    -> schedule_png
     training_data(run_dir)                          -> training_png
 
-The attention weights are those of the model's own forward pass (a recurrent model's alignment
-matrix a_t(s) of ``RNNSeq2Seq.attention_maps`` is drawn as the cross-attention of one layer and
-one head): ``Transformer.attention_maps``
-asks every attention layer for its weights (``need_weights=True``) and gets them back as return
-values; nothing is stored on the modules. Each row (one query) sums to 1 over the keys it may
-see; padding keys and, in the decoder's masked self-attention, future positions get weight 0.
+The attention weights are those of the model's own forward pass: each model's
+``attention_maps`` (``Transformer``, ``EncoderOnly``, ``DecoderOnlyTransformer``) asks every
+attention layer for its weights (``need_weights=True``) and gets them back as return values;
+nothing is stored on the modules. A recurrent encoder-decoder's alignment matrix a_t(s)
+(``RNNSeq2Seq.attention_maps``) is drawn as the cross-attention of one layer and one head; a
+recurrent language model or classifier has no attention (a clear error). Each row (one query)
+sums to 1 over the keys it may see; padding keys and, in masked self-attention, future
+positions get weight 0. A picture is a list of panels (kind, layer, head, query tokens, key
+tokens, weights: :func:`panels`), whatever the model.
 
 Drawing needs matplotlib (``pip install 'qkv[viz]'``), imported only when a PNG is written and
 used through its Agg canvas (no pyplot, no window, no global backend switch). The HTML page
@@ -24,6 +27,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,67 +47,183 @@ INSTALL_HINT = "pip install 'qkv[viz]'"
 
 # --- data ----------------------------------------------------------------------------------------------
 
-def attention_data(translator, source: str, target: str | None = None) -> dict[str, Any]:
-    """Every layer's and head's attention weights for one sentence pair, from one forward pass.
+@dataclass(frozen=True)
+class Panel:
+    """One heatmap: the weights of one attention kind, layer and head (0-based), queries as rows."""
 
-    ``translator`` is a :class:`qkv.api.Translator` (``qkv.load(...)``). The source is encoded
-    as the model reads it (pieces + EOS), the target as the decoder reads it (BOS + pieces).
-    With ``target=None`` the target is the model's own greedy translation of ``source``
-    (``target_from == "greedy"``; else ``"given"``). The model runs in eval mode (no dropout)
-    and is put back in the mode it was in.
+    kind: str
+    title: str
+    layer: int
+    head: int
+    rows: list[str]  # query tokens
+    cols: list[str]  # key tokens
+    weights: list[list[float]]  # [query][key]
+
+
+def panels(data: dict[str, Any]) -> list[Panel]:
+    """Every panel of :func:`attention_data`'s result, kind by kind, layer by layer, head by head."""
+    out = []
+    for kind, layers in data["weights"].items():
+        info = data["kinds"][kind]
+        rows, cols = data["tokens"][info["queries"]], data["tokens"][info["keys"]]
+        for li, heads in enumerate(layers):
+            for hi, w in enumerate(heads):
+                out.append(Panel(kind, info["title"], li, hi, rows, cols, w))
+    return out
+
+
+def attention_data(frontend, text: str, target: str | None = None) -> dict[str, Any]:
+    """Every layer's and head's attention weights for one input, from one forward pass.
+
+    ``frontend`` is what :func:`qkv.load` returns; which maps come back depends on the model:
+
+    ===========================  ==================================================================
+    model (task, arch)           maps
+    ===========================  ==================================================================
+    translate, transformer       encoder self-, decoder masked self- and cross-attention
+    translate, rnn/lstm/gru      the alignment matrix a_t(s), drawn as cross-attention (1 layer, 1 head)
+    classify/mlm, transformer    encoder self-attention over ``<cls>`` + the text's pieces
+    lm, transformer              masked self-attention over the text's pieces
+    prefix_lm, transformer       masked self-attention over ``source </s> <sep> <s> target``
+    recurrent lm / classifier    none: :class:`QkvError`
+    ===========================  ==================================================================
+
+    ``text`` is the source sentence (translate, prefix_lm) or the one text (the others). A
+    translation model reads ``target`` as its decoder input (BOS + pieces); with ``target=None``
+    it reads its own greedy translation of ``text`` (``target_from == "greedy"``; else
+    ``"given"``). The model runs in eval mode (no dropout) and is put back in the mode it was in.
 
     Returns a JSON-ready dict::
 
-        source, target, target_from        the texts, and where the target came from
-        tokens: {source: [...], target: [...]}   pieces on the axes
-        kinds: {kind: {title, queries, keys}}    queries/keys: "source" | "target"
-        weights: {kind: [layer][head][query][key]}  floats; kind in encoder, decoder_self, cross (a recurrent model: cross only, 1 layer, 1 head)
+        model                              what was drawn, in words
+        source, target, target_from        the texts (target and target_from are None for one-text models)
+        tokens: {name: [...]}              pieces on the axes ("source", "target", "text" or "sequence")
+        kinds: {kind: {title, queries, keys}}    queries/keys: names in tokens
+        weights: {kind: [layer][head][query][key]}  floats; row i sums to 1 over the keys it may see
+                                                   (padding and, in masked self-attention, the future get 0)
     """
-    from qkv.data.batching import collate
-    from qkv.decoding import greedy, max_output_len
-
-    model = translator.model
-    if not hasattr(model, "attention_maps"):
-        raise QkvError(f"{type(model).__name__} has no attention maps to draw (an encoder-decoder Transformer has)")
+    model = frontend.model
+    cfg = model.cfg
+    task = getattr(cfg, "task", "translate")
+    if not text.strip():
+        raise QkvError("give a non-empty text" if task in ONE_TEXT else "give a non-empty source sentence")
+    if cfg.is_recurrent and task in ("lm", "classify"):
+        what, why = {"lm": ("language model", "it carries the past in its hidden state"),
+                     "classify": ("classifier", f"it pools its hidden states ({cfg.pooling})")}[task]
+        raise QkvError(f"this {cfg.arch} {what} has no attention to draw: {why}, with no weights over positions "
+                       f"(attention maps exist for the Transformer models and for a recurrent encoder-decoder "
+                       f"with attention)")
     if getattr(model, "has_attention", True) is False:
-        raise QkvError(f"this {model.cfg.arch} encoder-decoder has no attention to draw (attention = 'none': the "
+        raise QkvError(f"this {cfg.arch} encoder-decoder has no attention to draw (attention = 'none': the "
                        f"decoder sees the source only through the last encoder state, the context vector)")
-    if not source.strip():
-        raise QkvError("give a non-empty source sentence")
-    tokenizers = translator.tokenizers
-    device = translator.device
-    src_ids = tokenizers.src.encode([source])[0]
+    if task in ONE_TEXT and target is not None:
+        raise QkvError(f"a {task!r} model reads one text; --target is for translation models (translate, prefix_lm)")
+    if not hasattr(model, "attention_maps"):
+        raise QkvError(f"{type(model).__name__} has no attention maps to draw")
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            src = collate([src_ids], None).src.to(device)  # (1, S): pieces + EOS
-            if target is None:
-                cfg = translator.decode_cfg
-                budget = max_output_len(torch.tensor([len(src_ids) + 1]), cfg.max_len_a, cfg.max_len_b)
-                tgt_ids = greedy(model, src, budget.to(device), cfg.min_len)[0]
-                target_text, target_from = tokenizers.tgt.decode([tgt_ids])[0], "greedy"
-            else:
-                tgt_ids, target_text, target_from = tokenizers.tgt.encode([target])[0], target, "given"
-            tgt_in = collate([src_ids], [tgt_ids]).tgt_in.to(device)  # (1, T): BOS + pieces
-            maps = model.attention_maps(src, tgt_in)
+            if task in ("classify", "mlm"):
+                return _encoder_only_data(frontend, text)
+            if task == "lm":
+                return _decoder_only_data(frontend, text)
+            return _translation_data(frontend, text, target)
     finally:
         model.train(was_training)
-    if isinstance(maps, torch.Tensor):  # a recurrent model's one alignment matrix (1, T, S): one layer, one head
-        per_kind = {"cross": [maps[:, None]]}
-    else:
-        per_kind = {"encoder": maps.encoder, "decoder_self": maps.decoder_self, "cross": maps.cross}
+
+
+#: Tasks whose models read one text (no --target).
+ONE_TEXT = ("classify", "mlm", "lm")
+
+
+def _maps(weights: list[torch.Tensor]) -> list:
+    """Per layer ``(1, h, Tq, Tk)`` -> ``[layer][head][query][key]`` floats."""
+    return [w[0].float().cpu().tolist() for w in weights]
+
+
+def _check_length(n: int, cfg) -> None:
+    if n > cfg.max_positions:
+        raise QkvError(f"the input is {n} tokens; this model reads at most max_positions={cfg.max_positions}")
+
+
+def _encoder_only_data(encoder, text: str) -> dict[str, Any]:
+    """classify / mlm: the encoder's self-attention over ``<cls>`` + the text (cleaned and
+    truncated as :class:`qkv.encoder.Encoder` reads it)."""
+    tokens = encoder.input_tokens(text)  # (1, T)
+    pieces = [encoder.tokenizers.src.id_to_piece(i) for i in tokens[0].tolist()]
     return {
-        "source": source,
-        "target": target_text,
-        "target_from": target_from,
+        "model": f"encoder-only Transformer ({encoder.task})",
+        "source": text, "target": None, "target_from": None,
+        "tokens": {"text": pieces},
+        "kinds": {"encoder": {"title": "encoder self-attention", "queries": "text", "keys": "text"}},
+        "weights": {"encoder": _maps(encoder.model.attention_maps(tokens))},
+    }
+
+
+def _decoder_only_data(lm, text: str) -> dict[str, Any]:
+    """lm: the masked self-attention over the text's pieces (lines but the last end in EOS, as
+    :meth:`qkv.tasks.lm.LanguageModel.generate` reads a prompt)."""
+    ids = lm.prompt_ids(text)
+    if not ids:
+        raise QkvError("give a non-empty text")
+    _check_length(len(ids), lm.model.cfg)
+    tokens = torch.tensor([ids], device=next(lm.model.parameters()).device)  # (1, T)
+    return {
+        "model": "decoder-only Transformer (lm)",
+        "source": text, "target": None, "target_from": None,
+        "tokens": {"text": [lm.tokenizer.id_to_piece(i) for i in ids]},
+        "kinds": {"decoder_self": {"title": "masked self-attention (query i sees keys j <= i)",
+                                   "queries": "text", "keys": "text"}},
+        "weights": {"decoder_self": _maps(lm.model.attention_maps(tokens))},
+    }
+
+
+def _translation_data(translator, source: str, target: str | None) -> dict[str, Any]:
+    """translate (Transformer or recurrent with attention) and prefix_lm. The source is encoded as
+    the model reads it (pieces + EOS), the target as the decoder reads it (BOS + pieces)."""
+    from qkv.data.batching import collate
+    from qkv.decoding import greedy, max_output_len
+
+    model, tokenizers, device = translator.model, translator.tokenizers, translator.device
+    src_ids = tokenizers.src.encode([source])[0]
+    src = collate([src_ids], None).src.to(device)  # (1, S): pieces + EOS
+    if target is None:
+        cfg = translator.decode_cfg
+        budget = max_output_len(torch.tensor([len(src_ids) + 1]), cfg.max_len_a, cfg.max_len_b)
+        tgt_ids = greedy(model, src, budget.to(device), cfg.min_len)[0]
+        target_text, target_from = tokenizers.tgt.decode([tgt_ids])[0], "greedy"
+    else:
+        tgt_ids, target_text, target_from = tokenizers.tgt.encode([target])[0], target, "given"
+    texts = {"source": source, "target": target_text, "target_from": target_from}
+    if model.cfg.task == "prefix_lm":
+        from qkv.tasks.prefix_lm import prefix_lm_example
+
+        seq = prefix_lm_example(src_ids, tgt_ids)[0]  # src EOS <sep> BOS tgt: the training input
+        _check_length(len(seq), model.cfg)
+        maps = model.attention_maps(torch.tensor([seq], device=device))
+        return {
+            "model": "decoder-only Transformer (prefix_lm)", **texts,
+            "tokens": {"sequence": [tokenizers.tgt.id_to_piece(i) for i in seq]},
+            "kinds": {"decoder_self": {"title": "masked self-attention over source <sep> target (query i sees "
+                                                "keys j <= i)", "queries": "sequence", "keys": "sequence"}},
+            "weights": {"decoder_self": _maps(maps)},
+        }
+    tgt_in = collate([src_ids], [tgt_ids]).tgt_in.to(device)  # (1, T): BOS + pieces
+    maps = model.attention_maps(src, tgt_in)
+    if isinstance(maps, torch.Tensor):  # a recurrent model's one alignment matrix (1, T, S): one layer, one head
+        per_kind, what = {"cross": [maps[:, None]]}, f"{model.cfg.arch} encoder-decoder with {model.cfg.attention} attention"
+    else:
+        per_kind, what = {"encoder": maps.encoder, "decoder_self": maps.decoder_self, "cross": maps.cross}, \
+            "Transformer encoder-decoder"
+    return {
+        "model": what, **texts,
         "tokens": {
             "source": [tokenizers.src.id_to_piece(i) for i in src[0].tolist()],
             "target": [tokenizers.tgt.id_to_piece(i) for i in tgt_in[0].tolist()],
         },
         "kinds": {k: {"title": t, "queries": q, "keys": kk} for k, (t, q, kk) in KINDS.items() if k in per_kind},
-        # per layer (1, h, Tq, Tk) -> [head][query][key]
-        "weights": {kind: [w[0].float().cpu().tolist() for w in layers] for kind, layers in per_kind.items()},
+        "weights": {kind: _maps(layers) for kind, layers in per_kind.items()},
     }
 
 
@@ -144,7 +264,11 @@ def schedule_data(d_model: int = 512, warmup: int = 4000, steps: int = 20000, sc
     }
 
 
-METRIC_KEYS = ("train_loss", "lr", "valid_loss", "valid_bleu", "valid_chrf", "valid_exact", "valid_ppl")
+#: What :func:`training_data` reads from ``metrics.jsonl``: the trainer's losses, learning rate and
+#: perplexity (every task), translation's and prefix_lm's BLEU / chrF / exact match, and a
+#: classifier's accuracy and macro-F1 (see ``metrics`` in :mod:`qkv.tasks`).
+METRIC_KEYS = ("train_loss", "lr", "valid_loss", "valid_bleu", "valid_chrf", "valid_exact", "valid_accuracy",
+               "valid_macro_f1", "valid_ppl")
 
 
 def metrics_file(run_dir: str | Path) -> Path:
@@ -225,65 +349,71 @@ def _save(fig, path: str | Path, dpi: int = 120) -> Path:
 
 
 def write_attention_png(data: dict[str, Any], path: str | Path) -> Path:
-    """One PNG with a grid per attention kind (rows = layers, columns = heads); queries on the
-    vertical axis, keys on the horizontal one, weights from 0 (white) to 1 (dark blue).
+    """One PNG of every :func:`panels` entry: a block per attention kind, in it a grid (rows =
+    layers, columns = heads); queries on the vertical axis, keys on the horizontal one, weights
+    from 0 (white) to 1 (dark blue).
 
     The layout is computed in inches (one cell per token pair), not by matplotlib's layout
     engines, which are slow with hundreds of tick labels.
     """
-    tokens = data["tokens"]
-    n_heads = max(len(layers[0]) for layers in data["weights"].values() if layers)
+    every = panels(data)
+    if not every:
+        raise QkvError("no attention weights to draw")
+    kinds = list(dict.fromkeys(p.kind for p in every))  # in order
+    n_layers = {k: 1 + max(p.layer for p in every if p.kind == k) for k in kinds}
+    n_heads = 1 + max(p.head for p in every)
     cell = 0.2  # inches per token
-    side = {k: max(1.0, cell * len(v)) for k, v in tokens.items()}  # panel extent along a source/target axis
-    label = 0.15 + 0.07 * max(len(t) for v in tokens.values() for t in v)  # room for one axis' token labels
+    extent = {p.kind: (max(1.0, cell * len(p.cols)), max(1.0, cell * len(p.rows))) for p in every}  # (w, h)
+    label = 0.15 + 0.07 * max(len(t) for p in every for t in (*p.rows, *p.cols))  # room for one axis' token labels
     gap, title, header, top, bar = 0.25, 0.28, 0.45, 0.75, 0.9  # inches
-    panel_w = max(side.values())
+    panel_w = max(w for w, _ in extent.values())
     width = label + n_heads * (panel_w + gap) + bar
-    rows = []  # (kind, height of its block)
-    for kind, layers in data["weights"].items():
-        rows.append((kind, header + len(layers) * (side[data["kinds"][kind]["queries"]] + title) + label))
-    height = top + sum(h for _, h in rows)
+    block = {k: header + n_layers[k] * (extent[k][1] + title) + label for k in kinds}  # height of a kind's block
+    block_top = {k: top + sum(block[j] for j in kinds[:i]) for i, k in enumerate(kinds)}
+    height = top + sum(block.values())
     fig = _figure(figsize=(width, height))
     fig.suptitle(_caption(data), fontsize=11, y=1 - 0.12 / height, va="top")
 
     def box(x, y, w, h):  # inches from the top-left corner -> figure fractions
         return [x / width, 1 - (y + h) / height, w / width, h / height]
 
-    y = top
-    for kind, block in rows:
-        info, layers = data["kinds"][kind], data["weights"][kind]
-        qs, ks = tokens[info["queries"]], tokens[info["keys"]]
-        fig.text(0.1 / width, 1 - (y + 0.3) / height,
+    for kind in kinds:
+        info = data["kinds"][kind]
+        fig.text(0.1 / width, 1 - (block_top[kind] + 0.3) / height,
                  f"{info['title']}: rows = {info['queries']} queries, columns = {info['keys']} keys",
                  fontsize=10, weight="bold")
-        pw, ph = side[info["keys"]], side[info["queries"]]
-        row_y = y + header
-        for li, heads in enumerate(layers):
-            row_y += title
-            for hi in range(n_heads):
-                ax = fig.add_axes(box(label + hi * (panel_w + gap), row_y, pw, ph))
-                image = ax.imshow(heads[hi], cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest",
-                                  aspect="auto")
-                ax.set_title(f"layer {li + 1}, head {hi + 1}", fontsize=8, pad=3)
-                last_row, first_col = li == len(layers) - 1, hi == 0
-                ax.set_xticks(range(len(ks)) if last_row else [])
-                ax.set_yticks(range(len(qs)) if first_col else [])
-                if last_row:
-                    ax.set_xticklabels(ks, rotation=90, fontsize=7)
-                if first_col:
-                    ax.set_yticklabels(qs, fontsize=7)
-                ax.tick_params(length=0, pad=2)
-            row_y += ph
-        bar_h = min(row_y - y - header - title, 3.0)
-        cax = fig.add_axes(box(label + n_heads * (panel_w + gap), y + header + title, 0.12, bar_h))
-        fig.colorbar(image, cax=cax, label="weight")
-        y += block
+    images = {}
+    for p in every:
+        pw, ph = extent[p.kind]
+        y = block_top[p.kind] + header + p.layer * (ph + title) + title
+        ax = fig.add_axes(box(label + p.head * (panel_w + gap), y, pw, ph))
+        images[p.kind] = ax.imshow(p.weights, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest",
+                                   aspect="auto")
+        ax.set_title(f"layer {p.layer + 1}, head {p.head + 1}", fontsize=8, pad=3)
+        last_row, first_col = p.layer == n_layers[p.kind] - 1, p.head == 0
+        ax.set_xticks(range(len(p.cols)) if last_row else [])
+        ax.set_yticks(range(len(p.rows)) if first_col else [])
+        if last_row:
+            ax.set_xticklabels(p.cols, rotation=90, fontsize=7)
+        if first_col:
+            ax.set_yticklabels(p.rows, fontsize=7)
+        ax.tick_params(length=0, pad=2)
+    for kind in kinds:
+        bar_h = min(n_layers[kind] * (extent[kind][1] + title) - title, 3.0)
+        cax = fig.add_axes(box(label + n_heads * (panel_w + gap), block_top[kind] + header + title, 0.12, bar_h))
+        fig.colorbar(images[kind], cax=cax, label="weight")
     return _save(fig, path, dpi=110)
 
 
 def _caption(data: dict[str, Any]) -> str:
-    how = "the model's greedy translation" if data["target_from"] == "greedy" else "given"
-    return f"source: {data['source']}\ntarget ({how}): {data['target']}"
+    """The lines above the maps: the model and the text(s) it read."""
+    lines = [data["model"]] if data.get("model") else []
+    if data.get("target") is None:
+        lines.append(f"text: {data['source']}")
+    else:
+        how = "the model's greedy translation" if data["target_from"] == "greedy" else "given"
+        lines += [f"source: {data['source']}", f"target ({how}): {data['target']}"]
+    return "\n".join(lines)
 
 
 HTML_TEMPLATE = """<!doctype html>
@@ -323,8 +453,7 @@ HTML_TEMPLATE = """<!doctype html>
 "use strict";
 const data = JSON.parse(document.getElementById("qkv-attention-data").textContent);
 const $ = (id) => document.getElementById(id);
-const how = data.target_from === "greedy" ? "the model's greedy translation" : "given";
-$("sentences").textContent = "source: " + data.source + "  |  target (" + how + "): " + data.target;
+$("sentences").textContent = data.caption.join("  |  ");
 
 function fill(select, labels) {
   const keep = select.value;
@@ -402,8 +531,9 @@ def _json_for_script(obj: Any) -> str:
 
 def write_attention_html(data: dict[str, Any], path: str | Path) -> Path:
     """One self-contained HTML page (the data and the script inline, nothing fetched): choose the
-    attention kind, layer and head; hovering a cell shows ``query -> key: weight``."""
-    rounded = {**data, "weights": {kind: [[[[round(x, 5) for x in row] for row in head] for head in layer]
+    attention kind, layer and head (each choice one of :func:`panels`); hovering a cell shows
+    ``query -> key: weight``."""
+    rounded = {**data, "caption": _caption(data).split("\n"), "weights": {kind: [[[[round(x, 5) for x in row] for row in head] for head in layer]
                                           for layer in layers] for kind, layers in data["weights"].items()}}
     page = (HTML_TEMPLATE.replace("__TITLE__", html.escape(data["source"]))
             .replace("__DATA__", _json_for_script(rounded)))
@@ -460,8 +590,15 @@ def schedule_png(d_model: int = 512, warmup: int = 4000, steps: int = 20000, sca
 
 def training_png(run_dir: str | Path, path: str | Path = "training.png") -> Path:
     """A run's curves from ``metrics.jsonl``: training and validation loss; validation BLEU, chrF
-    and exact match; validation perplexity; the learning rate (each where recorded)."""
-    d = training_data(run_dir)
+    and exact match (translate, prefix_lm) or accuracy and macro-F1 (classify); validation
+    perplexity (every task: of the next token for lm, of the masked token for mlm); the learning
+    rate (each where recorded)."""
+    return _save(training_figure(training_data(run_dir)), path)
+
+
+def training_figure(d: dict[str, Any]):
+    """The figure of :func:`training_png` from :func:`training_data`'s result (four axes: loss,
+    learning rate, validation quality, validation perplexity; each line labelled)."""
     s = d["series"]
     fig = _figure(figsize=(11, 7))
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.9, hspace=0.25, wspace=0.2)
@@ -492,7 +629,9 @@ def training_png(run_dir: str | Path, path: str | Path = "training.png") -> Path
     lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     finish(quality_ax, "validation quality", "score (0-100)",
            [plot(quality_ax, "valid_bleu", "BLEU"), plot(quality_ax, "valid_chrf", "chrF"),
-            plot(quality_ax, "valid_exact", "exact match %", factor=100.0)])
+            plot(quality_ax, "valid_exact", "exact match %", factor=100.0),
+            plot(quality_ax, "valid_accuracy", "accuracy %", factor=100.0),
+            plot(quality_ax, "valid_macro_f1", "macro-F1 %", factor=100.0)])
     drawn_ppl = plot(ppl_ax, "valid_ppl", "perplexity", color="tab:purple")
     finish(ppl_ax, "validation perplexity", "perplexity", [drawn_ppl])
     if drawn_ppl:
@@ -501,10 +640,11 @@ def training_png(run_dir: str | Path, path: str | Path = "training.png") -> Path
             ppl_ax.set_yscale("log")
     quality_ax.set_xlabel("step")
     ppl_ax.set_xlabel("step")
-    return _save(fig, path)
+    return fig
 
 
 __all__ = [
-    "KINDS", "attention_data", "positional_data", "schedule_data", "training_data", "metrics_file",
+    "KINDS", "Panel", "panels", "attention_data", "positional_data", "schedule_data", "training_data", "metrics_file",
     "write_attention_png", "write_attention_html", "positional_png", "schedule_png", "training_png",
+    "training_figure",
 ]

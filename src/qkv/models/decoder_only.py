@@ -149,6 +149,13 @@ class DecoderOnlyTransformer(nn.Module):
         logits = self._logits(x)
         return (logits, weights) if need_weights else logits
 
+    def attention_maps(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's masked self-attention weights ``(B, h, T, T)`` from one forward pass
+        (for the visualiser): returned by the layers when asked, nothing is stored. Row i sums
+        to 1 over the keys j <= i; the future (j > i) gets weight 0."""
+        _, weights = self(tokens, need_weights=True)
+        return weights
+
     # --- incremental decoding ----------------------------------------------------------------------
 
     def with_separator(self, src: torch.Tensor) -> torch.Tensor:

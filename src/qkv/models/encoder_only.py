@@ -79,6 +79,13 @@ class EncoderOnly(nn.Module):
             weights.append(w)
         return self.encoder_norm(x), mask, weights
 
+    def attention_maps(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's self-attention weights ``(B, h, T, T)`` from one forward pass of the
+        encoder (for the visualiser): returned by the layers when asked, nothing is stored.
+        Row i sums to 1 over the non-PAD keys; PAD keys get weight 0."""
+        _, _, weights = self.encode(tokens, need_weights=True)
+        return weights
+
     def pool(self, h: torch.Tensor, tokens: torch.Tensor, pooling: str | None = None) -> torch.Tensor:
         """One vector per sequence ``(B, d)``: the ``<cls>`` state or the mean over non-PAD positions."""
         pooling = pooling or self.cfg.pooling

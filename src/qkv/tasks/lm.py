@@ -210,6 +210,12 @@ class LanguageModel:
     def recurrent(self) -> bool:
         return not hasattr(self.model, "layers")
 
+    def prompt_ids(self, prefix: str) -> list[int]:
+        """The token ids of a prompt as the model reads it: each line but the last followed by
+        EOS (the training stream's layout); the last line open, to be continued."""
+        lines = prefix.split("\n")
+        return token_stream(lines[:-1], self.tokenizer.encode) + self.tokenizer.encode([lines[-1]])[0]
+
     def generate(self, prefix: str, max_new_tokens: int = 200, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
         """Continue ``prefix``; yields the text as it is produced (EOS is a line break). The
@@ -218,8 +224,8 @@ class LanguageModel:
         model rarely saw in that place."""
         from qkv.decoding.sampling import sample
 
+        ids = self.prompt_ids(prefix)
         lines = prefix.split("\n")
-        ids = token_stream(lines[:-1], self.tokenizer.encode) + self.tokenizer.encode([lines[-1]])[0]
         line = self.tokenizer.encode([lines[-1]])[0]  # the tokens of the line being written
         shown = self.tokenizer.decode([line])[0]
         was_training = self.model.training
