@@ -58,6 +58,27 @@ def plot_curve(metrics: Path, png: Path, title: str) -> None:
     plt.close(fig)
 
 
+def run_facts(out: Path, translator) -> dict:
+    """Parameters, training seconds (all sessions) and mean training tokens/s of the run in ``out``."""
+    import torch
+
+    state = torch.load(out / "last" / "trainer_state.pt", map_location="cpu", weights_only=True)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    tok_s = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > 1]
+    valid = [r for r in rows if "valid_loss" in r]
+    return {
+        "arch": translator.model.cfg.arch,
+        "attention": getattr(translator.model.cfg, "attention", None),
+        "parameters": sum(p.numel() for p in translator.model.parameters()),
+        "train_seconds": float(state["elapsed"]),
+        "steps": int(state["step"]),
+        "epochs": int(state["epoch"]),
+        "train_tokens_per_s": sum(tok_s) / len(tok_s) if tok_s else None,
+        "valid_curve": [[r["step"], round(r["valid_loss"], 4), round(r.get("valid_bleu", float("nan")), 2)]
+                        for r in valid],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pair", choices=PAIRS, help="translation direction")
@@ -67,6 +88,11 @@ def main() -> int:
     ap.add_argument("--config", help="config file (default: recipes/multi30k/PAIR.toml)")
     ap.add_argument("--average", type=int, default=10, help="also try the average of the newest N step checkpoints")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    ap.add_argument("--select", choices=("val-bleu", "best"), default="val-bleu",
+                    help="val-bleu: decode val with each candidate checkpoint and keep the best (step 3); best: "
+                         "take OUT/best (lowest validation loss) without decoding val (saves time on slow models)")
+    ap.add_argument("--tokenizer-from", help="reuse this checkpoint's (or .model file's) subword model instead of "
+                                             "training one, e.g. the Transformer run's, to compare on one vocabulary")
     args = ap.parse_args()
 
     src, tgt = args.pair.split("-")
@@ -87,6 +113,8 @@ def main() -> int:
                    "--src-valid", str(files[f"val.{src}"]), "--tgt-valid", str(files[f"val.{tgt}"])]
     if args.threads:
         train += ["--threads", str(args.threads)]
+    if args.tokenizer_from and not (out / "last").exists():
+        train += ["--tokenizer-from", args.tokenizer_from]
     if (out / "last").exists():
         train += ["--resume"]
     run(train)
@@ -102,7 +130,9 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     candidates = {"best": out / "best", "last": out / "last"}
-    n_steps = len(list_checkpoints(out))
+    if args.select == "best":
+        candidates = {"best": out / "best"}
+    n_steps = len(list_checkpoints(out)) if args.select == "val-bleu" else 0
     for n in sorted({min(5, n_steps), min(args.average, n_steps)} - {0, 1}):
         averaged = out / f"average{n}"
         if not averaged.exists():
@@ -110,10 +140,10 @@ def main() -> int:
         candidates[f"average of the last {n}"] = averaged
     val_src, val_ref = read_lines(files[f"val.{src}"]), read_lines(files[f"val.{tgt}"])
     val_scores = {}
-    for name, path in candidates.items():
+    for name, path in candidates.items() if len(candidates) > 1 else ():
         val_scores[name] = bleu(qkv_lib.load(path).translate(val_src), val_ref).score
         print(f"val sacreBLEU of {name} ({path}): {val_scores[name]:.2f}", file=sys.stderr, flush=True)
-    chosen = max(val_scores, key=val_scores.get)
+    chosen = max(val_scores, key=val_scores.get) if val_scores else "best"
 
     sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(files[f"test_2016_flickr.{tgt}"])
     model = qkv_lib.load(candidates[chosen])
@@ -132,10 +162,11 @@ def main() -> int:
                    "seconds": decode_seconds},
         "model": {"chosen_on_val": chosen, "path": str(candidates[chosen]), "val_sacrebleu": val_scores},
         "train_seconds_this_invocation": train_seconds,
+        **run_facts(out, model),
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()} {platform.processor()}".strip(),
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-        "command": " ".join(["python", "recipes/multi30k/run.py", args.pair]),
+        "command": " ".join(["python", "recipes/multi30k/run.py", *sys.argv[1:]]),
     }
     (out / "scores.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
     try:

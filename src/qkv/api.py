@@ -119,7 +119,8 @@ def _quantize_dynamic(module: nn.Module, spec) -> nn.Module:
 def quantize_int8(model: nn.Module, output_projection: bool = True) -> nn.Module:
     """Dynamic int8 quantisation for CPU decoding, in place (``torch.ao.quantization.quantize_dynamic``).
 
-    Every ``nn.Linear`` gets int8 weights (one scale per output row); activations are quantised
+    Every ``nn.Linear`` (and the ``nn.LSTM``/``nn.GRU`` of a recurrent model) gets int8 weights
+    (one scale per output row); activations are quantised
     on the fly at each call, and everything else (embeddings, LayerNorm, softmax) stays float32.
     Two exceptions: each decoder layer's cross-attention ``in_proj`` stays float (its query and
     key/value parts are read as slices of the fused matrix; the keys/values are computed once
@@ -141,8 +142,12 @@ def quantize_int8(model: nn.Module, output_projection: bool = True) -> nn.Module
     from torch.ao.quantization import per_channel_dynamic_qconfig as qconfig
 
     sliced = {id(layer.cross_attn.in_proj) for layer in getattr(model, "decoder_layers", [])}
-    spec = {name: qconfig for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in sliced}
-    tied = output_projection and getattr(model, "output_proj", "absent") is None  # a Transformer with tie_output
+    # nn.LSTM and nn.GRU have dynamic int8 kernels too (nn.RNN has none and stays float32)
+    spec = {name: qconfig for name, m in model.named_modules()
+            if isinstance(m, (nn.Linear, nn.LSTM, nn.GRU)) and id(m) not in sliced}
+    # a tied output projection through a ScaledEmbedding (the Transformer); a recurrent model's stays float32
+    tied = (output_projection and getattr(model, "output_proj", "absent") is None
+            and hasattr(getattr(model, "tgt_embed", None), "logits"))
     model.eval()
     _quantize_dynamic(model, spec)
     if tied:

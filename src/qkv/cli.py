@@ -36,13 +36,24 @@ FIELD_HELP = {
     "mask_prob": "mlm: share of tokens chosen for prediction (of those 80%% -> [MASK], 10%% random, 10%% kept)",
     "init_from": "start from this checkpoint's weights where names and shapes match (e.g. a classifier "
                  "from an mlm run's encoder; its tokenizer and architecture are used)",
-    "arch": "architecture",
-    "d_model": "model width d_model",
+    "arch": "architecture: transformer | lstm | gru | rnn (recurrent encoder-decoder, see --attention)",
+    "rnn_nonlinearity": "f of the vanilla RNN h_t = f(V·h_{t-1} + U·x_t + b) (--arch rnn): tanh | relu",
+    "bidirectional": "recurrent models: bidirectional encoder, states [h→; h←]",
+    "attention": "recurrent models: alignment score of the decoder's attention over the encoder states: "
+                 "none (context vector only) | dot | scaled_dot | general | additive | cosine | location",
+    "input_feeding": "recurrent models with attention: feed h~_{t-1} into the decoder input (Luong et al.; "
+                     "slower training: the decoder then runs step by step)",
+    "schedule": "learning-rate schedule: noam (the paper's warmup + inverse sqrt, see --lr-scale) | "
+                "constant (--lr) | inverse_sqrt (linear warmup to --lr, then lr·sqrt(warmup/step))",
+    "lr": "rate of the constant and inverse_sqrt schedules (0: 1e-3); noam ignores it",
+    "tokenizer_from": "reuse the tokenizer of this checkpoint directory (or a SentencePiece .model) "
+                      "instead of training one, e.g. to compare models on one subword vocabulary",
+    "d_model": "model width d_model (recurrent models: embedding and hidden size)",
     "n_heads": "attention heads h (d_k = d_v = d_model / h)",
     "d_ff": "inner width of the position-wise FFN",
-    "n_encoder_layers": "encoder layers N",
-    "n_decoder_layers": "decoder layers N",
-    "dropout": "P_drop on embedding sums and sublayer outputs",
+    "n_encoder_layers": "encoder layers N (stacked recurrent layers for lstm/gru/rnn)",
+    "n_decoder_layers": "decoder layers N (stacked recurrent layers for lstm/gru/rnn)",
+    "dropout": "P_drop on embedding sums and sublayer outputs (recurrent: embeddings, between layers, h~)",
     "attention_dropout": "dropout on attention weights",
     "positional": "sinusoidal | learned",
     "max_positions": "positions in the (learned or initial sinusoidal) table",
@@ -182,7 +193,7 @@ def resolve_configs_toy(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
     if args.preset or args.config:
         return resolve_configs(args)
     model_cfg = override(toy.MODEL, flags_for(args, ModelConfig), "flags")
-    train_cfg = override(toy.TRAIN, flags_for(args, TrainConfig), "flags")
+    train_cfg = override(toy.RNN_TRAIN if model_cfg.is_recurrent else toy.TRAIN, flags_for(args, TrainConfig), "flags")
     decode_cfg = override(DecodeConfig(), flags_for(args, DecodeConfig), "flags")
     return model_cfg.validate(), train_cfg.validate(), decode_cfg.validate()
 
@@ -503,12 +514,22 @@ def cmd_info(args: argparse.Namespace) -> int:
         with torch.device("meta"):  # shapes only: no memory, no time
             model = build_model(cfg)
     parts = parameter_breakdown(model)
-    print(f"{cfg.arch}: d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
-          f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
-          f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions")
+    if cfg.is_recurrent:
+        print(f"{cfg.arch}: hidden={cfg.d_model} layers={cfg.n_encoder_layers}/{cfg.n_decoder_layers} "
+              f"vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
+              f"{'bidirectional' if cfg.bidirectional else 'unidirectional'} encoder, attention {cfg.attention}"
+              + (", input feeding" if cfg.input_feeding else "")
+              + (f", f={cfg.rnn_nonlinearity}" if cfg.arch == "rnn" else ""))
+    else:
+        print(f"{cfg.arch}: d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
+              f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
+              f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions")
     width = max(len(k) for k in parts)
     for k, n in parts.items():
         print(f"  {k:<{width}}  {n:>13,}  ({n / 1e6:.1f}M)")
+    if cfg.is_recurrent:
+        print("(the FLOPs formula is the Transformer's; not computed for a recurrent model)")
+        return 0
     fl = transformer_flops(cfg, args.src_len, args.tgt_len)
     print(f"FLOPs per target token (matmuls, source {args.src_len} / target {args.tgt_len} tokens): "
           f"forward {fl.forward / 1e6:.1f} MFLOP, training (3x) {fl.training / 1e6:.1f} MFLOP")
@@ -566,7 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Train a model for a task (--task): translate (the default: an encoder-decoder "
-                                   "on parallel text, --src-train/--tgt-train, one sentence a line, plain or gzip), "
+                                   "on parallel text, --src-train/--tgt-train, one sentence a line, plain or gzip; --arch "
+                                   "lstm|gru|rnn for a recurrent one), "
                                    "classify (labelled text, --train/--valid JSONL or TSV), mlm (masked-LM "
                                    "pretraining of an encoder on plain text, --train/--valid). With no data, "
                                    "trains on the embedded default translation task. Checkpoints go to OUT/last "

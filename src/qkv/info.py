@@ -1,5 +1,9 @@
 """Model size and cost: parameter count by component, training FLOPs per target token.
 
+The parameter count covers every model (for a recurrent encoder–decoder the encoder includes
+its memory projection, the decoder its bridge and attentional layer W_c); the FLOP formula
+below is the Transformer's.
+
 FLOPs count the matrix multiplies (2 FLOPs per multiply-add), as Kaplan et al. (2020) and the
 PaLM MFU convention do; layer norms, softmax, biases and the optimizer are left out. For a source
 of S tokens and a target of T tokens, one forward pass costs
@@ -42,10 +46,13 @@ def parameter_breakdown(model: nn.Module) -> dict[str, int]:
             key = next(k for k in groups if k.startswith("embeddings"))
         elif name.startswith(("src_pos", "tgt_pos")):
             key = "positional (learned)"
-        elif name.startswith(("encoder_layers", "encoder_norm")):
+        elif name.startswith(("encoder_layers", "encoder_norm", "encoder.", "memory_proj")):
             key = "encoder"
-        elif name.startswith(("decoder_layers", "decoder_norm")):
+        elif name.startswith(("decoder_layers", "decoder_norm", "decoder.", "bridge_", "combine")):
             key = "decoder"
+        elif name.startswith("score."):
+            key = "attention score"
+            groups.setdefault(key, 0)
         elif name.startswith("output_proj"):
             key = "output projection (untied)"
         else:

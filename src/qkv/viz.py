@@ -7,7 +7,9 @@ Each picture has a pure function that returns its data and a function that draws
     schedule_data(d_model, warmup, steps, scale)    -> schedule_png
     training_data(run_dir)                          -> training_png
 
-The attention weights are those of the model's own forward pass: ``Transformer.attention_maps``
+The attention weights are those of the model's own forward pass (a recurrent model's alignment
+matrix a_t(s) of ``RNNSeq2Seq.attention_maps`` is drawn as the cross-attention of one layer and
+one head): ``Transformer.attention_maps``
 asks every attention layer for its weights (``need_weights=True``) and gets them back as return
 values; nothing is stored on the modules. Each row (one query) sums to 1 over the keys it may
 see; padding keys and, in the decoder's masked self-attention, future positions get weight 0.
@@ -55,7 +57,7 @@ def attention_data(translator, source: str, target: str | None = None) -> dict[s
         source, target, target_from        the texts, and where the target came from
         tokens: {source: [...], target: [...]}   pieces on the axes
         kinds: {kind: {title, queries, keys}}    queries/keys: "source" | "target"
-        weights: {kind: [layer][head][query][key]}  floats; kind in encoder, decoder_self, cross
+        weights: {kind: [layer][head][query][key]}  floats; kind in encoder, decoder_self, cross (a recurrent model: cross only, 1 layer, 1 head)
     """
     from qkv.data.batching import collate
     from qkv.decoding import greedy, max_output_len
@@ -63,6 +65,9 @@ def attention_data(translator, source: str, target: str | None = None) -> dict[s
     model = translator.model
     if not hasattr(model, "attention_maps"):
         raise QkvError(f"{type(model).__name__} has no attention maps to draw (an encoder-decoder Transformer has)")
+    if getattr(model, "has_attention", True) is False:
+        raise QkvError(f"this {model.cfg.arch} encoder-decoder has no attention to draw (attention = 'none': the "
+                       f"decoder sees the source only through the last encoder state, the context vector)")
     if not source.strip():
         raise QkvError("give a non-empty source sentence")
     tokenizers = translator.tokenizers
@@ -84,7 +89,10 @@ def attention_data(translator, source: str, target: str | None = None) -> dict[s
             maps = model.attention_maps(src, tgt_in)
     finally:
         model.train(was_training)
-    per_kind = {"encoder": maps.encoder, "decoder_self": maps.decoder_self, "cross": maps.cross}
+    if isinstance(maps, torch.Tensor):  # a recurrent model's one alignment matrix (1, T, S): one layer, one head
+        per_kind = {"cross": [maps[:, None]]}
+    else:
+        per_kind = {"encoder": maps.encoder, "decoder_self": maps.decoder_self, "cross": maps.cross}
     return {
         "source": source,
         "target": target_text,
@@ -93,7 +101,7 @@ def attention_data(translator, source: str, target: str | None = None) -> dict[s
             "source": [tokenizers.src.id_to_piece(i) for i in src[0].tolist()],
             "target": [tokenizers.tgt.id_to_piece(i) for i in tgt_in[0].tolist()],
         },
-        "kinds": {k: {"title": t, "queries": q, "keys": kk} for k, (t, q, kk) in KINDS.items()},
+        "kinds": {k: {"title": t, "queries": q, "keys": kk} for k, (t, q, kk) in KINDS.items() if k in per_kind},
         # per layer (1, h, Tq, Tk) -> [head][query][key]
         "weights": {kind: [w[0].float().cpu().tolist() for w in layers] for kind, layers in per_kind.items()},
     }

@@ -12,6 +12,7 @@ Numbers run from 1 to 999 999.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from qkv.errors import QkvError
@@ -155,3 +156,7 @@ def _recipe():
 
 
 MODEL, TRAIN = _recipe()
+
+# Recurrent models (--arch lstm|gru|rnn) on the same task: the same model sizes, Adam at a constant
+# rate instead of the Transformer's warmup schedule (whose peak, 5e-3 here, is too high for an LSTM).
+RNN_TRAIN = dataclasses.replace(TRAIN, schedule="constant", lr=2e-3)
