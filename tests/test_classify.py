@@ -95,6 +95,16 @@ def test_evaluate_reports_accuracy_f1_confusion(run):
     assert acc >= 0.9
 
 
+def test_info_on_a_classifier_counts_parameters_without_the_translation_flops(run):
+    import qkv
+
+    code, out, err = cli("info", str(run["model"]))
+    assert code == 0, err
+    n_params = sum(p.numel() for p in qkv.load(run["model"]).model.parameters())
+    assert "(classify)" in out and f"{n_params:,}" in out
+    assert "not computed for a classify transformer model" in out and "MFLOP" not in out
+
+
 def test_mean_and_cls_pooling_ignore_padding():
     torch.manual_seed(0)
     for pooling in ("mean", "cls"):

@@ -574,14 +574,15 @@ def cmd_info(args: argparse.Namespace) -> int:
               + (", input feeding" if cfg.input_feeding else "")
               + (f", f={cfg.rnn_nonlinearity}" if cfg.arch == "rnn" else ""))
     else:
-        print(f"{cfg.arch}: d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
+        print(f"{cfg.arch} ({cfg.task}): d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
               f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
               f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions")
     width = max(len(k) for k in parts)
     for k, n in parts.items():
         print(f"  {k:<{width}}  {n:>13,}  ({n / 1e6:.1f}M)")
-    if cfg.is_recurrent:
-        print("(the FLOPs formula is the Transformer's; not computed for a recurrent model)")
+    if cfg.is_recurrent or cfg.task != "translate":
+        print(f"(the FLOPs formula is the encoder-decoder Transformer's; not computed for a {cfg.task} "
+              f"{cfg.arch} model)")
         return 0
     fl = transformer_flops(cfg, args.src_len, args.tgt_len)
     print(f"FLOPs per target token (matmuls, source {args.src_len} / target {args.tgt_len} tokens): "
