@@ -12,6 +12,7 @@
     qkv average    average the parameters of several checkpoints
     qkv info       parameter count by component and training FLOPs per token
     qkv viz        attention maps (PNG + HTML), the positional encoding, the schedule, a run's curves
+    qkv bench      Table 1 measured (layers), long-range dependency (long-range)
 
 Model, training and decoding flags are generated from the fields of ``ModelConfig``,
 ``TrainConfig`` and ``DecodeConfig``. Settings are taken, later winning, from: the preset, the
@@ -287,7 +288,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             chunk = lines[start : start + bs]
             keep = [i for i, line in enumerate(chunk) if line.strip()]  # empty lines stay empty
             scored = model.translate_scored([chunk[i] for i in keep], **overrides) if keep else []
-            results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in chunk]
+            results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in chunk]  # N rows each
             for i, s in zip(keep, scored):
                 results[i] = s
             for k, hyps in enumerate(results):
@@ -858,7 +859,99 @@ def build_parser() -> argparse.ArgumentParser:
                                    "RUN/metrics.jsonl (written by qkv train; a run still training is fine).")
     vt.add_argument("run", help="run directory (the --out of qkv train), e.g. runs/default")
     vt.add_argument("--out", default="training.png", help="PNG file to write (default: %(default)s)")
+    add_bench_parser(sub)
     return p
+
+
+# --- qkv bench (issue 6): Table 1 and the long-range task, measured ----------------------------------
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.what == "layers":
+        from qkv.complexity import bench_layers
+
+        if args.quick:
+            args.d, args.n_min, args.n_max, args.r, args.repeats = 64, 16, 256, 8, 1
+        kinds = [s.strip() for s in args.layers.split(",")] if args.layers else None
+        try:
+            text, written = bench_layers(args.out, args.d, args.n_min, args.n_max, args.r, args.k, args.heads,
+                                         args.batch, args.repeats, kinds, log=log)
+        except ValueError as e:
+            raise QkvError(str(e)) from None
+    else:
+        from qkv.long_range import bench_long_range
+
+        try:
+            distances = [int(s) for s in args.distances.split(",")]
+        except ValueError:
+            raise QkvError(f"--distances: give comma-separated whole numbers, got {args.distances!r}") from None
+        try:
+            text, written = bench_long_range(args.out, distances, args.models.split(","), args.steps, args.hidden,
+                                             args.symbols, args.batch, args.lr, args.seed, args.quick, log=log)
+        except ValueError as e:
+            raise QkvError(str(e)) from None
+    print(text)
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def add_bench_parser(sub) -> None:
+    b = sub.add_parser("bench", help="Table 1 and the long-range argument of section 4, measured",
+                       description="Measure what section 4 ('Why Self-Attention') argues: the cost of one layer "
+                                   "of each type as n grows (layers), and how far back each model can learn "
+                                   "to look (long-range). Writes JSON + PNG (needs matplotlib).")
+    b.set_defaults(func=cmd_bench)
+    bs = b.add_subparsers(dest="what", required=True, metavar="WHAT")
+    bl = bs.add_parser("layers", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       help="FLOPs, time, memory, sequential steps, path length of each layer type against n",
+                       description="One layer each of self-attention, restricted self-attention (window ±r, "
+                                   "blocked and as a dense band mask), LSTM, vanilla RNN, causal convolution "
+                                   "(kernel k) and dilated convolution, forward + backward, at n = n-min, "
+                                   "2·n-min, ..., n-max. Reports counted FLOPs, wall time, peak tensor memory, "
+                                   "sequential steps (the critical path of dependent kernels) and the maximum "
+                                   "path length (fewest stacked layers after which output n depends on input "
+                                   "1, from gradients), fits each one's growth exponent in n beside Table 1 and "
+                                   "locates where attention costs more than recurrence (the paper: n ≈ d). "
+                                   "Writes OUT/complexity.{json,md,png}. The full default run took 18 minutes "
+                                   "on one thread of a busy 2-core machine.")
+    bl.add_argument("--d", type=int, default=512, help="representation dimension d")
+    bl.add_argument("--n-min", type=int, default=16, dest="n_min", help="shortest sequence length")
+    bl.add_argument("--n-max", type=int, default=4096, dest="n_max", help="longest sequence length")
+    bl.add_argument("--r", type=int, default=64, help="radius of restricted attention: i sees j with |i-j| <= r")
+    bl.add_argument("--k", type=int, default=3, help="convolution kernel width (dilation k^i in layer i)")
+    bl.add_argument("--heads", type=int, default=8, help="attention heads h")
+    bl.add_argument("--batch", type=int, default=1, help="sequences per batch")
+    bl.add_argument("--repeats", type=int, default=3, help="timed runs per point (median), after a warm-up")
+    bl.add_argument("--layers", default="self-attention,attention-core,restricted,restricted-dense,lstm,rnn,conv,"
+                                         "conv-dilated", help="comma-separated layer types to measure")
+    bl.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    bl.add_argument("--out", default="runs/bench", help="output directory")
+    bl.add_argument("--quick", action="store_true",
+                    help="a smoke run in seconds: d=64, n=16..256, r=8, one timed repeat")
+    blr = bs.add_parser("long-range", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        help="accuracy and gradient norm against the distance t to the token that decides the label",
+                        description="A synthetic task: a sequence of random symbols whose label is the symbol t "
+                                    "positions before the end. For each t, train a vanilla RNN, an LSTM and a "
+                                    "Transformer encoder (read at the last position) for a fixed number of steps; "
+                                    "report held-out accuracy (chance = 1/symbols) and the norm of the gradient of "
+                                    "the loss with respect to the input embedding at the deciding position, at "
+                                    "initialisation and after training. Writes OUT/long-range.{json,md} and "
+                                    "OUT/long-range-{accuracy,gradnorm}.png.")
+    blr.add_argument("--distances", default="2,5,10,20,50,100,200,500,1000", help="comma-separated distances t")
+    blr.add_argument("--models", default="rnn,lstm,transformer", help="comma-separated subset of rnn, lstm, transformer")
+    blr.add_argument("--steps", type=int, default=300, help="training steps per model and distance")
+    blr.add_argument("--hidden", type=int, default=64, help="hidden size (RNN, LSTM) and d_model (Transformer)")
+    blr.add_argument("--symbols", type=int, default=8, help="alphabet size K (chance accuracy 1/K)")
+    blr.add_argument("--batch", type=int, default=32, help="sequences per training step")
+    blr.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    blr.add_argument("--seed", type=int, default=0, help="random seed")
+    blr.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    blr.add_argument("--out", default="runs/bench", help="output directory")
+    blr.add_argument("--quick", action="store_true", help="a smoke run in seconds: t = 3, 5; 60 steps")
 
 
 def main(argv: list[str] | None = None) -> int:
