@@ -86,7 +86,7 @@ def test_info_viz_and_translate_cli_on_an_rnn(lstm_run, tmp_path, capsys):
     assert main(["info", str(lstm_run / "best")]) == 0
     out = capsys.readouterr().out
     n = sum(p.numel() for p in qkv.load(lstm_run / "best").model.parameters())
-    assert "attention additive" in out and f"{n:,}" in out and "FLOPs formula is the Transformer's" in out
+    assert "attention additive" in out and f"{n:,}" in out and "FLOPs formula is the encoder-decoder Transformer's" in out
     assert main(["info", "--arch", "gru", "--attention", "none", "--preset", "small"]) == 0
     assert "gru: hidden=256" in capsys.readouterr().out
     prefix = tmp_path / "att"

@@ -88,6 +88,8 @@ def main() -> int:
     ap.add_argument("--config", help="config file (default: recipes/multi30k/PAIR.toml)")
     ap.add_argument("--average", type=int, default=10, help="also try the average of the newest N step checkpoints")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    ap.add_argument("--max-time", type=float, default=None,
+                    help="cap training at this many seconds (cumulative over resumes), instead of the config's max_time")
     ap.add_argument("--select", choices=("val-bleu", "best"), default="val-bleu",
                     help="val-bleu: decode val with each candidate checkpoint and keep the best (step 3); best: "
                          "take OUT/best (lowest validation loss) without decoding val (saves time on slow models)")
@@ -113,6 +115,8 @@ def main() -> int:
                    "--src-valid", str(files[f"val.{src}"]), "--tgt-valid", str(files[f"val.{tgt}"])]
     if args.threads:
         train += ["--threads", str(args.threads)]
+    if args.max_time is not None:
+        train += ["--max-time", str(args.max_time)]
     if args.tokenizer_from and not (out / "last").exists():
         train += ["--tokenizer-from", args.tokenizer_from]
     if (out / "last").exists():
