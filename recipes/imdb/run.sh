@@ -4,7 +4,7 @@
 # Data: python recipes/imdb/prepare.py (seeded 22,500 / 2,500 split of the training reviews).
 set -euo pipefail
 row=${1:?usage: recipes/imdb/run.sh bilstm|transformer|mlm-classify}
-data=${DATA:-/work/shared/data/imdb}
+data=${DATA:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/data/imdb}
 export OMP_NUM_THREADS=1
 [ -f runs/imdb/data/train.jsonl.gz ] || python recipes/imdb/prepare.py --data "$data"
 if [ "$row" = mlm-classify ] && [ ! -d runs/imdb/mlm/best ]; then

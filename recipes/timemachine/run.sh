@@ -6,7 +6,7 @@
 #
 #   sh recipes/timemachine/run.sh [TEXT] [OUT]
 set -e
-TEXT=${1:-/work/shared/data/timemachine/timemachine.txt}
+TEXT=${1:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/data/timemachine/timemachine.txt}
 OUT=${2:-runs/timemachine}
 HERE=$(dirname "$0")
 for m in rnn gru lstm transformer; do
