@@ -63,6 +63,27 @@ def test_refuses_different_architectures(run, tmp_path):
         average_checkpoints([list_checkpoints(run)[-1], other / "last"], tmp_path / "z")
 
 
+def test_a_checkpoint_from_before_new_config_fields_averages_with_newer_ones(run, tmp_path):
+    """A run resumed across versions: its older step checkpoints lack fields added later (at their
+    defaults). They are the same architecture and must average."""
+    import json
+    import shutil
+
+    old, new = list_checkpoints(run)[-2:]
+    older = shutil.copytree(old, tmp_path / "step_old")
+    config = json.loads((older / "config.json").read_text())
+    config["model"].pop("task")  # as written before the field existed (default: translate)
+    (older / "config.json").write_text(json.dumps(config))
+    manifest = json.loads((older / "manifest.json").read_text())
+    import hashlib
+    for name in list(manifest.get("files", {})):
+        if name == "config.json":
+            data = (older / name).read_bytes()
+            manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (older / "manifest.json").write_text(json.dumps(manifest))
+    assert len(average_checkpoints([older, new], tmp_path / "avg")) == 2
+
+
 def test_cli_average(run, tmp_path, capsys):
     from qkv.cli import main
 
