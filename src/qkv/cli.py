@@ -268,18 +268,12 @@ def show_toy_results(out: Path, test_pairs: list[tuple[str, str]]) -> None:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     import qkv
-    from qkv.data.corpus import decode_lines, read_lines
 
     model = qkv.load(args.model, quantize="int8" if args.int8 else None)
     require_translator(model, args.model)
     overrides = flags_for(args, DecodeConfig)
     dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
-    if args.text:
-        lines = list(args.text)
-    elif args.input and args.input != "-":
-        lines = read_lines(args.input)
-    else:
-        lines = decode_lines(sys.stdin.buffer.read(), "<stdin>")
+    lines = read_inputs(args)
     nbest = overrides.get("nbest", model.decode_cfg.nbest)
     out_fh = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
