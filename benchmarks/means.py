@@ -14,6 +14,10 @@ Sections (``--only``):
             forward+backward, and a whole training step (forward, loss, backward, clip, Adam) with
             every MultiHeadAttention switched to separate projections (cross-attention's fused K/V
             too) by replacing its forward on the instance (benchmark only; the library is untouched)
+  loss      the output projection and the label-smoothed loss fused, chunk by chunk
+            (``linear_label_smoothed_nll_loss``, ``TrainConfig.fused_loss``) vs logits then loss:
+            the projection + loss alone, and a whole training step, at the paper's vocabulary
+            (``--loss-vocab``, 37,000) and at 8,000
   kvcache   cross-attention K/V projected once per sentence (``model.start``) vs re-projected from
             the encoder output at every step; and the self-attention KV cache vs re-running the
             decoder over the whole prefix at every step (greedy, fixed output length, tokens/s)
@@ -71,7 +75,7 @@ from torch import Tensor, nn  # noqa: E402
 
 import qkv  # noqa: E402
 from qkv.api import quantize_int8  # noqa: E402
-from qkv.config import BOS, EOS, ModelConfig  # noqa: E402
+from qkv.config import BOS, EOS, ModelConfig, TrainConfig  # noqa: E402
 from qkv.data.batching import Batch, collate, padding_fraction, token_budget_batches  # noqa: E402
 from qkv.data.corpus import read_lines  # noqa: E402
 from qkv.decoding import beam_search, greedy, max_output_len  # noqa: E402
@@ -79,9 +83,10 @@ from qkv.metrics import bleu  # noqa: E402
 from qkv.models import build_model  # noqa: E402
 from qkv.models.transformer import TransformerState  # noqa: E402
 from qkv.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention  # noqa: E402
-from qkv.training.loss import label_smoothed_nll_loss  # noqa: E402
+from qkv.tasks.base import token_loss  # noqa: E402
+from qkv.training.loss import label_smoothed_nll_loss, linear_label_smoothed_nll_loss  # noqa: E402
 
-SECTIONS = ("fused", "kvcache", "beam", "bucket", "inference", "int8", "amp")
+SECTIONS = ("fused", "loss", "kvcache", "beam", "bucket", "inference", "int8", "amp")
 SHAPES = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3),
@@ -186,16 +191,17 @@ def random_batch(batch: int, src_len: int, tgt_len: int, vocab: int = VOCAB, see
     return collate(src, tgt)
 
 
-def train_step_fn(model: nn.Module, batch: Batch, amp: bool = False):
-    """One update as the trainer does it: forward, label-smoothed loss, backward, clip, Adam."""
+def train_step_fn(model: nn.Module, batch: Batch, amp: bool = False, fused_loss: bool = True):
+    """One update as the trainer does it: forward, label-smoothed loss (by default fused with the
+    output projection, as ``TrainConfig.fused_loss``), backward, clip, Adam."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     n = batch.n_tgt_tokens
+    cfg = TrainConfig(label_smoothing=0.1, fused_loss=fused_loss)
 
     def step():
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            logits = model(batch.src, batch.tgt_in)
-            loss, _ = label_smoothed_nll_loss(logits, batch.tgt_out, 0.1)
+            loss, _ = token_loss(model, (batch.src, batch.tgt_in), batch.tgt_out, cfg)
         (loss / n).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -607,6 +613,41 @@ def bench_int8(args) -> None:
                      f"{secs[key]:.0f} s (one run each)")
 
 
+# --- fused output projection + loss ---------------------------------------------------------------------
+
+
+def bench_loss(args) -> None:
+    for shape in args.shapes:
+        d = SHAPES[shape]["d_model"]
+        for vocab in (args.loss_vocab, VOCAB):
+            torch.manual_seed(0)
+            n = args.loss_tokens
+            hidden = torch.randn(n, d, requires_grad=True)
+            weight = (torch.randn(vocab, d) * d**-0.5).requires_grad_()
+            target = torch.randint(4, vocab, (n,))
+
+            def block(fused: bool):
+                def run():
+                    if fused:
+                        loss, _ = linear_label_smoothed_nll_loss(hidden, weight, target, 0.1)
+                    else:
+                        loss, _ = label_smoothed_nll_loss(F.linear(hidden, weight), target, 0.1)
+                    (loss / n).backward()
+                    hidden.grad = weight.grad = None
+                return run
+
+            t = interleaved({"logits": block(False), "fused": block(True)}, args.train_rounds)
+            time_row("loss", f"fused projection + loss, forward+backward, {n} tokens x V {vocab:,}", shape, t,
+                     "logits", "fused", "logits, then log_softmax loss", "fused, chunked")
+            model = random_model(shape, vocab=vocab)
+            batch = random_batch(args.train_batch, args.train_len, args.train_len, vocab=vocab)
+            t = interleaved({"logits": train_step_fn(model, batch, fused_loss=False),
+                             "fused": train_step_fn(model, batch, fused_loss=True)}, args.train_rounds)
+            rate_row("loss", f"fused projection + loss: training step, {args.train_batch} x {args.train_len} tokens "
+                     f"per side, V {vocab:,}", shape, t, "logits", "fused", "logits, then loss", "fused",
+                     batch.n_tgt_tokens, note="tokens/s = target tokens per second")
+
+
 # --- mixed precision -----------------------------------------------------------------------------------------
 
 
@@ -689,6 +730,8 @@ def main() -> int:
     ap.add_argument("--bleu-sents", type=int, default=None, help="test sentences for BLEU (default: all)")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--train-batch", type=int, default=32)
+    ap.add_argument("--loss-vocab", type=int, default=37000, help="vocabulary of the loss rows (the paper's En-De)")
+    ap.add_argument("--loss-tokens", type=int, default=3072, help="target tokens of the projection + loss rows")
     ap.add_argument("--train-len", type=int, default=25)
     ap.add_argument("--attn-reps", type=int, default=10)
     ap.add_argument("--dec-batch", type=int, default=16)
@@ -702,6 +745,7 @@ def main() -> int:
     if args.quick:
         args.shapes = "tiny"
         args.rounds = args.train_rounds = args.beam_rounds = args.bucket_rounds = 1
+        args.loss_vocab, args.loss_tokens = 500, 64
         args.sents, args.train_batch, args.attn_reps, args.dec_batch, args.dec_len, args.bucket_batches = 32, 8, 2, 4, 8, 2
         args.bleu_sents = args.bleu_sents or 50
     args.threads = args.threads or (1 if args.quick else 2)

@@ -91,3 +91,60 @@ def test_gradient_flows_and_shape_errors():
         label_smoothed_nll_loss(torch.randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long), 0.1)
     with pytest.raises(ValueError, match="epsilon"):
         label_smoothed_nll_loss(torch.randn(2, 5), torch.ones(2, dtype=torch.long), 1.0)
+
+
+# --- the fused output projection + loss --------------------------------------------------------------
+
+from qkv.training.loss import linear_label_smoothed_nll_loss  # noqa: E402
+
+
+def _fused_and_reference(eps: float, chunk: int | None, dtype=torch.float64):
+    torch.manual_seed(1)
+    hidden = torch.randn(3, 7, 16, dtype=dtype, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=dtype, requires_grad=True)
+    target = torch.randint(1, 50, (3, 7))
+    target[0, 5:] = PAD
+    target[2, 2:] = PAD
+    n = int((target != PAD).sum())
+    ref_loss, ref_nll = label_smoothed_nll_loss(F.linear(hidden, weight), target, eps)
+    (ref_loss / n).backward()
+    ref = (ref_loss.detach(), ref_nll, hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+    loss, nll = linear_label_smoothed_nll_loss(hidden, weight, target, eps, chunk=chunk)
+    (loss / n).backward()
+    return (loss.detach(), nll, hidden.grad, weight.grad), ref, target
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.5])
+@pytest.mark.parametrize("chunk", [1, 4, None])  # a row at a time, chunks that straddle sentences, one chunk
+def test_fused_projection_loss_equals_logits_then_loss(eps, chunk):
+    """Same loss, same un-smoothed NLL, same gradients for the states and the projection (incl. at
+    the padded positions, whose state gradient must be exactly 0) as making the logits first."""
+    fused, ref, target = _fused_and_reference(eps, chunk)
+    for got, want, name in zip(fused, ref, ("loss", "nll", "d hidden", "d weight")):
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-5, atol=1e-6, msg=name)
+    assert torch.all(fused[2][target == PAD] == 0)
+
+
+def test_fused_projection_loss_without_grad_and_all_padding():
+    torch.manual_seed(2)
+    hidden, weight = torch.randn(2, 5, 8), torch.randn(30, 8)
+    target = torch.randint(1, 30, (2, 5))
+    with torch.no_grad():
+        loss, nll = linear_label_smoothed_nll_loss(hidden, weight, target, 0.1)
+    ref_loss, ref_nll = label_smoothed_nll_loss(F.linear(hidden, weight), target, 0.1)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)
+    assert not loss.requires_grad
+    h = hidden.clone().requires_grad_()
+    loss, nll = linear_label_smoothed_nll_loss(h, weight, torch.full_like(target, PAD), 0.1)
+    assert loss.item() == nll.item() == 0.0
+    loss.backward()
+    assert torch.all(h.grad == 0)
+
+
+def test_fused_projection_loss_checks_shapes():
+    with pytest.raises(ValueError, match="does not match target"):
+        linear_label_smoothed_nll_loss(torch.randn(2, 5, 8), torch.randn(30, 8), torch.zeros(2, 4, dtype=torch.long), 0.1)
+    with pytest.raises(ValueError, match="does not match the projection"):
+        linear_label_smoothed_nll_loss(torch.randn(2, 5, 8), torch.randn(30, 9), torch.zeros(2, 5, dtype=torch.long), 0.1)

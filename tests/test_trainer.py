@@ -154,3 +154,33 @@ def test_compile_with_inductor_trains_two_steps(tmp_path):
     if not (shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")):
         pytest.skip("torch.compile's inductor backend needs a C++ compiler on the CPU, and none was found")
     _compiled_run(tmp_path, "inductor")
+
+
+
+@pytest.mark.parametrize("task", ["translate", "lm"])
+def test_fused_loss_gives_the_gradients_of_the_unfused_loss(task):
+    """fused_loss (output projection + loss chunk by chunk) is an implementation choice only: the
+    task's loss and every parameter's gradient equal logits-then-loss (compared as gradients: Adam
+    would turn the rounding noise of gradients that are exactly 0 in theory, such as the key
+    biases', into full-size steps)."""
+    from qkv.models import build_model
+    from qkv.tasks.base import token_loss
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(MODEL, src_vocab_size=40, tgt_vocab_size=40, dropout=0.0, attention_dropout=0.0)
+    if task == "lm":
+        cfg = dataclasses.replace(cfg, task="lm", n_decoder_layers=2)
+    model = build_model(cfg).double().train()
+    src, tgt = torch.randint(4, 40, (3, 6)), torch.randint(4, 40, (3, 5))
+    tgt[1, 3:] = 0
+    inputs = (src, tgt) if task == "translate" else (tgt,)
+    grads = {}
+    for fused in (True, False):
+        model.zero_grad()
+        loss, nll = token_loss(model, inputs, tgt, dataclasses.replace(TRAIN, fused_loss=fused, label_smoothing=0.1))
+        loss.backward()
+        grads[fused] = (loss.item(), nll.item(), {k: p.grad.clone() for k, p in model.named_parameters()})
+    assert grads[True][0] == pytest.approx(grads[False][0], rel=1e-6)
+    assert grads[True][1] == pytest.approx(grads[False][1], rel=1e-6)
+    for k, g in grads[False][2].items():
+        torch.testing.assert_close(grads[True][2][k], g, rtol=1e-5, atol=1e-7, msg=k)

@@ -58,7 +58,7 @@ def _train(spec: dict) -> dict:
                         **flops(spec))
 
 
-def _decode(spec: dict, task: str) -> dict:
+def _decode(spec: dict, task: str, int8: bool = False) -> dict:
     from qkv.config import EOS
     from qkv.decoding import beam_search, greedy
     from qkv.models import build_model
@@ -66,6 +66,10 @@ def _decode(spec: dict, task: str) -> dict:
     d = spec["decode"]
     torch.manual_seed(0)
     model = build_model(model_config(spec)).eval()
+    if int8:  # dynamic int8 quantisation, as `qkv translate --int8`
+        from qkv.api import quantize_int8
+
+        model = quantize_int8(model)
     # min_len = max_len = out_len - 1: every sentence emits out_len - 1 tokens, then the forced EOS,
     # so every batch row runs exactly out_len decoder steps (as the peers' out_len new tokens).
     n = d["out_len"] - 1
@@ -85,5 +89,5 @@ def _decode(spec: dict, task: str) -> dict:
     return decode_result(spec, task, seconds, decode_path=f"qkv.decoding.{'greedy' if task == 'greedy' else 'beam_search'}")
 
 
-def run(task: str, spec: dict, threads: int) -> dict:
-    return _train(spec) if task == "train" else _decode(spec, task)
+def run(task: str, spec: dict, threads: int, int8: bool = False) -> dict:
+    return _train(spec) if task == "train" else _decode(spec, task, int8)

@@ -87,6 +87,8 @@ FIELD_HELP = {
     "device": "auto (CUDA when available) | cpu | cuda; under torchrun each process takes the GPU of its LOCAL_RANK",
     "amp": "mixed precision of the training forward: none | bf16 | fp16 (CUDA only, with a gradient scaler)",
     "compile": "torch.compile the model for the training forward (slow first steps, faster later ones)",
+    "fused_loss": "compute the output projection and the label-smoothed loss together, chunk by chunk, without "
+                  "the full (tokens x vocabulary) logits (same values; faster; Transformer models)",
     "beam_size": "beam size (1: greedy)",
     "length_penalty": "α of the length penalty ((5+|Y|)/6)^α",
     "max_len_a": "max output length = a·source length + b",
@@ -213,7 +215,7 @@ def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, 
     train_cfg = from_dict(TrainConfig, ckpt.config["train"], src)
     decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
     changeable = {"max_steps", "max_epochs", "max_time", "eval_every", "eval_bleu_samples", "keep_last", "threads",
-                  "device", "amp", "compile"}
+                  "device", "amp", "compile", "fused_loss"}
     if getattr(args, "config", None):  # an edited config file may raise the limits of a run it started
         file = load_toml(args.config)
         file_train = file.get("train", {})

@@ -163,6 +163,7 @@ class TrainConfig:
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda
     amp: str = "none"  # mixed precision of the training forward: none | bf16 | fp16 (CUDA, with a GradScaler)
     compile: bool = False  # torch.compile the model for the training forward
+    fused_loss: bool = True  # output projection + loss chunk by chunk, never making the (tokens, V) logits
 
     def validate(self) -> "TrainConfig":
         _check(self.tokenizer in ("bpe", "unigram", "char"), "tokenizer", "must be bpe, unigram or char")

@@ -130,10 +130,17 @@ class DecoderOnlyTransformer(nn.Module):
         x = self.final_norm(x)
         return self.embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
 
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The pre-softmax projection ``(V, d)``: logits = final_norm(x) @ output_weight.T."""
+        return self.embed.weight if self.output_proj is None else self.output_proj.weight
+
     # --- training ----------------------------------------------------------------------------------
 
-    def forward(self, tokens: torch.Tensor, need_weights: bool = False):
+    def forward(self, tokens: torch.Tensor, need_weights: bool = False, features: bool = False):
         """``tokens (B, T)`` (right-padded) -> next-token logits ``(B, T, V)``: position t predicts x_{t+1}.
+        With ``features``: the final (normalised) states ``(B, T, d)`` before the output projection
+        (:attr:`output_weight`), for :func:`qkv.training.loss.linear_label_smoothed_nll_loss`.
 
         With right padding the causal mask alone suffices: a real position never sees a pad
         (pads come after it), and outputs at pad positions are ignored by the loss.
@@ -146,6 +153,8 @@ class DecoderOnlyTransformer(nn.Module):
         for layer in self.layers:
             x, _, w = layer(x, is_causal=True, need_weights=need_weights)
             weights.append(w)
+        if features:
+            return self.final_norm(x)
         logits = self._logits(x)
         return (logits, weights) if need_weights else logits
 

@@ -95,21 +95,31 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), mask, weights
 
     def decode(
-        self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor, need_weights: bool = False
+        self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor, need_weights: bool = False,
+        features: bool = False,
     ) -> tuple[torch.Tensor, list[DecoderLayerWeights]]:
-        """Teacher forcing: ``tgt_in (B, T)`` (BOS + target) -> logits ``(B, T, V)``."""
+        """Teacher forcing: ``tgt_in (B, T)`` (BOS + target) -> logits ``(B, T, V)`` (with
+        ``features``: the final states ``(B, T, d)`` before the output projection)."""
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos)
         weights = []
         for layer in self.decoder_layers:
             x, _, w = layer(x, layer.cross_attn.project_kv(memory), memory_mask, need_weights=need_weights)
             weights.append(w)
-        return self._logits(self.decoder_norm(x)), weights
+        x = self.decoder_norm(x)
+        return (x if features else self._logits(x)), weights
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """``src (B, S)``, ``tgt_in (B, T)`` -> logits ``(B, T, V)``."""
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, features: bool = False) -> torch.Tensor:
+        """``src (B, S)``, ``tgt_in (B, T)`` -> logits ``(B, T, V)``; with ``features`` the decoder's
+        final states ``(B, T, d)`` instead, for a loss that applies :attr:`output_weight` itself
+        (:func:`qkv.training.loss.linear_label_smoothed_nll_loss`)."""
         memory, mask, _ = self.encode(src)
-        logits, _ = self.decode(tgt_in, memory, mask)
-        return logits
+        out, _ = self.decode(tgt_in, memory, mask, features=features)
+        return out
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The pre-softmax projection ``(V, d)``: logits = x @ output_weight.T (the shared embedding when tied)."""
+        return self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight
 
     def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> AttentionMaps:
         """Every layer's attention weights from one forward pass (for the visualiser)."""

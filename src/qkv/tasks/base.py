@@ -11,6 +11,8 @@ import torch
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
+from qkv.training.distributed import unwrap
+from qkv.training.loss import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
 
 
 @dataclass
@@ -94,6 +96,23 @@ class Task:
     def frontend(self, model, tokenizers: TokenizerPair, config: dict, decode_cfg: DecodeConfig,
                  train_cfg: TrainConfig | None):
         raise NotImplementedError
+
+
+def token_loss(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, train_cfg: TrainConfig,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss_sum, nll_sum) of a model that maps ``inputs`` to next-token logits ``(B, T, V)``.
+
+    With ``train_cfg.fused_loss`` and a model that exposes ``output_weight`` (the Transformers),
+    the model returns its final states (``features=True``) and the output projection runs inside
+    :func:`linear_label_smoothed_nll_loss`, which never makes the full logits; otherwise the loss
+    is taken from the logits. Both give the same values and gradients (to float rounding).
+    ``module`` may be wrapped (DDP, torch.compile): it is called, the weight is read from inside.
+    """
+    model = unwrap(module)
+    if train_cfg.fused_loss and hasattr(model, "output_weight"):
+        hidden = module(*inputs, features=True)  # (B, T, d)
+        return linear_label_smoothed_nll_loss(hidden, model.output_weight, target, train_cfg.label_smoothing)
+    return label_smoothed_nll_loss(module(*inputs), target, train_cfg.label_smoothing)
 
 
 # --- starting from another checkpoint ------------------------------------------------------------------

@@ -38,7 +38,7 @@ from qkv.config import EOS, DecodeConfig, TrainConfig
 from qkv.data.text import batchify, holdout_split, lm_windows, read_text, strip_gutenberg, token_stream
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
-from qkv.tasks.base import DataPaths, Task, TextData
+from qkv.tasks.base import DataPaths, Task, TextData, token_loss
 from qkv.training.bptt import carry
 from qkv.training.loss import label_smoothed_nll_loss
 
@@ -159,9 +159,8 @@ class LmTask(Task):
             state = None if batch.first else carry(self._state[key])
             logits, state = module(batch.inputs, state)
             self._state[key] = carry(state)
-        else:
-            logits = module(batch.inputs)  # (B, T, V)
-        return label_smoothed_nll_loss(logits, batch.targets, train_cfg.label_smoothing)
+            return label_smoothed_nll_loss(logits, batch.targets, train_cfg.label_smoothing)
+        return token_loss(module, (batch.inputs,), batch.targets, train_cfg)  # logits (B, T, V)
 
     def metrics(self, model, split, tokenizers, decode_cfg: DecodeConfig, train_cfg: TrainConfig) -> dict:
         """A greedy continuation of the start of the first validation line, to watch."""

@@ -27,7 +27,7 @@ from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.tasks.lm import LMBatch
 from qkv.tasks.translate import ParallelData, TranslateTask
-from qkv.training.loss import label_smoothed_nll_loss
+from qkv.tasks.base import token_loss
 
 
 def prefix_lm_example(src: list[int], tgt: list[int]) -> tuple[list[int], list[int]]:
@@ -91,8 +91,7 @@ class PrefixLmTask(TranslateTask):
         return PrefixLMSplit([x for x, _ in examples], [y for _, y in examples], pairs.raw_src, pairs.raw_tgt)
 
     def loss(self, module, batch: LMBatch, train_cfg: TrainConfig):
-        logits = module(batch.inputs)  # (B, T, V)
-        return label_smoothed_nll_loss(logits, batch.targets, train_cfg.label_smoothing)
+        return token_loss(module, (batch.inputs,), batch.targets, train_cfg)  # logits (B, T, V)
 
 
 __all__ = ["PrefixLmTask", "PrefixLMSplit", "prefix_lm_example"]

@@ -19,8 +19,7 @@ from qkv.data.corpus import CorpusReport, filter_by_length, read_parallel
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.metrics import bleu, chrf, exact_match
-from qkv.tasks.base import DataPaths, Task
-from qkv.training.loss import label_smoothed_nll_loss
+from qkv.tasks.base import DataPaths, Task, token_loss
 
 
 @dataclass
@@ -113,8 +112,7 @@ class TranslateTask(Task):
         return split
 
     def loss(self, module, batch: Batch, train_cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = module(batch.src, batch.tgt_in)  # (B, T, V)
-        return label_smoothed_nll_loss(logits, batch.tgt_out, train_cfg.label_smoothing)
+        return token_loss(module, (batch.src, batch.tgt_in), batch.tgt_out, train_cfg)  # logits (B, T, V)
 
     def metrics(self, model, split: EncodedSplit, tokenizers, decode_cfg: DecodeConfig, train_cfg: TrainConfig) -> dict:
         n = min(train_cfg.eval_bleu_samples, len(split.raw_src))
