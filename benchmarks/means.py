@@ -23,6 +23,11 @@ Sections (``--only``):
             decoder over the whole prefix at every step (greedy, fixed output length, tokens/s)
   beam      beam search / greedy that drop finished sentences from the batch vs keeping them
             (``drop_finished=False``), on the Multi30k model and test sentences (varied lengths)
+  beamshare beam search (fixed output length, random weights; vocabulary base 37,000, small 8,000) whose
+            k hypotheses of a sentence share its cross-attention K/V (``TransformerState.expand_beams``:
+            the k rows attend as k queries of one sentence) vs a copy per hypothesis re-selected at
+            every step; and the top 2k tokens per row before adding the beam scores vs scoring the
+            whole (N, k*V) table with the length limits applied to every row (``force_eos``)
   bucket    length-bucketed token-budget batches (``token_budget_batches``) vs random batches cut by
             the same budget rule: padding fraction over a Multi30k epoch, training tokens/s
   inference ``torch.inference_mode`` vs ``torch.no_grad`` vs grad-enabled decoding
@@ -43,8 +48,10 @@ replace the same sections' rows in an existing file) and a Markdown table on std
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -56,6 +63,7 @@ import time
 import types
 from dataclasses import dataclass, replace
 from pathlib import Path
+from unittest import mock
 
 
 def _threads_from_argv() -> int:
@@ -79,6 +87,7 @@ from qkv.config import BOS, EOS, ModelConfig, TrainConfig  # noqa: E402
 from qkv.data.batching import Batch, collate, padding_fraction, token_budget_batches  # noqa: E402
 from qkv.data.corpus import read_lines  # noqa: E402
 from qkv.decoding import beam_search, greedy, max_output_len  # noqa: E402
+from qkv.decoding.greedy import force_eos, log_probs  # noqa: E402
 from qkv.metrics import bleu  # noqa: E402
 from qkv.models import build_model  # noqa: E402
 from qkv.models.transformer import TransformerState  # noqa: E402
@@ -86,13 +95,16 @@ from qkv.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_att
 from qkv.tasks.base import token_loss  # noqa: E402
 from qkv.training.loss import label_smoothed_nll_loss, linear_label_smoothed_nll_loss  # noqa: E402
 
-SECTIONS = ("fused", "loss", "kvcache", "beam", "bucket", "inference", "int8", "amp")
+beam_search_module = importlib.import_module("qkv.decoding.beam_search")  # the name qkv.decoding.beam_search is the function
+
+SECTIONS = ("fused", "loss", "kvcache", "beam", "beamshare", "bucket", "inference", "int8", "amp")
 SHAPES = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3),
     "tiny": dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2),  # --quick
 }
 VOCAB = 8000
+DECODE_VOCAB = {"base": 37000, "small": 8000}  # beamshare: the presets' vocabularies (as benchmarks/speed.py)
 DATA = Path("/work/shared/data/multi30k")
 
 
@@ -460,6 +472,74 @@ def bench_beam(args) -> None:
                  "m30k", t, "keep", "drop", "kept in the batch", "dropped", n_tok,
                  note=f"row-steps {counts[False]:,} -> {counts[True]:,} ({counts[True] / counts[False]:.0%}); "
                       f"identical output {same}/{len(sents)}")
+
+
+# --- beam search: the source side kept per sentence, candidates without the k x V table ------------------
+
+
+@dataclass
+class _PerRowState:
+    """A Transformer state without ``expand_beams``: beam search then gives every hypothesis its own
+    copy of the cross-attention keys/values and source mask (``reorder(repeat_interleave)``), which
+    every ``reorder`` copies again, as before the mean."""
+
+    inner: TransformerState
+
+    def reorder(self, idx: Tensor) -> "_PerRowState":
+        return _PerRowState(self.inner.reorder(idx))
+
+
+class PerRowCrossKV:
+    """The model, with the per-hypothesis copies of the source side (see :class:`_PerRowState`)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, src: Tensor) -> _PerRowState:
+        return _PerRowState(self.model.start(src))
+
+    def step(self, tokens: Tensor, state: _PerRowState):
+        logits, inner = self.model.step(tokens, state.inner)
+        return logits, _PerRowState(inner)
+
+
+def full_table_candidates(scores: Tensor, logits: Tensor, n_cand: int, at_limit: Tensor, before_min_len: bool):
+    """Before the mean: the length limits applied to the whole (N*k, V) log-prob table (greedy's
+    ``force_eos``), every extension scored, the top ``n_cand`` of the (N, k*V) table."""
+    n, k = scores.shape
+    logp = force_eos(log_probs(logits), at_limit.repeat_interleave(k), before_min_len)  # (N*k, V)
+    total = (scores.unsqueeze(2) + logp.view(n, k, -1)).view(n, -1)  # (N, k*V)
+    top, idx = total.topk(min(n_cand, total.size(1)), dim=1)
+    return beam_search_module._Candidates(top, idx // logp.size(1), idx % logp.size(1))
+
+
+def bench_beamshare(args) -> None:
+    for shape in args.shapes:
+        vocab = DECODE_VOCAB.get(shape, VOCAB)
+        model = random_model(shape, vocab).eval()
+        src = random_batch(args.dec_batch, args.dec_src_len, 1, vocab, seed=1).src
+        n, k = args.dec_len, args.beam
+
+        def run(m, full_table: bool = False):
+            def go():
+                with (mock.patch.object(beam_search_module, "_top_candidates", full_table_candidates)
+                      if full_table else contextlib.nullcontext()):
+                    return [h[0].tokens for h in beam_search(m, src, k, 0.6, n, min_len=n)]
+            return go
+
+        cases = {"before": run(PerRowCrossKV(model), full_table=True), "per_row": run(PerRowCrossKV(model)),
+                 "shared": run(model)}
+        outs = {name: fn() for name, fn in cases.items()}
+        same = sum(a == b == c for a, b, c in zip(*outs.values()))
+        t = interleaved(cases, args.beam_rounds)
+        desc = f"beam {k}, {args.dec_batch} sentences x {args.dec_src_len} source -> {n} tokens, vocab {vocab:,}"
+        note = f"identical output {same}/{args.dec_batch}"
+        n_tok = args.dec_batch * (n + 1)
+        rate_row("beamshare", f"cross-attention K/V once per sentence, not per hypothesis ({desc})", shape, t,
+                 "per_row", "shared", "copied per hypothesis", "per sentence", n_tok, note=note)
+        rate_row("beamshare", f"top 2k tokens per row, not the k x V table ({desc})", shape, t,
+                 "before", "per_row", "k x V table", "top 2k per row", n_tok, note=note)
+        rate_row("beamshare", f"both ({desc})", shape, t, "before", "shared", "before", "both", n_tok, note=note)
 
 
 # --- length-bucketed batching ------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Decoding: greedy search and beam search over the incremental model interface.
 
 A model offers ``start(src) -> state`` and ``step(tokens, state) -> (logits, state)``, and
-the state offers ``reorder(indices)``; both decoders work for any such model.
+the state offers ``reorder(indices)``; both decoders work for any such model. A state may also
+offer ``expand_beams(k)`` (``k`` rows per sentence that share its source side, kept once per
+sentence); beam search uses it when present, else ``k`` copies of each row by ``reorder``.
 """
 
 from qkv.decoding.beam_search import Hypothesis, beam_search, length_penalty

@@ -9,12 +9,17 @@ One step, for each active sentence (all sentences at once, as tensors):
 1. score every extension of every live hypothesis:
        s(y_1..t, v) = s(y_1..t) + log p(v | y_1..t, x)         (k x V candidates)
 2. keep the top ``2k`` of them. At most ``k`` of these end in EOS (one per beam), so at
-   least ``k`` do not: the beam can always be refilled.
+   least ``k`` do not: the beam can always be refilled. (They are found without building the
+   k x V table: each is among the top ``2k`` tokens of its own row, see :func:`_top_candidates`.)
 3. EOS candidates ranked within the top ``k`` become finished hypotheses, scored
        score(Y) = log P(Y | x) / lp(Y),   lp(Y) = ((5 + |Y|) / 6) ** alpha,
    with |Y| counting the EOS (see :func:`length_penalty`).
 4. the best ``k`` non-EOS candidates are the new live hypotheses; ``state.reorder`` follows
-   their back-pointers (the beam each came from).
+   their back-pointers (the beam each came from). Each group of ``k`` rows passed to it comes
+   from one sentence (``rows = sentence * k + beam``), which lets a state keep what the
+   hypotheses of a sentence share once per sentence (``state.expand_beams(k)`` where the model
+   offers it, e.g. the Transformer's cross-attention keys/values; otherwise ``k`` copies of
+   every row by ``state.reorder``).
 
 At the first step all ``k`` rows hold the same prefix (BOS), so only beam 0 is live (the
 others start at -inf) — otherwise the beam would fill with ``k`` copies of each candidate.
@@ -45,7 +50,7 @@ import torch
 from torch import Tensor
 
 from qkv.config import BOS, EOS
-from qkv.decoding.greedy import IncrementalDecoder, as_max_len, force_eos, log_probs
+from qkv.decoding.greedy import IncrementalDecoder, as_max_len, log_probs
 from qkv.errors import ConfigError
 
 
@@ -103,12 +108,44 @@ def _initial_beams(max_len: Tensor, beam_size: int) -> _Beams:
     )
 
 
-def _top_candidates(scores: Tensor, logp: Tensor, n_cand: int) -> _Candidates:
-    """Top ``n_cand`` of ``scores[i, j] + logp[i, j, v]`` over (j, v) for each sentence i."""
-    n, k, vocab = logp.shape
-    total = (scores.unsqueeze(2) + logp).view(n, k * vocab)  # (N, k*V)
-    top_scores, top_idx = total.topk(min(n_cand, k * vocab), dim=1)  # (N, 2k)
-    return _Candidates(top_scores, top_idx // vocab, top_idx % vocab)
+def _top_candidates(
+    scores: Tensor, logits: Tensor, n_cand: int, at_limit: Tensor, before_min_len: bool
+) -> _Candidates:
+    """Top ``n_cand`` of ``scores[i, j] + log p(v | hypothesis j of sentence i)`` over (j, v).
+
+    scores (N, k); logits (N*k, V), the model's, row ``i * k + j`` for hypothesis ``j`` of
+    sentence ``i``; at_limit (N,): sentences at their ``max_len`` (only EOS allowed);
+    before_min_len: EOS not allowed yet. The log-probs are those of
+    :func:`~qkv.decoding.greedy.log_probs` and :func:`~qkv.decoding.greedy.force_eos`, but the
+    (N, k*V) table of every extension is never built. Since ``scores[i, j]`` is the same for
+    every token ``v`` of row ``j``, a candidate among the top ``n_cand`` of sentence ``i`` is
+    among the top ``n_cand`` tokens of its own row (otherwise ``n_cand`` extensions of that row
+    would beat it). So:
+
+    1. ``log_softmax`` of each row (one pass over the vocabulary), with PAD and BOS (and EOS before
+       ``min_len``) set to -inf afterwards, as :func:`log_probs` does: columns only;
+    2. the top ``n_cand`` tokens of each row (a second pass): (N, k, n_cand);
+    3. add ``scores`` and keep the top ``n_cand`` of these ``k * n_cand`` per sentence.
+
+    A row of a sentence at its limit has one candidate, EOS with the model's own log p(EOS) (the
+    maximum wins over the minimum), and -inf for the rest. The candidates and their scores are
+    those of the whole table (ties aside, which ``topk`` may break either way).
+    """
+    n, k = scores.shape
+    logp = log_probs(logits)  # (N*k, V), PAD and BOS at -inf
+    eos_logp = logp[:, EOS].clone()  # (N*k,) the model's log p(EOS), kept for rows at their limit
+    if before_min_len:
+        logp[:, EOS] = -math.inf
+    row_scores, row_tokens = logp.topk(min(n_cand, logp.size(1)), dim=1)  # (N*k, c) each, best first
+    row_scores, row_tokens = row_scores.view(n, k, -1), row_tokens.view(n, k, -1)  # (N, k, c)
+    if at_limit.any():  # only EOS: its own log-prob first, the rest -inf
+        row_scores[at_limit] = -math.inf
+        row_scores[at_limit, :, 0] = eos_logp.view(n, k)[at_limit]
+        row_tokens[at_limit] = EOS
+    c = row_scores.size(2)
+    total = (scores.unsqueeze(2) + row_scores).view(n, k * c)  # (N, k*c)
+    top_scores, top_idx = total.topk(min(n_cand, k * c), dim=1)  # (N, 2k)
+    return _Candidates(top_scores, top_idx // c, row_tokens.view(n, k * c).gather(1, top_idx))
 
 
 def _finalize(
@@ -163,7 +200,8 @@ def _advance(beams: _Beams, cand: _Candidates, live: Tensor, keep: Tensor) -> tu
     live = live[keep]  # (N', k) positions among the candidates
     from_beam = cand.beams[keep].gather(1, live)  # (N', k)
     tokens = cand.tokens[keep].gather(1, live)  # (N', k)
-    rows = (keep.unsqueeze(1) * k + from_beam).view(-1)  # (N'*k,) rows of the current state
+    # (N'*k,) rows of the current state; each group of k comes from one sentence (state.reorder relies on it)
+    rows = (keep.unsqueeze(1) * k + from_beam).view(-1)
     prefixes = beams.prefixes[keep.unsqueeze(1), from_beam]  # (N', k, t)
     new = _Beams(
         sents=beams.sents[keep],
@@ -208,14 +246,16 @@ def beam_search(
     if batch_size == 0:
         return []
     beams = _initial_beams(as_max_len(max_len, batch_size, src.device), k)
-    state = model.start(src).reorder(torch.arange(batch_size, device=src.device).repeat_interleave(k))
+    state = model.start(src)
+    if hasattr(state, "expand_beams"):  # k decoder rows per sentence, the source side kept per sentence
+        state = state.expand_beams(k)
+    else:  # k copies of every row
+        state = state.reorder(torch.arange(batch_size, device=src.device).repeat_interleave(k))
     tokens = torch.full((batch_size * k,), BOS, dtype=torch.long, device=src.device)  # (B*k,)
     ended = torch.zeros(batch_size, dtype=torch.bool, device=src.device)  # drop_finished=False only
     for step in range(int(beams.max_len.max()) + 1):
         logits, state = model.step(tokens, state)
-        at_limit = (beams.max_len <= step).repeat_interleave(k)  # (N*k,)
-        logp = force_eos(log_probs(logits), at_limit, before_min_len=step < min_len)  # (N*k, V)
-        cand = _top_candidates(beams.scores, logp.view(-1, k, logp.size(-1)), 2 * k)  # (N, 2k)
+        cand = _top_candidates(beams.scores, logits, 2 * k, beams.max_len <= step, step < min_len)  # (N, 2k)
         _finalize(cand, beams, step, alpha, finished, None if drop_finished else ~ended)
         live = _select_live(cand, k)  # (N, k)
         done = _done(beams, cand.scores.gather(1, live), step, alpha, finished)  # (N,)

@@ -29,7 +29,9 @@ from qkv.config import BOS, EOS, PAD
 
 
 class DecoderState(Protocol):
-    """Incremental decoding state: opaque to the decoders except for ``reorder``."""
+    """Incremental decoding state: opaque to the decoders except for ``reorder`` (and, optional,
+    ``expand_beams(k)``: ``k`` rows per sentence for beam search, see
+    :class:`qkv.models.transformer.TransformerState`)."""
 
     def reorder(self, indices: Tensor) -> "DecoderState":
         """Select / reorder batch rows: row ``j`` of the result is row ``indices[j]``."""

@@ -13,7 +13,7 @@ keys/values are computed once per sentence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -29,20 +29,57 @@ from qkv.nn.positional import positional_encoding
 
 @dataclass
 class TransformerState:
-    """Incremental decoding state: everything :meth:`Transformer.step` needs, nothing hidden."""
+    """Incremental decoding state: everything :meth:`Transformer.step` needs, nothing hidden.
 
-    memory_mask: torch.Tensor  # (B, 1, 1, S)
-    cross_kv: list[KVCache]  # per decoder layer, (B, h, S, d_k): computed once
-    self_kv: list[KVCache]  # per decoder layer, (B, h, t, d_k): grows by one per step
+    In beam search (``beam = k > 1``, after :meth:`expand_beams`) the decoder runs ``N * k`` rows,
+    sentence-major (row ``i * k + j`` is hypothesis ``j`` of sentence ``i``), but the source side
+    stays per sentence: the ``k`` hypotheses of a sentence attend to the same ``N`` keys/values
+    (see :meth:`MultiHeadAttention.forward`), which are therefore never copied per hypothesis.
+    """
+
+    memory_mask: torch.Tensor  # (N, 1, 1, S)
+    cross_kv: list[KVCache]  # per decoder layer, (N, h, S, d_k): computed once, one per sentence
+    self_kv: list[KVCache]  # per decoder layer, (N * beam, h, t, d_k): grows by one per step
     position: int  # number of target positions decoded so far
+    beam: int = 1  # decoder rows per source sentence
+
+    def expand_beams(self, k: int) -> "TransformerState":
+        """``k`` rows per sentence for beam search: row ``i * k + j`` starts as row ``i``.
+
+        Only the self-attention caches are repeated; the cross-attention keys/values and the
+        memory mask stay one per sentence."""
+        assert self.beam == 1, "expand_beams on a state that already has beams"
+        rows = torch.arange(self.memory_mask.size(0), device=self.memory_mask.device).repeat_interleave(k)
+        return replace(self, self_kv=[kv.reorder(rows) for kv in self.self_kv], beam=k)
 
     def reorder(self, indices: torch.Tensor) -> "TransformerState":
-        """Select/reorder batch rows (beam back-pointers, dropping finished sentences)."""
-        return TransformerState(
-            self.memory_mask.index_select(0, indices),
-            [kv.reorder(indices) for kv in self.cross_kv],
-            [kv.reorder(indices) for kv in self.self_kv],
-            self.position,
+        """Select/reorder batch rows (beam back-pointers, dropping finished sentences): row ``r``
+        of the result is row ``indices[r]``.
+
+        With ``beam = k > 1``, ``indices`` must keep the layout: each group of ``k`` consecutive
+        new rows comes from one sentence's ``k`` rows (what beam search's ``_advance`` gives:
+        ``rows = sentence * k + back-pointer``). Then only the self-attention caches follow the
+        back-pointers; the per-sentence cross-attention keys/values and mask are selected by
+        sentence, and not copied at all while no sentence is dropped or moved."""
+        if self.beam == 1:
+            return TransformerState(
+                self.memory_mask.index_select(0, indices),
+                [kv.reorder(indices) for kv in self.cross_kv],
+                [kv.reorder(indices) for kv in self.self_kv],
+                self.position,
+            )
+        k, n = self.beam, self.memory_mask.size(0)
+        groups = indices.view(-1, k) // k  # (N', k) the sentence of each new row
+        sents = groups[:, 0]  # (N',)
+        assert bool((groups == sents.unsqueeze(1)).all()), "each group of beam rows must come from one sentence"
+        self_kv = [kv.reorder(indices) for kv in self.self_kv]
+        if sents.numel() == n and torch.equal(sents, torch.arange(n, device=sents.device)):
+            return replace(self, self_kv=self_kv)  # the same sentences in the same order
+        return replace(
+            self,
+            memory_mask=self.memory_mask.index_select(0, sents),
+            cross_kv=[kv.reorder(sents) for kv in self.cross_kv],
+            self_kv=self_kv,
         )
 
 
@@ -140,11 +177,12 @@ class Transformer(nn.Module):
         return TransformerState(mask, cross, self_kv, 0)
 
     def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
-        """One decoding step: the last tokens ``(B,)`` -> next-token logits ``(B, V)``."""
+        """One decoding step: the last tokens ``(B,)`` -> next-token logits ``(B, V)``
+        (``B = N * state.beam`` rows for ``N`` sentences)."""
         x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_pos, offset=state.position)  # (B, 1, d)
         new_kv = []
         for layer, cross, cache in zip(self.decoder_layers, state.cross_kv, state.self_kv):
-            x, cache, _ = layer(x, cross, state.memory_mask, self_cache=cache)
+            x, cache, _ = layer(x, cross, state.memory_mask, self_cache=cache, beam=state.beam)
             new_kv.append(cache)
         logits = self._logits(self.decoder_norm(x))[:, 0]  # (B, V)
-        return logits, TransformerState(state.memory_mask, state.cross_kv, new_kv, state.position + 1)
+        return logits, replace(state, self_kv=new_kv, position=state.position + 1)

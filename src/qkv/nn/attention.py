@@ -127,6 +127,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         static_kv: bool = False,
         need_weights: bool = False,
+        beam: int = 1,
     ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
         """Attend from ``x (B, T_q, d_model)``.
 
@@ -134,6 +135,13 @@ class MultiHeadAttention(nn.Module):
           (incremental decoding) and the grown cache is returned;
         * cross-attention: keys/values from ``memory (B, T_k, d_model)``, or from ``cache`` when
           ``static_kv`` (computed once by :meth:`project_kv`).
+
+        ``beam`` (cross-attention from a cache only): ``x`` holds ``beam`` consecutive rows per row
+        of the cache, ``B = N * beam`` against keys/values ``(N, h, T_k, d_k)`` and a mask
+        ``(N, 1, 1, T_k)``: the hypotheses of one sentence in beam search share its source. Its
+        ``beam`` rows are attended as ``beam * T_q`` queries of that one sentence, so the keys and
+        values are never copied per hypothesis; each query's result is the same as with the cache
+        repeated ``beam`` times.
 
         Returns ``(output (B, T_q, d_model), cache, weights (B, h, T_q, T_k) or None)``.
         """
@@ -151,7 +159,15 @@ class MultiHeadAttention(nn.Module):
             if not static_kv:
                 cache = self.project_kv(memory)
             k, v = cache.k, cache.v
+        h, d_k = self.n_heads, self.d_k
+        assert beam == 1 or memory is not None or static_kv, "beam > 1 is for cross-attention only"
+        if beam > 1:  # (N*beam, h, T_q, d_k) -> (N, h, beam*T_q, d_k): one sentence's queries together
+            q = q.view(-1, beam, h, t, d_k).transpose(1, 2).reshape(-1, h, beam * t, d_k)
         p = self.dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(q, k, v, mask, p, is_causal, need_weights)
+        if beam > 1:  # (N, h, beam*T_q, ·) -> (N*beam, h, T_q, ·): back to one row per hypothesis
+            out = out.view(-1, h, beam, t, d_k).transpose(1, 2).reshape(b, h, t, d_k)
+            if weights is not None:
+                weights = weights.view(-1, h, beam, t, k.size(2)).transpose(1, 2).reshape(b, h, t, k.size(2))
         out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T_q, h * d_v): Concat(heads)
         return self.out_proj(out), cache, weights

@@ -82,9 +82,12 @@ class DecoderLayer(nn.Module):
         memory_mask: torch.Tensor | None,
         self_cache: KVCache | None = None,
         need_weights: bool = False,
+        beam: int = 1,
     ) -> tuple[torch.Tensor, KVCache | None, DecoderLayerWeights]:
         """``x (B, T, d)`` attends causally to itself (to the cache and itself when decoding
         incrementally) and to the encoder output's keys/values ``memory_kv`` (computed once).
+        ``beam``: rows of ``x`` per sentence of ``memory_kv`` (``B = N * beam``, beam search; see
+        :meth:`MultiHeadAttention.forward`).
 
         Returns the output ``(B, T, d)``, the grown self-attention cache, and the weights.
         """
@@ -95,7 +98,8 @@ class DecoderLayer(nn.Module):
         a, self_cache, w_self = self.self_attn(h, is_causal=causal, cache=self_cache, need_weights=need_weights)
         x = self.res_self.after(x, a)
         h = self.res_cross.before(x)
-        a, _, w_cross = self.cross_attn(h, mask=memory_mask, cache=memory_kv, static_kv=True, need_weights=need_weights)
+        a, _, w_cross = self.cross_attn(h, mask=memory_mask, cache=memory_kv, static_kv=True,
+                                     need_weights=need_weights, beam=beam)
         x = self.res_cross.after(x, a)
         x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
         return x, self_cache, DecoderLayerWeights(w_self, w_cross)

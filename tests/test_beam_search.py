@@ -1,0 +1,204 @@
+"""Batched beam search on real models against a straightforward reference.
+
+The batched search (qkv.decoding.beam_search) keeps the Transformer's cross-attention keys/values
+once per sentence (TransformerState.expand_beams / reorder with beam > 1) and never builds the
+(N, k*V) table of every extension (top tokens per row first). The reference below does neither:
+every hypothesis row gets its own copy of the source side (``reorder(repeat_interleave)``), the
+log-probs go through greedy's ``log_probs`` + ``force_eos`` over the whole vocabulary, and each
+sentence picks its top 2k of the full k x V table, in a plain Python loop over sentences; done
+sentences are not dropped from the batch. Same algorithm (module docstring of beam_search), none
+of the shortcuts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+from qkv.config import BOS, EOS, MODEL_PRESETS, PAD
+from qkv.decoding import Hypothesis, beam_search
+from qkv.decoding.beam_search import length_penalty
+from qkv.decoding.greedy import force_eos, log_probs
+from qkv.models import build_model
+from qkv.models.transformer import TransformerState
+
+V = 12  # small vocabulary: EOS is likely enough that sentences end at different steps
+
+
+@torch.inference_mode()
+def reference_beam_search(model, src: Tensor, k: int, alpha: float, max_len: Tensor, nbest: int, min_len: int):
+    """Beam search written out: full log-prob table, one sentence at a time, no shortcuts."""
+    b = src.size(0)
+    state = model.start(src).reorder(torch.arange(b).repeat_interleave(k))  # every row its own copy
+    scores = [[0.0] + [-math.inf] * (k - 1) for _ in range(b)]
+    prefixes = [[[] for _ in range(k)] for _ in range(b)]
+    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    searching = [True] * b
+    tokens = torch.full((b * k,), BOS)
+    for step in range(int(max_len.max()) + 1):
+        logits, state = model.step(tokens, state)
+        at_limit = (max_len <= step).repeat_interleave(k)
+        logp = force_eos(log_probs(logits), at_limit, before_min_len=step < min_len).view(b, k, -1)  # (B, k, V)
+        rows, next_tokens = torch.arange(b * k), torch.full((b * k,), EOS)
+        for i in range(b):
+            if not searching[i]:
+                continue
+            table = torch.tensor(scores[i]).unsqueeze(1) + logp[i]  # (k, V): every extension
+            top, idx = table.view(-1).topk(2 * k)
+            cands = [(float(s), int(j) // V, int(j) % V) for s, j in zip(top, idx)]  # (score, beam, token)
+            lp = length_penalty(step + 1, alpha)
+            for s, j, v in cands[:k]:  # EOS within the top k: a finished hypothesis
+                if v == EOS and math.isfinite(s):
+                    finished[i].append(Hypothesis(prefixes[i][j], s / lp, s))
+                    finished[i].sort(key=lambda h: h.score, reverse=True)
+                    del finished[i][k:]
+            live = [c for c in cands if c[2] != EOS][:k]
+            worst = finished[i][-1].score if len(finished[i]) == k else -math.inf
+            if live[0][0] / lp <= worst or max_len[i] <= step or not math.isfinite(live[0][0]):
+                searching[i] = False
+                continue
+            scores[i] = [s for s, _, _ in live]
+            prefixes[i] = [prefixes[i][j] + [v] for _, j, v in live]
+            rows[i * k:(i + 1) * k] = torch.tensor([i * k + j for _, j, _ in live])
+            next_tokens[i * k:(i + 1) * k] = torch.tensor([v for _, _, v in live])
+        if not any(searching):
+            break
+        state, tokens = state.reorder(rows), next_tokens
+    return [hyps[:nbest] for hyps in finished]
+
+
+class EndingSooner:
+    """A model whose EOS logit grows by ``rate`` per decoded position, so that random-weight
+    models end their sentences at different steps (the state is the model's own)."""
+
+    def __init__(self, model, rate: float = 0.7):
+        self.model, self.rate = model, rate
+
+    def start(self, src: Tensor):
+        return self.model.start(src)
+
+    def step(self, tokens: Tensor, state):
+        logits, state = self.model.step(tokens, state)
+        logits[:, EOS] += self.rate * state.position
+        return logits, state
+
+
+def transformer(seed: int = 0, **kw) -> EndingSooner:
+    torch.manual_seed(seed)
+    cfg = dataclasses.replace(MODEL_PRESETS["tiny"], src_vocab_size=V, tgt_vocab_size=V, dropout=0.0,
+                              attention_dropout=0.0, **kw)
+    return EndingSooner(build_model(cfg).eval())
+
+
+def sources(b: int, s: int, seed: int = 1) -> Tensor:
+    """Random sources of different lengths (padded), each ending in EOS."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (b, s), generator=g)
+    for i in range(b):
+        n = 2 + (i * 3) % (s - 1)  # lengths 2 .. s
+        src[i, n - 1] = EOS
+        src[i, n:] = PAD
+    return src
+
+
+def assert_same(got: list[list[Hypothesis]], want: list[list[Hypothesis]]):
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+    for hs, ws in zip(got, want):
+        for h, w in zip(hs, ws):
+            assert h.score == pytest.approx(w.score, rel=1e-5, abs=1e-5)
+            assert h.logprob == pytest.approx(w.logprob, rel=1e-5, abs=1e-5)
+
+
+CASES = [  # beam, alpha, min_len, nbest
+    (1, 0.6, 0, 1),
+    (2, 0.0, 0, 2),
+    (3, 0.6, 2, 3),
+    (5, 1.0, 0, 3),
+    (5, 0.6, 3, 1),
+]
+
+
+@pytest.mark.parametrize("k,alpha,min_len,nbest", CASES)
+def test_transformer_beam_search_equals_reference(k, alpha, min_len, nbest):
+    model = transformer()
+    src = sources(7, 6)
+    max_len = torch.tensor([1, 3, 4, 5, 6, 7, 8])  # per sentence, one below some min_len
+    got = beam_search(model, src, k, alpha, max_len, nbest=nbest, min_len=min_len)
+    want = reference_beam_search(model, src, k, alpha, max_len, nbest, min_len)
+    assert_same(got, want)
+    assert all(len(h) == nbest or len(h) == len(w) for h, w in zip(got, want))
+    lengths = {len(h.tokens) for hs in got for h in hs}
+    assert len(lengths) >= 3, f"the case should have hypotheses of several lengths, got {lengths}"
+    ended_early = [len(hs[0].tokens) < int(m) for hs, m in zip(got, max_len)]
+    assert any(ended_early) and not all(ended_early), "some sentences should end before their limit, some not"
+    assert all(len(h.tokens) >= min(min_len, int(m)) for hs, m in zip(got, max_len) for h in hs)
+
+
+def test_transformer_beam_search_keeps_finished_sentences_the_same():
+    model = transformer(seed=3, norm_first=True)
+    src = sources(5, 7, seed=2)
+    max_len = torch.tensor([9, 2, 6, 4, 7])
+    want = reference_beam_search(model, src, 4, 0.6, max_len, 4, 1)
+    for drop in (True, False):
+        assert_same(beam_search(model, src, 4, 0.6, max_len, nbest=4, min_len=1, drop_finished=drop), want)
+
+
+@pytest.mark.parametrize("kw", [{"attention": "additive"}, {"attention": "general", "input_feeding": True}])
+def test_rnn_seq2seq_beam_search_equals_reference(kw):
+    """States without ``expand_beams`` (here the RNN encoder-decoder) still get k copies of each row."""
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(MODEL_PRESETS["tiny"], arch="lstm", d_model=16, n_encoder_layers=2,
+                              n_decoder_layers=2, dropout=0.0, src_vocab_size=V, tgt_vocab_size=V, **kw)
+    model = build_model(cfg).eval()
+    src = sources(6, 6, seed=4)
+    max_len = torch.tensor([2, 4, 5, 6, 7, 8])
+    assert not hasattr(model.start(src), "expand_beams")
+    got = beam_search(model, src, 5, 0.6, max_len, nbest=5, min_len=1)
+    assert_same(got, reference_beam_search(model, src, 5, 0.6, max_len, 5, 1))
+
+
+def test_transformer_state_with_beams_steps_like_one_row_per_hypothesis():
+    """expand_beams + reorder by sentence give the logits of the layout with every row's own copy."""
+    model = transformer(seed=5).model
+    src = sources(4, 6, seed=6)
+    k = 3
+    with torch.inference_mode():
+        start = model.start(src)
+        grouped = start.expand_beams(k)  # cross K/V (4, h, S, d_k)
+        per_row = start.reorder(torch.arange(4).repeat_interleave(k))  # cross K/V (12, h, S, d_k)
+        assert grouped.beam == k and grouped.cross_kv[0].k.size(0) == 4 and per_row.cross_kv[0].k.size(0) == 12
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.full((4 * k,), BOS)
+        sents = torch.arange(4)
+        for t in range(5):
+            logits_g, grouped = model.step(tokens, grouped)
+            logits_r, per_row = model.step(tokens, per_row)
+            torch.testing.assert_close(logits_g, logits_r, rtol=1e-5, atol=1e-5)
+            n = sents.numel()
+            keep = torch.arange(n) if t % 2 == 0 else torch.tensor([i for i in range(n) if i != 1])  # drop one
+            back = torch.randint(0, k, (keep.numel(), k), generator=g)  # back-pointers within a sentence
+            rows = (keep.unsqueeze(1) * k + back).view(-1)
+            old_cross = grouped.cross_kv[0].k
+            grouped, per_row = grouped.reorder(rows), per_row.reorder(rows)
+            if keep.numel() == n:  # same sentences: the per-sentence keys/values are not copied
+                assert grouped.cross_kv[0].k is old_cross
+            else:
+                assert grouped.cross_kv[0].k.size(0) == keep.numel()
+            sents = sents[keep]
+            tokens = torch.randint(4, V, (rows.numel(),), generator=g)
+        torch.testing.assert_close(grouped.memory_mask, per_row.memory_mask[::k])
+        for a, b in zip(grouped.self_kv, per_row.self_kv):
+            torch.testing.assert_close(a.k, b.k, rtol=1e-5, atol=1e-5)
+
+
+def test_reorder_with_beams_rejects_rows_that_mix_sentences():
+    model = transformer().model
+    state = model.start(sources(2, 5)).expand_beams(2)  # rows 0,1: sentence 0; rows 2,3: sentence 1
+    assert isinstance(state, TransformerState)
+    state.reorder(torch.tensor([1, 1, 2, 3]))
+    with pytest.raises(AssertionError, match="one sentence"):
+        state.reorder(torch.tensor([1, 2, 2, 3]))
