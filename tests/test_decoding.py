@@ -339,3 +339,20 @@ def test_drop_finished_false_gives_the_same_results(beam):
     assert set(keeping.batch_sizes) == {len(ids) * beam}  # no row ever dropped
     assert dropping.batch_sizes[-1] < len(ids) * beam
     assert len(keeping.batch_sizes) == len(dropping.batch_sizes)  # same number of steps
+
+
+def test_greedy_choice_is_the_argmax_of_the_masked_log_probs():
+    """greedy picks from the raw logits: the same token as argmax(force_eos(log_probs(logits)))."""
+    from qkv.decoding.greedy import force_eos, greedy_choice, log_probs
+
+    torch.manual_seed(0)
+    for before_min_len in (False, True):
+        logits = torch.randn(50, 12) * 3
+        logits[:10, 0] = 100.0  # PAD would win, must not be chosen
+        logits[10:20, 2] = 100.0  # BOS likewise
+        logits[20:30, 3] = 100.0  # EOS wins unless before min_len
+        at_limit = torch.rand(50) < 0.3
+        want = force_eos(log_probs(logits), at_limit, before_min_len).argmax(-1)
+        got = greedy_choice(logits.clone(), at_limit, before_min_len)
+        assert torch.equal(got, want)
+        assert not torch.isin(got, torch.tensor([0, 2])).any()

@@ -9,7 +9,8 @@ batch (``state.reorder`` with the indices of the rows still running).
 
 Shared conventions (also used by :mod:`qkv.decoding.beam_search`):
 
-* the model returns unnormalised logits; the decoder takes ``log_softmax`` in float32;
+* the model returns unnormalised logits; beam search takes ``log_softmax`` in float32, greedy
+  needs no normalisation (the argmax is the same; :func:`greedy_choice`);
 * PAD and BOS are never emitted (their log-probs are set to -inf after the softmax, so the
   scores stay the model's own log-probs); UNK is allowed;
 * ``max_len[i]`` is the number of tokens (EOS excluded) sentence ``i`` may produce: at step
@@ -85,6 +86,18 @@ def force_eos(logp: Tensor, at_limit: Tensor, before_min_len: bool = False) -> T
     return torch.where(at_limit.unsqueeze(1), only_eos, logp)  # (N, V)
 
 
+def greedy_choice(logits: Tensor, at_limit: Tensor, before_min_len: bool = False) -> Tensor:
+    """``argmax_v force_eos(log_probs(logits))[:, v]`` without normalising: log_softmax only
+    subtracts a constant per row, so the argmax of the logits (PAD and BOS masked, EOS masked
+    before ``min_len``) is the same token; rows ``at_limit`` (N,) get EOS. ``logits`` (N, V) are
+    overwritten in those columns."""
+    logits[:, PAD] = -math.inf
+    logits[:, BOS] = -math.inf
+    if before_min_len:
+        logits[:, EOS] = -math.inf
+    return logits.argmax(dim=-1).masked_fill(at_limit, EOS)  # (N,)
+
+
 def as_max_len(max_len: Tensor | int, batch_size: int, device: torch.device) -> Tensor:
     """``max_len`` as a LongTensor (B,) on ``device`` (an int is broadcast to every sentence)."""
     max_len = torch.as_tensor(max_len, dtype=torch.long, device=device)
@@ -122,8 +135,7 @@ def greedy(
     ended = torch.zeros(batch_size, dtype=torch.bool, device=src.device)  # drop_finished=False only
     for t in range(int(max_len.max()) + 1):
         logits, state = model.step(tokens, state)
-        logp = force_eos(log_probs(logits), max_len[rows] <= t, before_min_len=t < min_len)  # (N, V)
-        tokens = logp.argmax(dim=-1)  # (N,)
+        tokens = greedy_choice(logits, max_len[rows] <= t, before_min_len=t < min_len)  # (N,)
         if not drop_finished:  # rows that ended earlier are fed EOS and their output ignored
             tokens = tokens.masked_fill(ended, EOS)
             ended |= tokens == EOS
