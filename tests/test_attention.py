@@ -109,3 +109,34 @@ def test_attention_dropout_only_in_training():
     mha.train()
     c, _, _ = mha(x)
     assert not torch.allclose(a, c)
+
+
+def test_kv_cache_grows_in_place_and_branches_safely():
+    """append writes into spare room (no copy of the past) and equals torch.cat; a state that is
+    appended to twice (a branch) keeps both results right; reorder copies the filled rows."""
+    from qkv.nn.attention import KVCache
+
+    torch.manual_seed(0)
+    steps = [(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)) for _ in range(40)]  # > GROW: one regrowth
+    empty = torch.zeros(3, 2, 0, 4)
+    cache, ref_k, ref_v = KVCache(empty, empty), empty, empty
+    states = []
+    for k, v in steps:
+        cache = cache.append(k, v)
+        ref_k, ref_v = torch.cat([ref_k, k], dim=2), torch.cat([ref_v, v], dim=2)
+        assert torch.equal(cache.k, ref_k) and torch.equal(cache.v, ref_v)
+        states.append((cache, ref_k, ref_v))
+    first, second = states[5][0].append(*steps[0]), states[6][0]  # branch from an older state
+    assert first.k.data_ptr() != second.k.data_ptr()  # the branch was copied, not written over
+    assert torch.equal(first.k, torch.cat([states[5][1], steps[0][0]], dim=2))
+    for c, k, v in states:  # every earlier state still holds its own keys and values
+        assert torch.equal(c.k, k) and torch.equal(c.v, v)
+    last_k = states[-1][0].k
+    assert states[-2][0].k.data_ptr() == last_k.data_ptr()  # consecutive states share one buffer
+    idx = torch.tensor([2, 2, 0])
+    moved = cache.reorder(idx)
+    assert torch.equal(moved.k, ref_k.index_select(0, idx)) and torch.equal(moved.v, ref_v.index_select(0, idx))
+    k, v = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
+    grown = moved.append(k, v)
+    assert torch.equal(grown.k, torch.cat([ref_k.index_select(0, idx), k], dim=2))
+    assert torch.equal(cache.k, ref_k)  # the reorder did not touch the original

@@ -43,10 +43,13 @@ def test_temperature_divides_logits_and_filtered_draws_stay_in_the_set():
     z = torch.tensor([[2.0, 4.0]])
     assert torch.equal(apply_temperature(z, 2.0), torch.tensor([[1.0, 2.0]]))
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(1, 50)
-    allowed = kept(top_k_filter(logits, 5)) - {PAD, BOS}
-    draws = {int(next_token(logits, 1.0, top_k=5, generator=g)) for _ in range(200)}
-    assert draws <= allowed and len(draws) > 1
+    for seed in (0, 5, 8):  # seeds 5 and 8 put PAD or BOS among the raw top 5
+        logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(seed))
+        masked = logits.clone()
+        masked[:, [PAD, BOS]] = -math.inf  # never drawn, so the top 5 are taken among the others
+        allowed = kept(top_k_filter(masked, 5))
+        draws = {int(next_token(logits, 1.0, top_k=5, generator=g)) for _ in range(200)}
+        assert draws <= allowed and len(draws) > 1
 
 
 def test_draw_frequencies_follow_the_renormalised_distribution():

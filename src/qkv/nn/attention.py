@@ -73,18 +73,57 @@ def scaled_dot_product_attention(
 
 
 @dataclass
+class _Room:
+    """The storage behind a growing :class:`KVCache`: ``(B, h, capacity, d_k)`` buffers, of which
+    the first ``filled`` positions hold keys/values."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    filled: int
+
+
+@dataclass
 class KVCache:
     """Keys and values of one attention layer kept across decoding steps, ``(B, h, T, d_k)``.
 
-    For self-attention they grow by one position per step; for cross-attention they are computed
-    once from the encoder output and reused at every step.
+    For self-attention they grow by one position per step (:meth:`append`); for cross-attention
+    they are computed once from the encoder output and reused at every step.
+
+    A grown cache's ``k``/``v`` are views of the first T positions of buffers with room for up to
+    ``GROW`` more (``room``), so that a step writes its one new position in place instead of
+    copying the whole past (``torch.cat``); a reorder (beam search) copies the buffers with their
+    room, one copy per step instead of two. Appending to a cache that is not the newest state of
+    its buffer (a branch) copies instead, so every state stays valid.
     """
 
     k: torch.Tensor
     v: torch.Tensor
+    room: _Room | None = None
+
+    GROW = 8  # positions of spare room a new buffer gets
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> "KVCache":
+        """The cache with ``k``, ``v`` ``(B, h, t, d_k)`` added after its T positions."""
+        b, h, t_past, d_k = self.k.shape
+        t = t_past + k.size(2)
+        room = self.room
+        if (room is None or room.filled != t_past or room.k.size(2) < t
+                or room.k.dtype != k.dtype or room.k.shape[:2] != k.shape[:2]):
+            room = _Room(k.new_empty(b, h, t + self.GROW, d_k), v.new_empty(b, h, t + self.GROW, d_k), t_past)
+            room.k[:, :, :t_past] = self.k
+            room.v[:, :, :t_past] = self.v
+        room.k[:, :, t_past:t] = k
+        room.v[:, :, t_past:t] = v
+        room.filled = t
+        return KVCache(room.k[:, :, :t], room.v[:, :, :t], room)
 
     def reorder(self, indices: torch.Tensor) -> "KVCache":
-        return KVCache(self.k.index_select(0, indices), self.v.index_select(0, indices))
+        """Rows ``indices`` (beam back-pointers, dropped sentences): row ``j`` is row ``indices[j]``."""
+        if self.room is None:
+            return KVCache(self.k.index_select(0, indices), self.v.index_select(0, indices))
+        t = self.k.size(2)
+        room = _Room(self.room.k.index_select(0, indices), self.room.v.index_select(0, indices), t)
+        return KVCache(room.k[:, :, :t], room.v[:, :, :t], room)
 
 
 class MultiHeadAttention(nn.Module):
@@ -150,9 +189,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, T, d_model) each: fused QKV
             q, k, v = self._split(q), self._split(k), self._split(v)  # (B, h, T, d_k)
             if cache is not None:
-                k = torch.cat([cache.k, k], dim=2)  # (B, h, T_past + T, d_k)
-                v = torch.cat([cache.v, v], dim=2)
-                cache = KVCache(k, v)
+                cache = cache.append(k, v)
+                k, v = cache.k, cache.v  # (B, h, T_past + T, d_k)
         else:
             w, bias = self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]
             q = self._split(F.linear(x, w, bias))  # (B, h, T_q, d_k)
