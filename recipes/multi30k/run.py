@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -58,6 +59,14 @@ def plot_curve(metrics: Path, png: Path, title: str) -> None:
     plt.close(fig)
 
 
+def averaged_from(path: Path) -> list[str]:
+    """The names of the step checkpoints an averaged checkpoint was made from (its config.json)."""
+    try:
+        return [Path(p).name for p in json.loads((path / "config.json").read_text(encoding="utf-8"))["averaged_from"]]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 def run_facts(out: Path, translator) -> dict:
     """Parameters, training seconds (all sessions) and mean training tokens/s of the run in ``out``."""
     import torch
@@ -68,7 +77,8 @@ def run_facts(out: Path, translator) -> dict:
     valid = [r for r in rows if "valid_loss" in r]
     return {
         "arch": translator.model.cfg.arch,
-        "attention": getattr(translator.model.cfg, "attention", None),
+        # the alignment score of a recurrent model with attention (a Transformer has none to name)
+        "attention": None if translator.model.cfg.arch == "transformer" else translator.model.cfg.attention,
         "parameters": sum(p.numel() for p in translator.model.parameters()),
         "train_seconds": float(state["elapsed"]),
         "steps": int(state["step"]),
@@ -136,9 +146,11 @@ def main() -> int:
     candidates = {"best": out / "best", "last": out / "last"}
     if args.select == "best":
         candidates = {"best": out / "best"}
-    n_steps = len(list_checkpoints(out)) if args.select == "val-bleu" else 0
-    for n in sorted({min(5, n_steps), min(args.average, n_steps)} - {0, 1}):
+    steps = list_checkpoints(out) if args.select == "val-bleu" else []
+    for n in sorted({min(5, len(steps)), min(args.average, len(steps))} - {0, 1}):
         averaged = out / f"average{n}"
+        if averaged.exists() and averaged_from(averaged) != [p.name for p in steps[-n:]]:
+            shutil.rmtree(averaged)  # made before the run was resumed: not the newest n any more
         if not averaged.exists():
             run(qkv + ["average", str(out), "--last", str(n), "--out", str(averaged)])
         candidates[f"average of the last {n}"] = averaged
