@@ -67,6 +67,8 @@ def test_learns_synthetic_task_from_cli(run):
     assert "accuracy" in run["log"]
     records = [json.loads(line) for line in (run["dir"] / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("valid_accuracy", 0) for r in records) >= 0.9
+    train_records = [r for r in records if "train_loss" in r]
+    assert train_records and all("examples_per_s" in r and "tokens_per_s" not in r for r in train_records)
     model = qkv.load(run["model"])
     assert model.labels == ["neg", "pos"]
     (label, p), (label2, _) = model.classify(["the movie was great and fun", "the plot was awful and dull"])

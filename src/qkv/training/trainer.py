@@ -57,6 +57,10 @@ from qkv.training.distributed import DistInfo
 from qkv.training.schedule import learning_rate
 
 
+# the metrics.jsonl field of the training rate, by what the task's batches count (Task.unit)
+RATE_FIELDS = {"tok": "tokens_per_s", "ex": "examples_per_s"}
+
+
 @dataclass
 class TrainResult:
     out_dir: Path
@@ -436,7 +440,7 @@ class Trainer:
                 if self.step % 50 == 0 or self.step == 1:
                     self.record({"step": self.step, "epoch": self.epoch, "train_loss": stats["loss"],
                                  "train_nll": stats["nll"], "lr": stats["lr"], "grad_norm": stats["grad_norm"],
-                                 "tokens_per_s": tok_s})
+                                 RATE_FIELDS.get(self.task.unit, f"{self.task.unit}_per_s"): tok_s})
                     if bar.disable and main:  # no terminal (a log file, CI): the progress as lines
                         self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
                                  f"lr {stats['lr']:.2e}  {tok_s:,.0f} {self.task.unit}/s")
