@@ -22,6 +22,7 @@ Model, training and decoding flags are generated from the fields of ``ModelConfi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -268,6 +269,16 @@ def show_toy_results(out: Path, test_pairs: list[tuple[str, str]]) -> None:
     print(f"try it: qkv translate {out}/best \"four thousand three hundred twenty-one\"")
 
 
+@contextlib.contextmanager
+def output_stream(path: str | None):
+    """``--output FILE`` opened for writing (closed afterwards, also on an error), or stdout."""
+    if not path:
+        yield sys.stdout
+        return
+    with open(path, "w", encoding="utf-8") as fh:
+        yield fh
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     import qkv
 
@@ -277,8 +288,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
     lines = read_inputs(args)
     nbest = overrides.get("nbest", model.decode_cfg.nbest)
-    out_fh = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
+    with output_stream(args.output) as out_fh:
         bs = overrides.get("batch_size", model.decode_cfg.batch_size) * 8
         for start in range(0, len(lines), bs):  # a chunk at a time, so output streams on long inputs
             chunk = lines[start : start + bs]
@@ -294,9 +304,6 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 else:
                     out_fh.write(hyps[0][0] + "\n")
             out_fh.flush()
-    finally:
-        if args.output:
-            out_fh.close()
     return 0
 
 
@@ -458,8 +465,7 @@ def load_encoder(path: str, needs: str):
 def cmd_classify(args: argparse.Namespace) -> int:
     model = load_encoder(args.model, "classify")
     lines = read_inputs(args)
-    out_fh = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
+    with output_stream(args.output) as out_fh:
         for start in range(0, len(lines), 512):  # a chunk at a time: output streams on long inputs
             chunk = lines[start:start + 512]
             keep = [i for i, line in enumerate(chunk) if line.strip()]
@@ -473,9 +479,6 @@ def cmd_classify(args: argparse.Namespace) -> int:
                 extra = "\t" + " ".join(f"{lab}={float(v):.4f}" for lab, v in zip(model.labels, p)) if args.all else ""
                 out_fh.write(f"{model.labels[c]}\t{float(p[c]):.4f}{extra}\n")
             out_fh.flush()
-    finally:
-        if args.output:
-            out_fh.close()
     return 0
 
 

@@ -38,10 +38,9 @@ from torch import nn
 
 from qkv.config import PAD, SEP, ModelConfig
 from qkv.masks import causal_mask, combine, padding_mask
-from qkv.nn.attention import KVCache, MultiHeadAttention
+from qkv.nn.attention import KVCache
 from qkv.nn.embedding import ScaledEmbedding
-from qkv.nn.feed_forward import PositionwiseFeedForward
-from qkv.nn.layers import Residual
+from qkv.nn.layers import EncoderLayer
 from qkv.nn.positional import positional_encoding
 
 
@@ -62,16 +61,11 @@ class DecoderOnlyState:
         )
 
 
-class CausalLayer(nn.Module):
+class CausalLayer(EncoderLayer):
     """One decoder-only layer: masked multi-head self-attention, then the position-wise FFN
-    (the decoder layer of Figure 1 without its cross-attention sublayer)."""
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool):
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.ffn = PositionwiseFeedForward(d_model, d_ff)
-        self.res_attn = Residual(d_model, dropout, norm_first)
-        self.res_ffn = Residual(d_model, dropout, norm_first)
+    (the decoder layer of Figure 1 without its cross-attention sublayer). The sublayers are the
+    encoder layer's (same parameters, same names); only the attention call differs: causal, and
+    with a KV cache when decoding."""
 
     def forward(
         self,
