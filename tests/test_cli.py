@@ -434,7 +434,7 @@ def test_train_into_existing_run_refused(run, capsys, tmp_path):
 def test_resume_raises_max_steps(run, capsys, tmp_path):
     out = shutil.copytree(run.out, tmp_path / "run")
     new_max = MAX_STEPS + 10
-    rc, _, err = cli(capsys, *data_argv(run.files, out, "--resume", "--max-steps", str(new_max)))
+    rc, _, err = cli(capsys, *data_argv(run.files, out, "--resume", "--max-steps", str(new_max), "--patience", "5"))
     assert rc == 0, err
     assert f"resuming from {out / 'last'} at step {MAX_STEPS}" in err
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -443,6 +443,7 @@ def test_resume_raises_max_steps(run, capsys, tmp_path):
     assert max(steps) == steps[-1] == new_max  # appended, continuing from the old records
     config = json.loads((out / "last" / "config.json").read_text())
     assert config["train"]["max_steps"] == new_max
+    assert config["train"]["patience"] == 5  # early stopping may be turned on for a running run
     assert config["model"]["d_model"] == 32  # the run's own model
 
 

@@ -137,6 +137,7 @@ def test_helpers_are_no_ops_for_one_process(monkeypatch):
     x = torch.tensor([3.0, 4.0])
     assert torch.equal(distributed.all_reduce_sum(x), x)
     assert distributed.any_rank(True) and not distributed.any_rank(False)
+    assert distributed.from_main(7) == 7
     distributed.barrier()
     distributed.cleanup(info)
 
@@ -152,3 +153,22 @@ def test_device_requests_this_machine_cannot_serve_are_config_errors():
             distributed.resolve_device("cuda", "none")
         with pytest.raises(ConfigError, match="'amp'.*fp16"):
             distributed.resolve_device("auto", "fp16")
+
+
+def _from_main_worker(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        got = distributed.from_main(5 if rank == 0 else 99)  # rank 1's own count is ignored
+        Path(out, f"rank{rank}").write_text(str(got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_from_main_gives_every_rank_the_count_of_rank_0(tmp_path):
+    """What patience uses: rank 0 alone validates, and every rank must stop at the same update."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_from_main_worker, args=(f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, join=True)
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["5", "5"]

@@ -184,3 +184,38 @@ def test_fused_loss_gives_the_gradients_of_the_unfused_loss(task):
     assert grads[True][1] == pytest.approx(grads[False][1], rel=1e-6)
     for k, g in grads[False][2].items():
         torch.testing.assert_close(grads[True][2][k], g, rtol=1e-5, atol=1e-7, msg=k)
+
+
+def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path, monkeypatch):
+    """Early stopping: the validation losses are scripted; best/ is the last improvement."""
+    from qkv.training import trainer as trainer_mod
+
+    losses = iter([3.0, 2.0, 2.5, 1.9, 2.2, 2.1, 2.0, 9.9, 9.9, 9.9])
+    real_validate = trainer_mod.Trainer.validate
+
+    def scripted(self):
+        return {**real_validate(self), "valid_loss": next(losses)}
+
+    monkeypatch.setattr(trainer_mod.Trainer, "validate", scripted)
+    logs: list[str] = []
+    cfg = dataclasses.replace(TRAIN, max_steps=100, eval_every=2, eval_bleu_samples=0, patience=3)
+    data, valid = numbers(1, 200, 2), numbers(3, 200, 40)
+    result = train(MODEL, cfg, DecodeConfig(), data, valid, tmp_path / "run", log=logs.append)
+    # new bests at validations 1, 2, 4 (1.9); then 2.2, 2.1, 2.0 are three without one: stop at the 7th
+    assert result.step == 14
+    assert any("converged: 3 validations in a row without a new best valid_loss (patience=3)" in m for m in logs)
+    state = read_checkpoint(tmp_path / "run" / "best", need_trainer_state=True).trainer_state
+    assert state["step"] == 8 and state["best_score"] == 1.9
+    last = read_checkpoint(tmp_path / "run" / "last", need_trainer_state=True).trainer_state
+    assert last["bad_evals"] == 3
+    # resuming a converged run trains nothing more; a larger patience continues it
+    again = train(MODEL, cfg, DecodeConfig(), data, valid, tmp_path / "run", resume=True, log=QUIET)
+    assert again.step == 14
+    more = train(MODEL, dataclasses.replace(cfg, patience=4), DecodeConfig(), data, valid, tmp_path / "run",
+                 resume=True, log=QUIET)
+    assert more.step == 16  # one more validation (9.9) is the fourth without a new best
+
+
+def test_patience_must_not_be_negative():
+    with pytest.raises(ConfigError, match="patience"):
+        dataclasses.replace(TRAIN, patience=-1).validate()

@@ -180,6 +180,13 @@ def any_rank(flag: bool) -> bool:
     return bool(all_reduce_sum(torch.tensor([1.0 if flag else 0.0])).item() > 0)
 
 
+def from_main(value: int) -> int:
+    """Rank 0's ``value`` on every rank (e.g. a count only rank 0 keeps)."""
+    if not _active():
+        return value
+    return int(all_reduce_sum(torch.tensor([float(value) if is_main() else 0.0])).item())
+
+
 def all_gather_bytes(t: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's copy of a uint8 tensor of the same size on all ranks (e.g. an RNG state), on the CPU."""
     if not _active():

@@ -150,6 +150,7 @@ class Trainer:
         self.batch_in_epoch = 0  # batches of the current epoch already consumed
         # the best value so far of the task's selection metric, stored as "lower is better"
         self.best_score = math.inf
+        self.bad_evals = 0  # validations in a row since the last new best (for patience)
         self.elapsed = 0.0  # seconds of training over all sessions of this run
         self.metrics_path = out_dir / "metrics.jsonl"
         self.data_name = data_name  # what the run trains on (recorded in the checkpoint's config)
@@ -183,6 +184,7 @@ class Trainer:
             "batch_in_epoch": self.batch_in_epoch,
             "best_metric": self.task.best_metric,
             "best_score": self.best_score,
+            "bad_evals": self.bad_evals,
             "elapsed": self.elapsed,
             "optimizer": _to_cpu(self.optimizer.state_dict()),
             "torch_rng": own[0],
@@ -230,6 +232,7 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = int(st["step"]), int(st["epoch"]), int(st["batch_in_epoch"])
         self.best_score = float(st["best_score"] if "best_score" in st else st["best_valid_loss"])
         self.elapsed = float(st["elapsed"])
+        self.bad_evals = int(st.get("bad_evals", 0))  # older checkpoints: counting starts again here
         saved_world = int(st.get("world_size", 1))
         if saved_world != self.dist.world_size:
             self.log(f"note: {path} was written by a run of {saved_world} process(es), this one has "
@@ -278,6 +281,9 @@ class Trainer:
             return f"reached max_steps={c.max_steps}"
         if c.max_epochs and self.epoch >= c.max_epochs:
             return f"reached max_epochs={c.max_epochs}"
+        if c.patience and self.bad_evals >= c.patience:  # the same on every rank (synced after validation)
+            return (f"converged: {self.bad_evals} validations in a row without a new best "
+                    f"{self.task.best_metric} (patience={c.patience})")
         if c.max_time:  # clocks differ between processes: stop when any of them says so
             time_up = self.elapsed + (time.perf_counter() - started) >= c.max_time
             if distributed.any_rank(time_up) if self.dist.distributed else time_up:
@@ -400,6 +406,7 @@ class Trainer:
             improved = score < self.best_score
             if improved:
                 self.best_score = score
+            self.bad_evals = 0 if improved else self.bad_evals + 1
             msg = (f"step {self.step}: valid loss {v['valid_loss']:.3f}  ppl {v['valid_ppl']:.2f}"
                    + self.task.summary(v)
                    + ("  (best)" if improved else ""))
@@ -450,6 +457,9 @@ class Trainer:
                     self.elapsed += time.perf_counter() - started
                     started = time.perf_counter()
                     last_record = self._validate_and_save(bar)
+                    if c.patience:  # rank 0 validated: every rank takes its count, so all stop together
+                        self.bad_evals = distributed.from_main(self.bad_evals)
+                        reason = reason or self._stop_reason(started)
                 if reason:
                     break
             else:
