@@ -157,7 +157,14 @@ def test_compile_with_inductor_trains_two_steps(tmp_path):
 
 
 
-@pytest.mark.parametrize("task", ["translate", "lm"])
+RNN_FUSED = {  # recurrent encoder-decoders: parallel and input-feeding (sequential) decoders, tied and untied output
+    "lstm-context": dict(arch="lstm", attention="none"),
+    "lstm-general-feed": dict(arch="lstm", attention="general", input_feeding=True),
+    "gru-additive-untied": dict(arch="gru", attention="additive", input_feeding=False, tie_output=False),
+}
+
+
+@pytest.mark.parametrize("task", ["translate", "lm", *RNN_FUSED])
 def test_fused_loss_gives_the_gradients_of_the_unfused_loss(task):
     """fused_loss (output projection + loss chunk by chunk) is an implementation choice only: the
     task's loss and every parameter's gradient equal logits-then-loss (compared as gradients: Adam
@@ -167,16 +174,20 @@ def test_fused_loss_gives_the_gradients_of_the_unfused_loss(task):
     from qkv.tasks.base import token_loss
 
     torch.manual_seed(0)
-    cfg = dataclasses.replace(MODEL, src_vocab_size=40, tgt_vocab_size=40, dropout=0.0, attention_dropout=0.0)
+    cfg = dataclasses.replace(MODEL, src_vocab_size=40, tgt_vocab_size=40, dropout=0.2, attention_dropout=0.1)
     if task == "lm":
         cfg = dataclasses.replace(cfg, task="lm", n_decoder_layers=2)
+    if task in RNN_FUSED:
+        cfg = dataclasses.replace(cfg, bidirectional=True, **RNN_FUSED[task])
     model = build_model(cfg).double().train()
+    assert hasattr(model, "output_weight")  # else token_loss would compare the unfused loss with itself
     src, tgt = torch.randint(4, 40, (3, 6)), torch.randint(4, 40, (3, 5))
     tgt[1, 3:] = 0
-    inputs = (src, tgt) if task == "translate" else (tgt,)
+    inputs = (tgt,) if task == "lm" else (src, tgt)
     grads = {}
     for fused in (True, False):
         model.zero_grad()
+        torch.manual_seed(1)  # the same dropout masks: both paths must drop the same units (h̃ included)
         loss, nll = token_loss(model, inputs, tgt, dataclasses.replace(TRAIN, fused_loss=fused, label_smoothing=0.1))
         loss.backward()
         grads[fused] = (loss.item(), nll.item(), {k: p.grad.clone() for k, p in model.named_parameters()})

@@ -91,7 +91,7 @@ FIELD_HELP = {
     "amp": "mixed precision of the training forward: none | bf16 | fp16 (CUDA only, with a gradient scaler)",
     "compile": "torch.compile the model for the training forward (slow first steps, faster later ones)",
     "fused_loss": "compute the output projection and the label-smoothed loss together, chunk by chunk, without "
-                  "the full (tokens x vocabulary) logits (same values; faster; Transformer models)",
+                  "the full (tokens x vocabulary) logits (same values; faster; Transformers and recurrent seq2seq)",
     "beam_size": "beam size (1: greedy)",
     "length_penalty": "α of the length penalty ((5+|Y|)/6)^α",
     "max_len_a": "max output length = a·source length + b",

@@ -118,9 +118,14 @@ class RNNSeq2Seq(nn.Module):
     def _dropout(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.cfg.dropout, self.training)
 
-    def _logits(self, h_tilde: Tensor) -> Tensor:
+    @property
+    def output_weight(self) -> Tensor:
+        """The pre-softmax projection ``(V, H)``: the target embedding when tied (what the fused loss reads)."""
+        return self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight
+
+    def _logits(self, h_tilde: Tensor, features: bool = False) -> Tensor:
         x = self._dropout(h_tilde)
-        return F.linear(x, self.tgt_embed.weight) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
+        return x if features else F.linear(x, self.output_weight)  # (B, T, V), or (B, T, H) with features
 
     def encode(self, src: Tensor) -> Encoded:
         """``src (B, S)`` -> memory, attention keys, mask, context vector and the decoder's initial state."""
@@ -151,26 +156,29 @@ class RNNSeq2Seq(nn.Module):
             c, a = attend(self.score, h, keys, memory, mask)  # (B, T, H), (B, T, S)
         return torch.tanh(self.combine(torch.cat([c, h], dim=-1))), a
 
-    def _decode(self, tgt_in: Tensor, enc: Encoded, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Teacher forcing: ``tgt_in (B, T)`` -> logits ``(B, T, V)`` (and the alignment ``(B, T, S)``)."""
+    def _decode(self, tgt_in: Tensor, enc: Encoded, need_weights: bool = False,
+                features: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Teacher forcing: ``tgt_in (B, T)`` -> logits ``(B, T, V)`` (and the alignment ``(B, T, S)``);
+        with ``features``, the (dropped-out) h̃ ``(B, T, H)`` that the output projection would take."""
         if self.score is not None and self.cfg.input_feeding:  # sequential: h̃_{t−1} feeds step t
             state = self._state(enc)
-            logits, weights = [], []
+            h_tildes, weights = [], []
             for t in range(tgt_in.size(1)):
-                lg, state, a = self._step(tgt_in[:, t], state)
-                logits.append(lg)
+                h_tilde, state, a = self._attend_step(tgt_in[:, t], state)
+                h_tildes.append(h_tilde)
                 weights.append(a)
-            return torch.stack(logits, 1), (torch.cat(weights, 1) if need_weights else None)
+            return self._logits(torch.cat(h_tildes, 1), features), (torch.cat(weights, 1) if need_weights else None)
         x = self._dropout(self.tgt_embed(tgt_in))  # (B, T, H)
         if enc.context is not None:
             x = torch.cat([x, enc.context[:, None, :].expand_as(x)], dim=-1)  # (B, T, 2H)
         h, _ = self.decoder(x, None, enc.init)  # (B, T, H)
         h_tilde, a = self._attentional(h, enc.memory, enc.keys, enc.mask, enc.context)
-        return self._logits(h_tilde), a
+        return self._logits(h_tilde, features), a
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """``src (B, S)``, ``tgt_in (B, T)`` -> logits ``(B, T, V)``."""
-        return self._decode(tgt_in, self.encode(src))[0]
+    def forward(self, src: Tensor, tgt_in: Tensor, features: bool = False) -> Tensor:
+        """``src (B, S)``, ``tgt_in (B, T)`` -> logits ``(B, T, V)``; with ``features`` the states ``(B, T, H)``
+        before the output projection (``output_weight``), for the fused loss."""
+        return self._decode(tgt_in, self.encode(src), features=features)[0]
 
     def attention_maps(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """The alignment matrix ``(B, T, S)`` a_t(s) of the teacher-forced forward pass (for the visualiser).
@@ -190,7 +198,8 @@ class RNNSeq2Seq(nn.Module):
         """Encode ``src (B, S)``; the attention keys are computed here, once per sentence."""
         return self._state(self.encode(src))
 
-    def _step(self, tokens: Tensor, state: RNNSeq2SeqState) -> tuple[Tensor, RNNSeq2SeqState, Tensor | None]:
+    def _attend_step(self, tokens: Tensor, state: RNNSeq2SeqState) -> tuple[Tensor, RNNSeq2SeqState, Tensor | None]:
+        """One step of the decoder: h̃ ``(B, 1, H)``, the new state and the alignment ``(B, 1, S)``."""
         x = self._dropout(self.tgt_embed(tokens[:, None]))  # (B, 1, H)
         extra = state.context if state.context is not None else state.feed
         if extra is not None:
@@ -198,7 +207,10 @@ class RNNSeq2Seq(nn.Module):
         h, rnn = self.decoder(x, None, state.rnn)  # (B, 1, H)
         h_tilde, a = self._attentional(h, state.memory, state.keys, state.mask, state.context)
         feed = h_tilde[:, 0] if state.feed is not None else None
-        new = RNNSeq2SeqState(rnn, state.memory, state.keys, state.mask, state.context, feed)
+        return h_tilde, RNNSeq2SeqState(rnn, state.memory, state.keys, state.mask, state.context, feed), a
+
+    def _step(self, tokens: Tensor, state: RNNSeq2SeqState) -> tuple[Tensor, RNNSeq2SeqState, Tensor | None]:
+        h_tilde, new, a = self._attend_step(tokens, state)
         return self._logits(h_tilde)[:, 0], new, a
 
     def step(self, tokens: Tensor, state: RNNSeq2SeqState) -> tuple[Tensor, RNNSeq2SeqState]:
