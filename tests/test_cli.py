@@ -535,3 +535,31 @@ def test_evaluate_missing_reference(capsys, tmp_path):
     ref = tmp_path / "missing.ref"
     rc, _, err = cli(capsys, "evaluate", "--hyp", hyp, "--ref", ref)
     assert_user_error(rc, err, "evaluate", str(ref), "no such file")
+
+
+def test_sigterm_saves_last_and_the_run_resumes(run, tmp_path):
+    """``kill`` (or a scheduler's preemption) stops training as Ctrl-C does: last/ first, then exit 130."""
+    import signal
+    import time
+
+    from qkv.training.checkpoint import read_checkpoint
+
+    out = tmp_path / "run"
+    argv = [str(a) for a in data_argv(run.files, out, "--preset", "tiny", "--tokenizer", "char", "--vocab-size", "60",
+                                      "--max-tokens", "512", "--max-steps", "100000", "--eval-every", "100000",
+                                      "--threads", "1")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:  # step 1 is recorded: training
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted at step" in err and "saving" in err, err
+    state = read_checkpoint(out / "last", need_trainer_state=True).trainer_state
+    assert state["step"] >= 1
+    rc = main([str(a) for a in data_argv(run.files, out, "--resume", "--max-steps", str(state["step"] + 2))])
+    assert rc == 0
+    assert read_checkpoint(out / "last", need_trainer_state=True).trainer_state["step"] == state["step"] + 2

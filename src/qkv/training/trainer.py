@@ -34,7 +34,9 @@ import contextlib
 import json
 import math
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -426,6 +428,10 @@ class Trainer:
         return record
 
     def run(self) -> TrainResult:
+        with _sigterm_as_interrupt():
+            return self._run()
+
+    def _run(self) -> TrainResult:
         c = self.train_cfg
         main = self.dist.is_main
         if main:
@@ -478,6 +484,24 @@ class Trainer:
         distributed.barrier()  # every rank returns once rank 0's checkpoints are written
         self.log(f"stopped: {reason}; checkpoints in {self.out_dir}/last and {self.out_dir}/best")
         return TrainResult(self.out_dir, self.step, last_record, is_main=main)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (``kill``, a batch scheduler's preemption, a background job that ignores Ctrl-C) stops
+    training as Ctrl-C does: ``last/`` is saved first, and the run resumes from there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def train(
