@@ -7,8 +7,9 @@ Steps (each skipped when its output already exists, so an interrupted recipe con
    chosen on val only); ``--resume`` if the run exists;
 2. ``qkv average``: the last 5 and the last 10 step checkpoints;
 3. choose on val only: decode val with each candidate (best, last, average of 5, average of 10)
-   and keep the one with the highest val BLEU;
-4. decode test_2016_flickr once, with that model and beam 5 (the config's [decode]);
+   and each length penalty α of ``--length-penalties``, and keep the pair with the highest val
+   sacreBLEU;
+4. decode test_2016_flickr once, with that model and α, and the config's beam (5);
 5. score: sacreBLEU (cased, detokenized, 13a), BLEU-4 on lowercased Moses-tokenized text (the
    published convention), chrF; write ``OUT/scores.json``, ``OUT/test.hyp`` and
    ``OUT/valid_curve.png`` (validation BLEU and loss against steps), and print a Markdown row
@@ -103,9 +104,18 @@ def main() -> int:
     ap.add_argument("--select", choices=("val-bleu", "best"), default="val-bleu",
                     help="val-bleu: decode val with each candidate checkpoint and keep the best (step 3); best: "
                          "take OUT/best (lowest validation loss) without decoding val (saves time on slow models)")
+    ap.add_argument("--length-penalties", default="0.6,1.0,1.5,2.0",
+                    help="comma-separated α values of the length penalty ((5+|Y|)/6)^α tried on val with each "
+                         "candidate checkpoint (default: %(default)s; one value: no search)")
     ap.add_argument("--tokenizer-from", help="reuse this checkpoint's (or .model file's) subword model instead of "
                                              "training one, e.g. the Transformer run's, to compare on one vocabulary")
     args = ap.parse_args()
+    try:
+        alphas = [float(a) for a in args.length_penalties.split(",")]
+    except ValueError:
+        ap.error(f"--length-penalties: expected comma-separated numbers, got {args.length_penalties!r}")
+    if not alphas or any(a < 0 for a in alphas):
+        ap.error(f"--length-penalties: expected numbers >= 0, got {args.length_penalties!r}")
 
     src, tgt = args.pair.split("-")
     data = Path(args.data)
@@ -155,16 +165,24 @@ def main() -> int:
             run(qkv + ["average", str(out), "--last", str(n), "--out", str(averaged)])
         candidates[f"average of the last {n}"] = averaged
     val_src, val_ref = read_lines(files[f"val.{src}"]), read_lines(files[f"val.{tgt}"])
-    val_scores = {}
-    for name, path in candidates.items() if len(candidates) > 1 else ():
-        val_scores[name] = bleu(qkv_lib.load(path).translate(val_src), val_ref).score
-        print(f"val sacreBLEU of {name} ({path}): {val_scores[name]:.2f}", file=sys.stderr, flush=True)
-    chosen = max(val_scores, key=val_scores.get) if val_scores else "best"
+    val_scores: dict[str, dict[str, float]] = {}  # candidate -> {alpha: val sacreBLEU}
+    for name, path in candidates.items() if len(candidates) * len(alphas) > 1 else ():
+        model = qkv_lib.load(path)
+        val_scores[name] = {}
+        for alpha in alphas:
+            score = bleu(model.translate(val_src, length_penalty=alpha), val_ref).score
+            val_scores[name][f"{alpha:g}"] = score
+            print(f"val sacreBLEU of {name} ({path}), alpha {alpha:g}: {score:.2f}", file=sys.stderr, flush=True)
+    if val_scores:
+        chosen, alpha = max(((n, a) for n in val_scores for a in val_scores[n]), key=lambda na: val_scores[na[0]][na[1]])
+        alpha = float(alpha)
+    else:
+        chosen, alpha = "best", alphas[0]
 
     sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(files[f"test_2016_flickr.{tgt}"])
     model = qkv_lib.load(candidates[chosen])
     t0 = time.time()
-    hyps = model.translate(sources)
+    hyps = model.translate(sources, length_penalty=alpha)
     decode_seconds = time.time() - t0
     (out / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     scores = {
@@ -174,9 +192,10 @@ def main() -> int:
         "bleu_lc_moses": bleu_tok_lc(hyps, refs, tgt).score,
         "bleu_lc_moses_signature": bleu_tok_lc(hyps, refs, tgt).signature,
         "chrf": chrf(hyps, refs).score,
-        "decode": {"beam_size": model.decode_cfg.beam_size, "length_penalty": model.decode_cfg.length_penalty,
-                   "seconds": decode_seconds},
-        "model": {"chosen_on_val": chosen, "path": str(candidates[chosen]), "val_sacrebleu": val_scores},
+        "decode": {"beam_size": model.decode_cfg.beam_size, "length_penalty": alpha,
+                   "length_penalty_chosen_on_val_from": alphas, "seconds": decode_seconds},
+        "model": {"chosen_on_val": chosen, "path": str(candidates[chosen]),
+                  "val_sacrebleu_by_length_penalty": val_scores},
         "train_seconds_this_invocation": train_seconds,
         **run_facts(out, model),
         "date": datetime.date.today().isoformat(),

@@ -1,0 +1,86 @@
+"""The Multi30k recipe end to end on a tiny stand-in data folder (the real data are not needed).
+
+It must train, average, choose the checkpoint *and* the length penalty on val only, decode the
+test set once with that choice, and write scores that are the metrics of its own test output.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from qkv.data import toy
+from qkv.metrics import bleu, bleu_tok_lc
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = """
+[model]
+d_model = 32
+n_heads = 2
+d_ff = 64
+n_encoder_layers = 1
+n_decoder_layers = 1
+[train]
+tokenizer = "char"
+vocab_size = 60
+max_tokens = 512
+max_steps = 6
+eval_every = 2
+eval_bleu_samples = 2
+keep_last = 3
+warmup_steps = 4
+[decode]
+beam_size = 2
+"""
+
+
+def write_split(d: Path, split: str, numbers: range) -> None:
+    for lang, make in (("en", toy.english), ("de", toy.german)):
+        with gzip.open(d / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.writelines(make(n) + "\n" for n in numbers)
+
+
+def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_split(data, "train", range(1, 300))
+    write_split(data, "val", range(300, 320))
+    write_split(data, "test_2016_flickr", range(320, 335))
+    (tmp_path / "tiny.toml").write_text(CONFIG, encoding="utf-8")
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "recipes" / "multi30k" / "run.py"), "en-de", "--data", str(data),
+           "--out", str(out), "--config", str(tmp_path / "tiny.toml"), "--threads", "1",
+           "--average", "3", "--length-penalties", "0.6,2.0"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads((out / "scores.json").read_text())
+    by_alpha = scores["model"]["val_sacrebleu_by_length_penalty"]
+    assert set(by_alpha) == {"best", "last", "average of the last 3"}
+    assert all(set(v) == {"0.6", "2"} for v in by_alpha.values())
+    chosen, alpha = scores["model"]["chosen_on_val"], scores["decode"]["length_penalty"]
+    assert by_alpha[chosen][f"{alpha:g}"] == max(s for v in by_alpha.values() for s in v.values())
+    hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
+    refs = [toy.german(n) for n in range(320, 335)]
+    assert len(hyps) == len(refs)
+    assert scores["bleu_sacrebleu"] == bleu(hyps, refs).score
+    assert scores["bleu_lc_moses"] == bleu_tok_lc(hyps, refs, "de").score
+    assert scores["steps"] == 6 and scores["parameters"] > 0
+
+
+def test_multi30k_recipe_names_a_missing_data_file(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "multi30k" / "run.py"), "en-de",
+                           "--data", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert str(tmp_path / "train.en.gz") in proc.stderr
+
+
+def test_multi30k_recipe_refuses_bad_length_penalties(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "multi30k" / "run.py"), "en-de",
+                           "--data", str(tmp_path), "--length-penalties", "0.6,x"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--length-penalties" in proc.stderr
