@@ -227,6 +227,10 @@ def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path,
     assert more.step == 16  # one more validation (9.9) is the fourth without a new best
 
 
-def test_patience_must_not_be_negative():
+def test_patience_must_not_be_negative_nor_without_validation_data(tmp_path):
     with pytest.raises(ConfigError, match="patience"):
         dataclasses.replace(TRAIN, patience=-1).validate()
+    with pytest.raises(QkvError, match="patience=2 stops training by the validation results"):
+        train(MODEL, dataclasses.replace(TRAIN, patience=2), DecodeConfig(), numbers(1, 50), None, tmp_path / "r",
+              log=QUIET)
+    assert not (tmp_path / "r").exists()

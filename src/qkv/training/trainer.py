@@ -559,6 +559,9 @@ def _saved_config(last: Path) -> dict | None:
 def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Path, resume: bool, log,
            device: torch.device, info: DistInfo, task: Task) -> TrainResult:
     last = out_dir / "last"
+    if train_cfg.patience and valid_data is None:
+        raise QkvError(f"patience={train_cfg.patience} stops training by the validation results, but no validation "
+                       f"data were given (give them, or set patience to 0)")
     if resume:
         if not last.exists():
             raise QkvError(f"cannot resume: {last} does not exist (train without --resume first)")
