@@ -234,3 +234,43 @@ def test_patience_must_not_be_negative_nor_without_validation_data(tmp_path):
         train(MODEL, dataclasses.replace(TRAIN, patience=2), DecodeConfig(), numbers(1, 50), None, tmp_path / "r",
               log=QUIET)
     assert not (tmp_path / "r").exists()
+
+
+def test_lr_shrink_reduces_the_rate_on_plateau_then_patience_stops(tmp_path, monkeypatch):
+    """Reduce on plateau (fairseq's --lr-shrink): patience running out shrinks the rate, up to
+    max_lr_shrinks times; the next time it stops training. Validation losses are scripted."""
+    from qkv.training import trainer as trainer_mod
+
+    losses = iter([3.0, 2.0, 2.5, 2.4, 1.9, 2.0, 2.1, 2.2, 2.3, 2.5, 2.6])
+    real_validate = trainer_mod.Trainer.validate
+    monkeypatch.setattr(trainer_mod.Trainer, "validate", lambda self: {**real_validate(self), "valid_loss": next(losses)})
+    logs: list[str] = []
+    cfg = dataclasses.replace(TRAIN, schedule="constant", lr=1e-3, lr_scale=1.0, max_steps=100, eval_every=2,
+                              eval_bleu_samples=0, patience=2, lr_shrink=0.5, max_lr_shrinks=2)
+    data, valid = numbers(1, 200, 2), numbers(3, 200, 40)
+    result = train(MODEL, cfg, DecodeConfig(), data, valid, tmp_path / "run", log=logs.append)
+    # 2.5, 2.4: shrink 1 (step 8); 1.9 best; 2.0, 2.1: shrink 2 (step 14); 2.2, 2.3: stop (step 18)
+    assert result.step == 18
+    assert [m.split(":")[0] for m in logs if "learning rate x0.5" in m] == ["step 8", "step 14"]
+    assert any("patience=2, after 2 learning-rate shrinks" in m for m in logs)
+    state = read_checkpoint(tmp_path / "run" / "last", need_trainer_state=True).trainer_state
+    assert state["lr_shrinks"] == 2 and state["bad_evals"] == 2
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(1e-3 * 0.25)
+    # resumed with one more shrink allowed: it shrinks at once and trains on until patience runs out again
+    more = train(MODEL, dataclasses.replace(cfg, max_lr_shrinks=3), DecodeConfig(), data, valid, tmp_path / "run",
+                 resume=True, log=QUIET)
+    assert more.step == 22
+    state = read_checkpoint(tmp_path / "run" / "last", need_trainer_state=True).trainer_state
+    assert state["lr_shrinks"] == 3
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(1e-3 * 0.125)
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(lr_shrink=0.0), "lr_shrink"), (dict(lr_shrink=1.5), "lr_shrink"),
+    (dict(patience=2, max_lr_shrinks=2), "set lr_shrink below 1"),
+    (dict(lr_shrink=0.5, max_lr_shrinks=2), "set patience too"),
+    (dict(patience=2, lr_shrink=0.5, max_lr_shrinks=-1), "max_lr_shrinks"),
+])
+def test_lr_shrink_settings_are_checked(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(TRAIN, **fields).validate()

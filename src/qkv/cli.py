@@ -82,6 +82,9 @@ FIELD_HELP = {
     "max_time": "stop after this many seconds of training (0: no limit)",
     "patience": "early stopping: stop once this many validations in a row bring no new best of the selection "
                 "metric (translation: validation loss; 0: never)",
+    "lr_shrink": "reduce on plateau: when patience runs out, multiply the learning rate by this and go on (fairseq's "
+                 "--lr-shrink), up to max_lr_shrinks times; then stop",
+    "max_lr_shrinks": "how many times the rate may shrink before patience stops training (0: stop at once)",
     "eval_every": "validate and checkpoint every this many updates",
     "eval_bleu_samples": "validation sentences decoded greedily for BLEU",
     "keep_last": "also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)",
@@ -217,7 +220,7 @@ def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, 
     model_cfg = from_dict(ModelConfig, ckpt.config["model"], src)
     train_cfg = from_dict(TrainConfig, ckpt.config["train"], src)
     decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
-    changeable = {"max_steps", "max_epochs", "max_time", "patience", "eval_every", "eval_bleu_samples", "keep_last", "threads",
+    changeable = {"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks", "eval_every", "eval_bleu_samples", "keep_last", "threads",
                   "device", "amp", "compile", "fused_loss"}
     if getattr(args, "config", None):  # an edited config file may raise the limits of a run it started
         file = load_toml(args.config)

@@ -152,6 +152,8 @@ class TrainConfig:
     max_epochs: int = 0  # 0: no epoch limit
     max_time: float = 0.0  # seconds of training, 0: no limit
     patience: int = 0  # stop after this many validations in a row without a new best (0: never)
+    lr_shrink: float = 1.0  # with patience: multiply the rate by this instead of stopping (reduce on plateau)
+    max_lr_shrinks: int = 0  # ... this many times; the next time patience runs out, training stops
     # evaluation and checkpoints
     eval_every: int = 1000
     eval_bleu_samples: int = 200  # validation sentences decoded greedily for BLEU
@@ -183,7 +185,12 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
         _check(self.clip_norm >= 0, "clip_norm", "must be >= 0")
         _check(0.0 < self.mask_prob < 1.0, "mask_prob", f"must be in (0, 1), got {self.mask_prob}")
-        for name in ("max_epochs", "max_time", "patience", "eval_bleu_samples", "keep_last", "threads", "weight_decay"):
+        _check(0.0 < self.lr_shrink <= 1.0, "lr_shrink", f"must be in (0, 1], got {self.lr_shrink}")
+        _check(not (self.max_lr_shrinks and self.lr_shrink == 1.0), "max_lr_shrinks",
+               "shrinks the rate by lr_shrink, which is 1.0 (no change): set lr_shrink below 1")
+        _check(not (self.max_lr_shrinks and not self.patience), "max_lr_shrinks",
+               "the rate shrinks when patience runs out: set patience too")
+        for name in ("max_epochs", "max_time", "patience", "max_lr_shrinks", "eval_bleu_samples", "keep_last", "threads", "weight_decay"):
             _check(getattr(self, name) >= 0, name, "must be >= 0")
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
         _check(self.amp in ("none", "bf16", "fp16"), "amp", f"must be none, bf16 or fp16, got {self.amp!r}")

@@ -153,6 +153,7 @@ class Trainer:
         # the best value so far of the task's selection metric, stored as "lower is better"
         self.best_score = math.inf
         self.bad_evals = 0  # validations in a row since the last new best (for patience)
+        self.lr_shrinks = 0  # times patience ran out and the rate was multiplied by lr_shrink
         self.elapsed = 0.0  # seconds of training over all sessions of this run
         self.metrics_path = out_dir / "metrics.jsonl"
         self.data_name = data_name  # what the run trains on (recorded in the checkpoint's config)
@@ -187,6 +188,7 @@ class Trainer:
             "best_metric": self.task.best_metric,
             "best_score": self.best_score,
             "bad_evals": self.bad_evals,
+            "lr_shrinks": self.lr_shrinks,
             "elapsed": self.elapsed,
             "optimizer": _to_cpu(self.optimizer.state_dict()),
             "torch_rng": own[0],
@@ -235,6 +237,7 @@ class Trainer:
         self.best_score = float(st["best_score"] if "best_score" in st else st["best_valid_loss"])
         self.elapsed = float(st["elapsed"])
         self.bad_evals = int(st.get("bad_evals", 0))  # older checkpoints: counting starts again here
+        self.lr_shrinks = int(st.get("lr_shrinks", 0))
         saved_world = int(st.get("world_size", 1))
         if saved_world != self.dist.world_size:
             self.log(f"note: {path} was written by a run of {saved_world} process(es), this one has "
@@ -264,7 +267,7 @@ class Trainer:
     def lr(self, step: int) -> float:
         c = self.train_cfg
         return learning_rate(c.schedule, step, d_model=self.model_cfg.d_model, warmup=c.warmup_steps,
-                             scale=c.lr_scale, lr=c.lr, default_lr=DEFAULT_LR)
+                             scale=c.lr_scale, lr=c.lr, default_lr=DEFAULT_LR) * c.lr_shrink**self.lr_shrinks
 
     def loss(self, batch, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss_sum, nll_sum) of ``batch`` (on the device), by the task; ``train``: through the
@@ -284,8 +287,9 @@ class Trainer:
         if c.max_epochs and self.epoch >= c.max_epochs:
             return f"reached max_epochs={c.max_epochs}"
         if c.patience and self.bad_evals >= c.patience:  # the same on every rank (synced after validation)
+            shrunk = f", after {self.lr_shrinks} learning-rate shrinks" if self.lr_shrinks else ""
             return (f"converged: {self.bad_evals} validations in a row without a new best "
-                    f"{self.task.best_metric} (patience={c.patience})")
+                    f"{self.task.best_metric} (patience={c.patience}{shrunk})")
         if c.max_time:  # clocks differ between processes: stop when any of them says so
             time_up = self.elapsed + (time.perf_counter() - started) >= c.max_time
             if distributed.any_rank(time_up) if self.dist.distributed else time_up:
@@ -394,6 +398,17 @@ class Trainer:
         value = float(record[self.task.best_metric])
         return -value if self.task.best_mode == "max" else value
 
+    def _shrink_on_plateau(self) -> None:
+        """Reduce on plateau: when patience has run out and shrinks are left, multiply the rate by
+        ``lr_shrink`` and start counting patience again, instead of stopping."""
+        c = self.train_cfg
+        if c.patience and self.bad_evals >= c.patience and self.lr_shrinks < c.max_lr_shrinks:
+            self.lr_shrinks += 1
+            self.bad_evals = 0
+            self.log(f"step {self.step}: {c.patience} validations without a new best {self.task.best_metric}: "
+                     f"learning rate x{c.lr_shrink:g} (shrink {self.lr_shrinks} of {c.max_lr_shrinks}; "
+                     f"now {self.lr(max(self.step, 1)):.2e})")
+
     def _validate_and_save(self, bar: tqdm | None) -> dict:
         """Validate and write checkpoints: on rank 0 alone, once every rank's random state is gathered."""
         rank_rng = self.gather_rng()  # a collective: every rank calls this method
@@ -409,6 +424,7 @@ class Trainer:
             if improved:
                 self.best_score = score
             self.bad_evals = 0 if improved else self.bad_evals + 1
+            self._shrink_on_plateau()  # before the checkpoints: last/ resumes with the rate it decided
             msg = (f"step {self.step}: valid loss {v['valid_loss']:.3f}  ppl {v['valid_ppl']:.2f}"
                    + self.task.summary(v)
                    + ("  (best)" if improved else ""))
@@ -441,6 +457,7 @@ class Trainer:
                    disable=not (main and sys.stderr.isatty()), file=sys.stderr)
         window_tokens, window_start = 0, time.perf_counter()
         last_record: dict = {}
+        self._shrink_on_plateau()  # a run resumed with more shrinks allowed than it had when it stopped
         reason = self._stop_reason(started)
         try:
             for group in self._groups() if reason is None else ():
@@ -465,6 +482,7 @@ class Trainer:
                     last_record = self._validate_and_save(bar)
                     if c.patience:  # rank 0 validated: every rank takes its count, so all stop together
                         self.bad_evals = distributed.from_main(self.bad_evals)
+                        self.lr_shrinks = distributed.from_main(self.lr_shrinks)
                         reason = reason or self._stop_reason(started)
                 if reason:
                     break
