@@ -424,13 +424,13 @@ class Trainer:
             if improved:
                 self.best_score = score
             self.bad_evals = 0 if improved else self.bad_evals + 1
-            self._shrink_on_plateau()  # before the checkpoints: last/ resumes with the rate it decided
             msg = (f"step {self.step}: valid loss {v['valid_loss']:.3f}  ppl {v['valid_ppl']:.2f}"
                    + self.task.summary(v)
                    + ("  (best)" if improved else ""))
             self.log(msg)
             for s, h, r in samples[:1]:
                 self.log(f"  src: {s}\n  hyp: {h}\n  ref: {r}")
+            self._shrink_on_plateau()  # before the checkpoints: last/ resumes with the rate it decided
             self.record(record)
             self.save("last", rank_rng)
             if improved:
