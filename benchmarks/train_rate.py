@@ -36,7 +36,7 @@ def measure(config: Path, args: argparse.Namespace, data: Path) -> dict:
         cmd = [sys.executable, "-m", "qkv", "train", "--config", str(config), "--out", str(out / "run"),
                "--src-train", str(data / "train.en.gz"), "--tgt-train", str(data / "train.de.gz"),
                "--tokenizer-from", str(args.spm), "--max-steps", str(args.steps), "--eval-every", str(args.steps),
-               "--max-time", "0", "--patience", "0", "--keep-last", "0", "--threads", str(args.threads)]
+               "--max-time", "0", "--patience", "0", "--max-lr-shrinks", "0", "--keep-last", "0", "--threads", str(args.threads)]
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
