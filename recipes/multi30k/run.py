@@ -165,19 +165,17 @@ def main() -> int:
             run(qkv + ["average", str(out), "--last", str(n), "--out", str(averaged)])
         candidates[f"average of the last {n}"] = averaged
     val_src, val_ref = read_lines(files[f"val.{src}"]), read_lines(files[f"val.{tgt}"])
-    val_scores: dict[str, dict[str, float]] = {}  # candidate -> {alpha: val sacreBLEU}
+    val_scores: dict[str, dict[str, float]] = {}  # candidate -> {alpha: val sacreBLEU}, for scores.json
+    best_val, chosen, alpha = -1.0, "best", alphas[0]  # without a search: best/ and the only alpha
     for name, path in candidates.items() if len(candidates) * len(alphas) > 1 else ():
         model = qkv_lib.load(path)
         val_scores[name] = {}
-        for alpha in alphas:
-            score = bleu(model.translate(val_src, length_penalty=alpha), val_ref).score
-            val_scores[name][f"{alpha:g}"] = score
-            print(f"val sacreBLEU of {name} ({path}), alpha {alpha:g}: {score:.2f}", file=sys.stderr, flush=True)
-    if val_scores:
-        chosen, alpha = max(((n, a) for n in val_scores for a in val_scores[n]), key=lambda na: val_scores[na[0]][na[1]])
-        alpha = float(alpha)
-    else:
-        chosen, alpha = "best", alphas[0]
+        for a in alphas:
+            score = bleu(model.translate(val_src, length_penalty=a), val_ref).score
+            val_scores[name][f"{a:g}"] = score
+            print(f"val sacreBLEU of {name} ({path}), alpha {a:g}: {score:.2f}", file=sys.stderr, flush=True)
+            if score > best_val:
+                best_val, chosen, alpha = score, name, a
 
     sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(files[f"test_2016_flickr.{tgt}"])
     model = qkv_lib.load(candidates[chosen])
