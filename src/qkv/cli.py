@@ -220,8 +220,8 @@ def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, 
     model_cfg = from_dict(ModelConfig, ckpt.config["model"], src)
     train_cfg = from_dict(TrainConfig, ckpt.config["train"], src)
     decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
-    changeable = {"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks", "eval_every", "eval_bleu_samples", "keep_last", "threads",
-                  "device", "amp", "compile", "fused_loss"}
+    changeable = {"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks", "eval_every",
+                  "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile", "fused_loss"}
     if getattr(args, "config", None):  # an edited config file may raise the limits of a run it started
         file = load_toml(args.config)
         file_train = file.get("train", {})
