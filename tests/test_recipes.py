@@ -49,14 +49,23 @@ def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
     data.mkdir()
     write_split(data, "train", range(1, 300))
     write_split(data, "val", range(300, 320))
-    write_split(data, "test_2016_flickr", range(320, 335))
     (tmp_path / "tiny.toml").write_text(CONFIG, encoding="utf-8")
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "recipes" / "multi30k" / "run.py"), "en-de", "--data", str(data),
            "--out", str(out), "--config", str(tmp_path / "tiny.toml"), "--threads", "1",
            "--average", "3", "--length-penalties", "0.6,2.0"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # --val-only: the choice on val is written, the test set is not touched
+    proc = subprocess.run(cmd + ["--val-only"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (out / "test.hyp").exists() and not (out / "scores.json").exists()
+    choice = json.loads((out / "val_choice.json").read_text())
+    assert choice["val_sacrebleu"] == max(s for v in choice["val_sacrebleu_by_length_penalty"].values()
+                                          for s in v.values())
+    # then the full recipe, needing the test set only now: training is already done (resumed at its
+    # limit), and the same choice is decoded on test
+    write_split(data, "test_2016_flickr", range(320, 335))
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     scores = json.loads((out / "scores.json").read_text())
     by_alpha = scores["model"]["val_sacrebleu_by_length_penalty"]
@@ -70,6 +79,8 @@ def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
     assert scores["bleu_sacrebleu"] == bleu(hyps, refs).score
     assert scores["bleu_lc_moses"] == bleu_tok_lc(hyps, refs, "de").score
     assert scores["steps"] == 6 and scores["parameters"] > 0
+    assert (scores["model"]["chosen_on_val"], alpha) == (choice["chosen_on_val"], choice["length_penalty"])
+    assert scores["model"]["val_sacrebleu_by_length_penalty"] == choice["val_sacrebleu_by_length_penalty"]
 
 
 def test_multi30k_recipe_names_a_missing_data_file(tmp_path):

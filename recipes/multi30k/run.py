@@ -8,7 +8,8 @@ Steps (each skipped when its output already exists, so an interrupted recipe con
 2. ``qkv average``: the last 5 and the last 10 step checkpoints;
 3. choose on val only: decode val with each candidate (best, last, average of 5, average of 10)
    and each length penalty α of ``--length-penalties``, and keep the pair with the highest val
-   sacreBLEU;
+   sacreBLEU (with ``--val-only`` the recipe stops here and writes ``OUT/val_choice.json``: compare
+   settings, e.g. the configs of ``recipes/multi30k/tuning/``, on val, then run the winner without it);
 4. decode test_2016_flickr once, with that model and α, and the config's beam (5);
 5. score: sacreBLEU (cased, detokenized, 13a), BLEU-4 on lowercased Moses-tokenized text (the
    published convention), chrF; write ``OUT/scores.json``, ``OUT/test.hyp`` and
@@ -107,6 +108,10 @@ def main() -> int:
     ap.add_argument("--length-penalties", default="0.6,1.0,1.5,2.0",
                     help="comma-separated α values of the length penalty ((5+|Y|)/6)^α tried on val with each "
                          "candidate checkpoint (default: %(default)s; one value: no search)")
+    ap.add_argument("--val-only", action="store_true",
+                    help="stop after step 3: write OUT/val_choice.json (the val scores of every candidate and "
+                         "alpha, and the choice) and leave test_2016_flickr untouched; for comparing settings "
+                         "on val before the one test decoding of the final model")
     ap.add_argument("--tokenizer-from", help="reuse this checkpoint's (or .model file's) subword model instead of "
                                              "training one, e.g. the Transformer run's, to compare on one vocabulary")
     args = ap.parse_args()
@@ -120,7 +125,8 @@ def main() -> int:
     src, tgt = args.pair.split("-")
     data = Path(args.data)
     files = {f"{split}.{lang}": data / f"{split}.{lang}.gz"
-             for split in ("train", "val", "test_2016_flickr") for lang in (src, tgt)}
+             for split in ("train", "val") + (() if args.val_only else ("test_2016_flickr",))
+             for lang in (src, tgt)}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         print(f"multi30k recipe: missing data files: {', '.join(missing)} (give --data)", file=sys.stderr)
@@ -177,6 +183,18 @@ def main() -> int:
             if score > best_val:
                 best_val, chosen, alpha = score, name, a
 
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if args.val_only:
+        choice = {"pair": args.pair, "config": config, "chosen_on_val": chosen, "path": str(candidates[chosen]),
+                  "length_penalty": alpha, "val_sacrebleu": best_val if val_scores else None,
+                  "val_sacrebleu_by_length_penalty": val_scores, **run_facts(out, qkv_lib.load(candidates[chosen])),
+                  "date": datetime.date.today().isoformat(), "commit": commit,
+                  "command": " ".join(["python", "recipes/multi30k/run.py", *sys.argv[1:]])}
+        (out / "val_choice.json").write_text(json.dumps(choice, indent=2), encoding="utf-8")
+        scored = f", val sacreBLEU {best_val:.2f}" if val_scores else " (nothing to choose between: not decoded)"
+        print(f"val only: {chosen} at alpha {alpha:g}{scored}; test_2016_flickr not decoded ({out / 'val_choice.json'})")
+        return 0
+
     sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(files[f"test_2016_flickr.{tgt}"])
     model = qkv_lib.load(candidates[chosen])
     t0 = time.time()
@@ -198,7 +216,7 @@ def main() -> int:
         **run_facts(out, model),
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()} {platform.processor()}".strip(),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": commit,
         "command": " ".join(["python", "recipes/multi30k/run.py", *sys.argv[1:]]),
     }
     (out / "scores.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
