@@ -183,13 +183,17 @@ def main() -> int:
             if score > best_val:
                 best_val, chosen, alpha = score, name, a
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    provenance = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()} {platform.processor()}".strip(),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "command": " ".join(["python", "recipes/multi30k/run.py", *sys.argv[1:]]),
+    }
     if args.val_only:
         choice = {"pair": args.pair, "config": config, "chosen_on_val": chosen, "path": str(candidates[chosen]),
                   "length_penalty": alpha, "val_sacrebleu": best_val if val_scores else None,
                   "val_sacrebleu_by_length_penalty": val_scores, **run_facts(out, qkv_lib.load(candidates[chosen])),
-                  "date": datetime.date.today().isoformat(), "commit": commit,
-                  "command": " ".join(["python", "recipes/multi30k/run.py", *sys.argv[1:]])}
+                  **provenance}
         (out / "val_choice.json").write_text(json.dumps(choice, indent=2), encoding="utf-8")
         scored = f", val sacreBLEU {best_val:.2f}" if val_scores else " (nothing to choose between: not decoded)"
         print(f"val only: {chosen} at alpha {alpha:g}{scored}; test_2016_flickr not decoded ({out / 'val_choice.json'})")
@@ -214,10 +218,7 @@ def main() -> int:
                   "val_sacrebleu_by_length_penalty": val_scores},
         "train_seconds_this_invocation": train_seconds,
         **run_facts(out, model),
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()} {platform.processor()}".strip(),
-        "commit": commit,
-        "command": " ".join(["python", "recipes/multi30k/run.py", *sys.argv[1:]]),
+        **provenance,
     }
     (out / "scores.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
     try:
