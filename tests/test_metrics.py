@@ -78,3 +78,18 @@ def test_bleu_on_lowercased_moses_tokens_is_the_published_multi30k_convention():
     from qkv.metrics import bleu
 
     assert bleu(hyp, ref).score < 30
+
+
+def test_bleu_in_the_published_convention_of_already_tokenized_hypotheses():
+    from qkv.metrics import bleu_tok_lc, moses_tokenize
+
+    raw_hyps = ["Ein Mann, der ein T-Shirt trägt.", "Zwei Hunde rennen."]
+    refs = ["Ein Mann, der ein rotes T-Shirt trägt.", "Zwei Hunde laufen im Schnee."]
+    tokenized = moses_tokenize(raw_hyps, "de")
+    # a lowercased model's output (already tokenized) meets the same references as a cased model's
+    assert bleu_tok_lc(tokenized, refs, "de", hyps_tokenized=True).score == bleu_tok_lc(raw_hyps, refs, "de").score
+    # and is scored as written: not lowercased or tokenized again
+    assert bleu_tok_lc(["ein mann fährt ein fahrrad ."], ["Ein Mann fährt ein Fahrrad."], "de",
+                       hyps_tokenized=True).score == pytest.approx(100.0)
+    assert bleu_tok_lc(["Ein Mann fährt ein Fahrrad."], ["Ein Mann fährt ein Fahrrad."], "de",
+                       hyps_tokenized=True).score < 50

@@ -38,10 +38,11 @@ beam_size = 2
 """
 
 
-def write_split(d: Path, split: str, numbers: range) -> None:
+def write_split(d: Path, split: str, numbers: range, sentence: bool = False) -> None:
+    """Number words, one per line; ``sentence``: capitalized and with a full stop, as real text is."""
     for lang, make in (("en", toy.english), ("de", toy.german)):
         with gzip.open(d / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
-            f.writelines(make(n) + "\n" for n in numbers)
+            f.writelines((make(n).capitalize() + "." if sentence else make(n)) + "\n" for n in numbers)
 
 
 def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
@@ -81,6 +82,54 @@ def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
     assert scores["steps"] == 6 and scores["parameters"] > 0
     assert (scores["model"]["chosen_on_val"], alpha) == (choice["chosen_on_val"], choice["length_penalty"])
     assert scores["model"]["val_sacrebleu_by_length_penalty"] == choice["val_sacrebleu_by_length_penalty"]
+    # the val score in the published convention is recorded too, for comparing with lowercased runs
+    assert set(choice["val_bleu_lc_moses_by_length_penalty"]) == set(by_alpha)
+    assert choice["val_bleu_lc_moses"] == choice["val_bleu_lc_moses_by_length_penalty"][chosen][f"{alpha:g}"]
+
+
+def test_multi30k_recipe_trains_on_lowercased_tokenized_text_and_scores_in_the_published_convention(tmp_path):
+    from qkv.data.corpus import read_lines
+    from qkv.metrics import moses_tokenize
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_split(data, "train", range(1, 300), sentence=True)
+    write_split(data, "val", range(300, 320), sentence=True)
+    raw_before = {p.name: p.read_bytes() for p in data.iterdir()}
+    (tmp_path / "tiny.toml").write_text(CONFIG, encoding="utf-8")
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "recipes" / "multi30k" / "run.py"), "en-de", "--data", str(data),
+           "--out", str(out), "--config", str(tmp_path / "tiny.toml"), "--threads", "1",
+           "--average", "3", "--length-penalties", "0.6,2.0", "--lowercase-tokenized"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd + ["--val-only"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the model was trained on lowercased, Moses-tokenized copies; the raw files are untouched
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == raw_before
+    assert sorted(p.name for p in (out / "data").iterdir()) == ["train.de", "train.en", "val.de", "val.en"]
+    for name in ("train.en", "val.de"):
+        raw = read_lines(data / f"{name}.gz")
+        assert raw[0][0].isupper() and raw[0].endswith(".")
+        assert read_lines(out / "data" / name) == moses_tokenize(raw, name[-2:])
+    assert read_lines(out / "data" / "val.de")[0] == "dreihundert ."
+    choice = json.loads((out / "val_choice.json").read_text())
+    assert choice["lowercase_tokenized"] and choice["val_sacrebleu"] is None
+    lc_by_alpha = choice["val_bleu_lc_moses_by_length_penalty"]
+    assert choice["val_bleu_lc_moses"] == max(s for v in lc_by_alpha.values() for s in v.values())
+
+    write_split(data, "test_2016_flickr", range(320, 335), sentence=True)
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads((out / "scores.json").read_text())
+    assert scores["lowercase_tokenized"] and scores["bleu_sacrebleu"] is None
+    assert (scores["model"]["chosen_on_val"], scores["decode"]["length_penalty"]) == \
+        (choice["chosen_on_val"], choice["length_penalty"])
+    hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
+    refs = read_lines(data / "test_2016_flickr.de.gz")  # the raw references, cased and detokenized
+    assert all(h == h.lower() for h in hyps)
+    # the hypotheses are scored as written; the references are lowercased and tokenized
+    assert scores["bleu_lc_moses"] == bleu_tok_lc(hyps, refs, "de", hyps_tokenized=True).score
+    assert "n/a (lowercased model)" in proc.stdout
 
 
 def test_multi30k_recipe_names_a_missing_data_file(tmp_path):

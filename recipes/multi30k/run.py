@@ -15,6 +15,13 @@ Steps (each skipped when its output already exists, so an interrupted recipe con
    published convention), chrF; write ``OUT/scores.json``, ``OUT/test.hyp`` and
    ``OUT/valid_curve.png`` (validation BLEU and loss against steps), and print a Markdown row
    for docs/results.md.
+
+``--lowercase-tokenized`` trains on lowercased, Moses-tokenized text instead of raw cased text, as the
+published Multi30k systems did (written once to ``OUT/data/``; the raw files are not changed). Its
+output is lowercased and tokenized, so it is chosen on val and scored on test in the published
+convention only (BLEU-4 on lowercased Moses-tokenized text, and chrF on that text); it has no cased
+sacreBLEU. Runs without the flag also record the val score in the published convention, so that
+the two kinds of run can be compared on val.
 """
 
 from __future__ import annotations
@@ -69,6 +76,28 @@ def averaged_from(path: Path) -> list[str]:
         return []
 
 
+def prepare_lowercase_tokenized(files: dict[str, Path], folder: Path) -> dict[str, Path]:
+    """Write each file lowercased and Moses-tokenized (``qkv.metrics.moses_tokenize``: the tokenization
+    the published convention scores with) to ``folder/NAME``, once; return the new paths. A file is
+    written under a temporary name and renamed when complete, so an interrupted run leaves no half file."""
+    from qkv.data.corpus import read_lines
+    from qkv.metrics import moses_tokenize
+
+    folder.mkdir(parents=True, exist_ok=True)
+    prepared = {}
+    for name, path in files.items():
+        target = folder / name
+        if not target.exists():
+            lines = moses_tokenize(read_lines(path), name.rsplit(".", 1)[1])
+            partial = target.with_name(target.name + ".partial")
+            partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            partial.replace(target)
+            print(f"wrote {target} ({len(lines)} lines, lowercased and Moses-tokenized from {path})",
+                  file=sys.stderr, flush=True)
+        prepared[name] = target
+    return prepared
+
+
 def run_facts(out: Path, translator) -> dict:
     """Parameters, training seconds (all sessions) and mean training tokens/s of the run in ``out``."""
     import torch
@@ -112,6 +141,10 @@ def main() -> int:
                     help="stop after step 3: write OUT/val_choice.json (the val scores of every candidate and "
                          "alpha, and the choice) and leave test_2016_flickr untouched; for comparing settings "
                          "on val before the one test decoding of the final model")
+    ap.add_argument("--lowercase-tokenized", action="store_true",
+                    help="train and decode on lowercased, Moses-tokenized text (tokenizer.perl -a -no-escape, then "
+                         "lowercase: the published systems' preprocessing), written to OUT/data/; choose on val and "
+                         "score test in the published convention only (no cased sacreBLEU for such a model)")
     ap.add_argument("--tokenizer-from", help="reuse this checkpoint's (or .model file's) subword model instead of "
                                              "training one, e.g. the Transformer run's, to compare on one vocabulary")
     args = ap.parse_args()
@@ -133,6 +166,9 @@ def main() -> int:
         return 2
     out = Path(args.out or f"runs/multi30k-{args.pair}")
     config = args.config or str(HERE / f"{args.pair}.toml")
+    raw = dict(files)  # references are always read from the raw files
+    if args.lowercase_tokenized:
+        files = prepare_lowercase_tokenized(files, out / "data")
     qkv = [sys.executable, "-m", "qkv"]
 
     started = time.time()
@@ -154,7 +190,7 @@ def main() -> int:
 
     import qkv as qkv_lib
     from qkv.data.corpus import read_lines
-    from qkv.metrics import bleu, bleu_tok_lc, chrf
+    from qkv.metrics import bleu, bleu_tok_lc, chrf, moses_tokenize
     from qkv.training.checkpoint import list_checkpoints
 
     if args.threads:
@@ -170,16 +206,24 @@ def main() -> int:
         if not averaged.exists():
             run(qkv + ["average", str(out), "--last", str(n), "--out", str(averaged)])
         candidates[f"average of the last {n}"] = averaged
-    val_src, val_ref = read_lines(files[f"val.{src}"]), read_lines(files[f"val.{tgt}"])
-    val_scores: dict[str, dict[str, float]] = {}  # candidate -> {alpha: val sacreBLEU}, for scores.json
+    val_src, val_ref = read_lines(files[f"val.{src}"]), read_lines(raw[f"val.{tgt}"])
+    lc = args.lowercase_tokenized
+    metric_name = "BLEU, lc Moses-tok" if lc else "sacreBLEU"
+    # candidate -> {alpha: val score}: sacreBLEU, or (--lowercase-tokenized) the published convention
+    val_scores: dict[str, dict[str, float]] = {}
+    val_lc_scores: dict[str, dict[str, float]] = {}  # candidate -> {alpha: val BLEU in the published convention}
     best_val, chosen, alpha = -1.0, "best", alphas[0]  # without a search: best/ and the only alpha
     for name, path in candidates.items() if len(candidates) * len(alphas) > 1 else ():
         model = qkv_lib.load(path)
         val_scores[name] = {}
         for a in alphas:
-            score = bleu(model.translate(val_src, length_penalty=a), val_ref).score
+            hyps = model.translate(val_src, length_penalty=a)
+            score_lc = bleu_tok_lc(hyps, val_ref, tgt, hyps_tokenized=lc).score
+            score = score_lc if lc else bleu(hyps, val_ref).score
             val_scores[name][f"{a:g}"] = score
-            print(f"val sacreBLEU of {name} ({path}), alpha {a:g}: {score:.2f}", file=sys.stderr, flush=True)
+            val_lc_scores.setdefault(name, {})[f"{a:g}"] = score_lc
+            print(f"val {metric_name} of {name} ({path}), alpha {a:g}: {score:.2f}"
+                  + ("" if lc else f" (lc Moses-tok {score_lc:.2f})"), file=sys.stderr, flush=True)
             if score > best_val:
                 best_val, chosen, alpha = score, name, a
 
@@ -190,32 +234,40 @@ def main() -> int:
         "command": " ".join(["python", "recipes/multi30k/run.py", *sys.argv[1:]]),
     }
     if args.val_only:
-        choice = {"pair": args.pair, "config": config, "chosen_on_val": chosen, "path": str(candidates[chosen]),
-                  "length_penalty": alpha, "val_sacrebleu": best_val if val_scores else None,
-                  "val_sacrebleu_by_length_penalty": val_scores, **run_facts(out, qkv_lib.load(candidates[chosen])),
-                  **provenance}
+        choice = {"pair": args.pair, "config": config, "lowercase_tokenized": lc, "chosen_on_val": chosen,
+                  "path": str(candidates[chosen]), "length_penalty": alpha,
+                  "val_sacrebleu": None if lc else (best_val if val_scores else None),
+                  "val_sacrebleu_by_length_penalty": {} if lc else val_scores,
+                  "val_bleu_lc_moses": val_lc_scores[chosen][f"{alpha:g}"] if val_scores else None,
+                  "val_bleu_lc_moses_by_length_penalty": val_lc_scores,
+                  **run_facts(out, qkv_lib.load(candidates[chosen])), **provenance}
         (out / "val_choice.json").write_text(json.dumps(choice, indent=2), encoding="utf-8")
-        scored = f", val sacreBLEU {best_val:.2f}" if val_scores else " (nothing to choose between: not decoded)"
+        scored = f", val {metric_name} {best_val:.2f}" if val_scores else " (nothing to choose between: not decoded)"
         print(f"val only: {chosen} at alpha {alpha:g}{scored}; test_2016_flickr not decoded ({out / 'val_choice.json'})")
         return 0
 
-    sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(files[f"test_2016_flickr.{tgt}"])
+    sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(raw[f"test_2016_flickr.{tgt}"])
     model = qkv_lib.load(candidates[chosen])
     t0 = time.time()
     hyps = model.translate(sources, length_penalty=alpha)
     decode_seconds = time.time() - t0
     (out / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    published = bleu_tok_lc(hyps, refs, tgt, hyps_tokenized=lc)
     scores = {
         "pair": args.pair,
-        "bleu_sacrebleu": bleu(hyps, refs).score,
-        "bleu_sacrebleu_signature": bleu(hyps, refs).signature,
-        "bleu_lc_moses": bleu_tok_lc(hyps, refs, tgt).score,
-        "bleu_lc_moses_signature": bleu_tok_lc(hyps, refs, tgt).signature,
-        "chrf": chrf(hyps, refs).score,
+        "lowercase_tokenized": lc,
+        # a model that writes lowercased tokenized text has no cased, detokenized score
+        "bleu_sacrebleu": None if lc else bleu(hyps, refs).score,
+        "bleu_sacrebleu_signature": None if lc else bleu(hyps, refs).signature,
+        "bleu_lc_moses": published.score,
+        "bleu_lc_moses_signature": published.signature,
+        # chrF of the cased raw text, or (--lowercase-tokenized) of lowercased tokenized text on both sides
+        "chrf": chrf(hyps, moses_tokenize(refs, tgt) if lc else refs).score,
         "decode": {"beam_size": model.decode_cfg.beam_size, "length_penalty": alpha,
                    "length_penalty_chosen_on_val_from": alphas, "seconds": decode_seconds},
         "model": {"chosen_on_val": chosen, "path": str(candidates[chosen]),
-                  "val_sacrebleu_by_length_penalty": val_scores},
+                  "val_sacrebleu_by_length_penalty": {} if lc else val_scores,
+                  "val_bleu_lc_moses_by_length_penalty": val_lc_scores},
         "train_seconds_this_invocation": train_seconds,
         **run_facts(out, model),
         **provenance,
@@ -225,7 +277,8 @@ def main() -> int:
         plot_curve(out / "metrics.jsonl", out / "valid_curve.png", f"Multi30k {args.pair}: validation")
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
-    print(f"| {args.pair} | {scores['bleu_lc_moses']:.2f} | {scores['bleu_sacrebleu']:.2f} | {scores['chrf']:.2f} |")
+    cased = "n/a (lowercased model)" if lc else f"{scores['bleu_sacrebleu']:.2f}"
+    print(f"| {args.pair} | {scores['bleu_lc_moses']:.2f} | {cased} | {scores['chrf']:.2f} |")
     return 0
 
 

@@ -63,14 +63,20 @@ def moses_tokenize(lines: list[str], lang: str) -> list[str]:
     return [tok.tokenize(line, aggressive_dash_splits=True, escape=False, return_str=True).lower() for line in lines]
 
 
-def bleu_tok_lc(hyps: list[str], refs: list[str], lang: str) -> Score:
+def bleu_tok_lc(hyps: list[str], refs: list[str], lang: str, hyps_tokenized: bool = False) -> Score:
     """BLEU-4 on lowercased, Moses-tokenized text: the convention of the published Multi30k
     results (fairseq / multi-bleu style). Both sides are tokenized here from detokenized text,
     then scored by sacreBLEU with ``tokenize="none"``. Higher than the cased, detokenized
-    sacreBLEU of the same output; never compare the two."""
+    sacreBLEU of the same output; never compare the two.
+
+    ``hyps_tokenized``: the hypotheses are already lowercased and Moses-tokenized (the output of a
+    model trained on such text, as the published systems were) and are scored as they are; the
+    references are still tokenized here, from the raw files, so both kinds of model meet the same
+    references."""
     _check(hyps, refs)
     metric = BLEU(tokenize="none", force=True)
-    result = metric.corpus_score(moses_tokenize(hyps, lang), [moses_tokenize(refs, lang)])
+    sys_side = list(hyps) if hyps_tokenized else moses_tokenize(hyps, lang)
+    result = metric.corpus_score(sys_side, [moses_tokenize(refs, lang)])
     # What was done, in the signature: lowercased (case:lc), Moses-tokenized here (tok:moses-...).
     signature = str(metric.get_signature()).replace("case:mixed", "case:lc").replace("tok:none", f"tok:moses-{lang}-a")
     return Score(result.score, signature, str(result))
