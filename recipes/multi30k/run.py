@@ -45,8 +45,9 @@ def run(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True)
 
 
-def plot_curve(metrics: Path, png: Path, title: str) -> None:
-    """Validation BLEU (greedy, sample) and loss against steps, from the run's metrics.jsonl."""
+def plot_curve(metrics: Path, png: Path, title: str, lowercase_tokenized: bool = False) -> None:
+    """Validation BLEU (greedy, sample) and loss against steps, from the run's metrics.jsonl.
+    ``lowercase_tokenized``: the run's val sample is lowercased, Moses-tokenized text, and the axis says so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,7 +59,8 @@ def plot_curve(metrics: Path, png: Path, title: str) -> None:
     fig, ax1 = plt.subplots(figsize=(7, 4))
     ax1.plot(steps, [r.get("valid_bleu", float("nan")) for r in valid], "o-", color="tab:blue", label="valid BLEU")
     ax1.set_xlabel("update step")
-    ax1.set_ylabel("BLEU (sacreBLEU, greedy, val sample)", color="tab:blue")
+    ylabel = "BLEU (greedy, lc tokenized val sample)" if lowercase_tokenized else "BLEU (sacreBLEU, greedy, val sample)"
+    ax1.set_ylabel(ylabel, color="tab:blue")
     ax2 = ax1.twinx()
     ax2.plot(steps, [r["valid_loss"] for r in valid], "s--", color="tab:red", label="valid loss")
     ax2.set_ylabel("label-smoothed loss per token", color="tab:red")
@@ -274,7 +276,7 @@ def main() -> int:
     }
     (out / "scores.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
     try:
-        plot_curve(out / "metrics.jsonl", out / "valid_curve.png", f"Multi30k {args.pair}: validation")
+        plot_curve(out / "metrics.jsonl", out / "valid_curve.png", f"Multi30k {args.pair}: validation", lc)
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
     cased = "n/a (lowercased model)" if lc else f"{scores['bleu_sacrebleu']:.2f}"
