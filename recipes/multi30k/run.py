@@ -276,7 +276,8 @@ def main() -> int:
     }
     (out / "scores.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
     try:
-        plot_curve(out / "metrics.jsonl", out / "valid_curve.png", f"Multi30k {args.pair}: validation", lc)
+        title = f"Multi30k {args.pair}{' (lowercased, Moses-tokenized)' if lc else ''}: validation"
+        plot_curve(out / "metrics.jsonl", out / "valid_curve.png", title, lc)
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
     cased = "n/a (lowercased model)" if lc else f"{scores['bleu_sacrebleu']:.2f}"
