@@ -297,6 +297,23 @@ def test_help_in_subprocess():
     assert "token budget per batch" in p.stdout  # options are explained, not just listed
 
 
+@pytest.mark.parametrize("command", [["train"], ["generate"], ["bench", "layers"], ["bench", "long-range"]])
+def test_help_shows_each_default_once_and_never_none(command, capsys):
+    """Options whose default is None say in words what happens without them ("or the preset's"), so
+    argparse's "(default: None)" would only confuse; a default the help already names is not repeated."""
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # undo argparse's wrapping
+    assert "(default: None)" not in out
+    if command == ["train"]:
+        assert "(default: 512, or the preset's) (default" not in out
+        assert "(default: 512, or the preset's)" in out  # --d-model: the help's own wording stays
+        assert "(default: 1.0)" not in out.split("--lr-scale LR_SCALE", 1)[1].split("--", 1)[0]
+    if command == ["bench", "layers"]:
+        assert "representation dimension d (default: 512)" in out  # plain defaults are still shown
+
+
 # --- bad input: training data ------------------------------------------------------------------------
 
 def test_train_missing_file(run, capsys, tmp_path):

@@ -653,6 +653,18 @@ def log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help only where it tells something: not for options whose
+    default is None (their help says what happens without them, e.g. "the preset's"), and not where the
+    help already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is argparse.SUPPRESS or "(default" in text:
+            return text
+        return super()._get_help_string(action)
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qkv",
@@ -662,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    t = sub.add_parser("train", help="train a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    t = sub.add_parser("train", help="train a model", formatter_class=DefaultsHelpFormatter,
                        description="Train a model for a task (--task): translate (the default: an encoder-decoder "
                                    "Transformer, or with --arch lstm|gru|rnn a recurrent encoder-decoder with or "
                                    "without attention, on parallel text, --src-train/--tgt-train, one sentence a line, plain or gzip), "
@@ -743,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_evaluate)
 
     g = sub.add_parser("generate", help="continue a text with a language model (streamed)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=DefaultsHelpFormatter,
                        description="Continue --prefix with a language model trained with --task lm, printing "
                                    "the text as it is produced (each token flushed). Tokens are drawn from the "
                                    "model's next-token distribution reshaped by --temperature (T<1 sharper, "
@@ -910,7 +922,7 @@ def add_bench_parser(sub) -> None:
                                    "to look (long-range). Writes JSON + PNG (needs matplotlib).")
     b.set_defaults(func=cmd_bench)
     bs = b.add_subparsers(dest="what", required=True, metavar="WHAT")
-    bl = bs.add_parser("layers", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    bl = bs.add_parser("layers", formatter_class=DefaultsHelpFormatter,
                        help="FLOPs, time, memory, sequential steps, path length of each layer type against n",
                        description="One layer each of self-attention, restricted self-attention (window ±r, "
                                    "blocked and as a dense band mask), LSTM, vanilla RNN, causal convolution "
@@ -936,7 +948,7 @@ def add_bench_parser(sub) -> None:
     bl.add_argument("--out", default="runs/bench", help="output directory")
     bl.add_argument("--quick", action="store_true",
                     help="a smoke run in seconds: d=64, n=16..256, r=8, one timed repeat")
-    blr = bs.add_parser("long-range", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    blr = bs.add_parser("long-range", formatter_class=DefaultsHelpFormatter,
                         help="accuracy and gradient norm against the distance t to the token that decides the label",
                         description="A synthetic task: a sequence of random symbols whose label is the symbol t "
                                     "positions before the end. For each t, train a vanilla RNN, an LSTM and a "
