@@ -100,7 +100,8 @@ def test_multi30k_recipe_trains_on_lowercased_tokenized_text_and_scores_in_the_p
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "recipes" / "multi30k" / "run.py"), "en-de", "--data", str(data),
            "--out", str(out), "--config", str(tmp_path / "tiny.toml"), "--threads", "1",
-           "--average", "3", "--length-penalties", "0.6,2.0", "--lowercase-tokenized"]
+           "--average", "3", "--length-penalties", "0.6,2.0", "--lowercase-tokenized",
+           "--max-steps", "4", "--max-time", "0"]  # the config says 6 updates: the flag wins
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd + ["--val-only"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -130,6 +131,7 @@ def test_multi30k_recipe_trains_on_lowercased_tokenized_text_and_scores_in_the_p
     # the hypotheses are scored as written; the references are lowercased and tokenized
     assert scores["bleu_lc_moses"] == bleu_tok_lc(hyps, refs, "de", hyps_tokenized=True).score
     assert "n/a (lowercased model)" in proc.stdout
+    assert scores["steps"] == 4
 
 
 def test_multi30k_recipe_names_a_missing_data_file(tmp_path):
@@ -144,3 +146,7 @@ def test_multi30k_recipe_refuses_bad_length_penalties(tmp_path):
                            "--data", str(tmp_path), "--length-penalties", "0.6,x"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--length-penalties" in proc.stderr
+    for flag, value in (("--max-steps", "0"), ("--max-time", "-5")):
+        proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "multi30k" / "run.py"), "en-de",
+                               "--data", str(tmp_path), flag, value], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and flag in proc.stderr, proc.stderr

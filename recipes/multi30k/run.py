@@ -133,6 +133,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--max-time", type=float, default=None,
                     help="cap training at this many seconds (cumulative over resumes), instead of the config's max_time")
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="cap training at this many updates, instead of the config's max_steps; with --max-time 0 "
+                         "a run trains exactly as many updates on any machine (docs/results.md gives each row's count)")
     ap.add_argument("--select", choices=("val-bleu", "best"), default="val-bleu",
                     help="val-bleu: decode val with each candidate checkpoint and keep the best (step 3); best: "
                          "take OUT/best (lowest validation loss) without decoding val (saves time on slow models)")
@@ -156,6 +159,10 @@ def main() -> int:
         ap.error(f"--length-penalties: expected comma-separated numbers, got {args.length_penalties!r}")
     if not alphas or any(a < 0 for a in alphas):
         ap.error(f"--length-penalties: expected numbers >= 0, got {args.length_penalties!r}")
+    if args.max_steps is not None and args.max_steps <= 0:
+        ap.error(f"--max-steps: expected a positive number of updates, got {args.max_steps}")
+    if args.max_time is not None and args.max_time < 0:
+        ap.error(f"--max-time: expected seconds >= 0 (0: no limit), got {args.max_time:g}")
 
     src, tgt = args.pair.split("-")
     data = Path(args.data)
@@ -181,6 +188,8 @@ def main() -> int:
         train += ["--threads", str(args.threads)]
     if args.max_time is not None:
         train += ["--max-time", str(args.max_time)]
+    if args.max_steps is not None:
+        train += ["--max-steps", str(args.max_steps)]
     if args.tokenizer_from and not (out / "last").exists():
         train += ["--tokenizer-from", args.tokenizer_from]
     if (out / "last").exists():
