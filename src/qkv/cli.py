@@ -653,7 +653,6 @@ def log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
-
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" to an option's help only where it tells something: not for options whose
     default is None (their help says what happens without them, e.g. "the preset's"), and not where the
@@ -664,6 +663,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is argparse.SUPPRESS or "(default" in text:
             return text
         return super()._get_help_string(action)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
