@@ -242,8 +242,9 @@ def test_evaluate_identical_files_is_100(capsys, tmp_path):
     assert rc == 0, err
     sacre, moses, chrf = out.splitlines()
     assert sacre.startswith("sacreBLEU (cased, detokenized): BLEU = 100.00 ") and "tok:13a" in sacre
-    assert moses.startswith("Multi30k convention (lowercased, Moses-tokenized -l en -a): BLEU = 100.00 ")
-    assert "case:lc" in moses and "tok:moses-en-a" in moses
+    assert moses.startswith("Multi30k convention (lowercased, punctuation-normalized, Moses-tokenized -l en): "
+                            "BLEU = 100.00 ")
+    assert "case:lc" in moses and "tok:lc.norm.tok-en" in moses
     assert chrf.startswith("chrF2 = 100.00 ")
 
 

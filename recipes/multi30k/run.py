@@ -11,17 +11,18 @@ Steps (each skipped when its output already exists, so an interrupted recipe con
    sacreBLEU (with ``--val-only`` the recipe stops here and writes ``OUT/val_choice.json``: compare
    settings, e.g. the configs of ``recipes/multi30k/tuning/``, on val, then run the winner without it);
 4. decode test_2016_flickr once, with that model and α, and the config's beam (5);
-5. score: sacreBLEU (cased, detokenized, 13a), BLEU-4 on lowercased Moses-tokenized text (the
-   published convention), chrF; write ``OUT/scores.json``, ``OUT/test.hyp`` and
-   ``OUT/valid_curve.png`` (validation BLEU and loss against steps), and print a Markdown row
-   for docs/results.md.
+5. score: sacreBLEU (cased, detokenized, 13a), BLEU-4 on lowercased, normalized, Moses-tokenized
+   text (the published convention: ``qkv.metrics.moses_tokenize``), chrF; write ``OUT/scores.json``,
+   ``OUT/test.hyp`` and ``OUT/valid_curve.png`` (validation BLEU and loss against steps), and print
+   a Markdown row for docs/results.md.
 
 ``--lowercase-tokenized`` trains on lowercased, Moses-tokenized text instead of raw cased text, as the
-published Multi30k systems did (written once to ``OUT/data/``; the raw files are not changed). Its
-output is lowercased and tokenized, so it is chosen on val and scored on test in the published
-convention only (BLEU-4 on lowercased Moses-tokenized text, and chrF on that text); it has no cased
-sacreBLEU. Runs without the flag also record the val score in the published convention, so that
-the two kinds of run can be compared on val.
+published Multi30k systems did (``tokenize_for_training``: ``-a``, hyphens split as ``@-@``; written
+once to ``OUT/data/``; the raw files are not changed). Its output is lowercased and tokenized, so it
+is chosen on val and scored on test in the published convention only (BLEU-4 and chrF, both on
+text brought to that convention's form); it has no cased sacreBLEU. Runs without the flag also
+record the val score in the published convention, so that the two kinds of run can be compared
+on val.
 """
 
 from __future__ import annotations
@@ -78,19 +79,29 @@ def averaged_from(path: Path) -> list[str]:
         return []
 
 
+def tokenize_for_training(lines: list[str], lang: str) -> list[str]:
+    """The text ``--lowercase-tokenized`` trains on: ``tokenizer.perl -l LANG -a -no-escape``, then
+    lowercased (through sacremoses). Hyphens are split off as ``@-@`` (``-a``), as fairseq's WMT
+    preparation does; the scoring (``qkv.metrics.moses_tokenize``) merges them back, since the
+    published Multi30k scores are computed on text tokenized without ``-a``."""
+    from sacremoses import MosesTokenizer
+
+    tok = MosesTokenizer(lang=lang)
+    return [tok.tokenize(line, aggressive_dash_splits=True, escape=False, return_str=True).lower() for line in lines]
+
+
 def prepare_lowercase_tokenized(files: dict[str, Path], folder: Path) -> dict[str, Path]:
-    """Write each file lowercased and Moses-tokenized (``qkv.metrics.moses_tokenize``: the tokenization
-    the published convention scores with) to ``folder/NAME``, once; return the new paths. A file is
-    written under a temporary name and renamed when complete, so an interrupted run leaves no half file."""
+    """Write each file lowercased and Moses-tokenized (:func:`tokenize_for_training`) to
+    ``folder/NAME``, once; return the new paths. A file is written under a temporary name and
+    renamed when complete, so an interrupted run leaves no half file."""
     from qkv.data.corpus import read_lines
-    from qkv.metrics import moses_tokenize
 
     folder.mkdir(parents=True, exist_ok=True)
     prepared = {}
     for name, path in files.items():
         target = folder / name
         if not target.exists():
-            lines = moses_tokenize(read_lines(path), name.rsplit(".", 1)[1])
+            lines = tokenize_for_training(read_lines(path), name.rsplit(".", 1)[1])
             partial = target.with_name(target.name + ".partial")
             partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
             partial.replace(target)
@@ -148,8 +159,9 @@ def main() -> int:
                          "on val before the one test decoding of the final model")
     ap.add_argument("--lowercase-tokenized", action="store_true",
                     help="train and decode on lowercased, Moses-tokenized text (tokenizer.perl -a -no-escape, then "
-                         "lowercase: the published systems' preprocessing), written to OUT/data/; choose on val and "
-                         "score test in the published convention only (no cased sacreBLEU for such a model)")
+                         "lowercase, as the published systems trained on tokenized text), written to OUT/data/; "
+                         "choose on val and score test in the published convention only (no cased sacreBLEU for "
+                         "such a model)")
     ap.add_argument("--tokenizer-from", help="reuse this checkpoint's (or .model file's) subword model instead of "
                                              "training one, e.g. the Transformer run's, to compare on one vocabulary")
     args = ap.parse_args()
@@ -272,8 +284,10 @@ def main() -> int:
         "bleu_sacrebleu_signature": None if lc else bleu(hyps, refs).signature,
         "bleu_lc_moses": published.score,
         "bleu_lc_moses_signature": published.signature,
-        # chrF of the cased raw text, or (--lowercase-tokenized) of lowercased tokenized text on both sides
-        "chrf": chrf(hyps, moses_tokenize(refs, tgt) if lc else refs).score,
+        # chrF of the cased raw text, or (--lowercase-tokenized) of both sides in the published
+        # convention's form (lowercased, normalized, tokenized without -a: qkv.metrics.moses_tokenize)
+        "chrf": (chrf(moses_tokenize(hyps, tgt, tokenized=True), moses_tokenize(refs, tgt)) if lc
+                 else chrf(hyps, refs)).score,
         "decode": {"beam_size": model.decode_cfg.beam_size, "length_penalty": alpha,
                    "length_penalty_chosen_on_val_from": alphas, "seconds": decode_seconds},
         "model": {"chosen_on_val": chosen, "path": str(candidates[chosen]),

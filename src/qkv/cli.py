@@ -348,7 +348,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print("sacreBLEU (cased, detokenized): " + bleu(hyps, refs).text())
     lang = args.lang or language_of(args.ref)
     if lang:
-        print(f"Multi30k convention (lowercased, Moses-tokenized -l {lang} -a): " + bleu_tok_lc(hyps, refs, lang).text())
+        print(f"Multi30k convention (lowercased, punctuation-normalized, Moses-tokenized -l {lang}): "
+              + bleu_tok_lc(hyps, refs, lang).text())
     else:
         print("(give --lang to also report BLEU on lowercased, Moses-tokenized text)")
     print(chrf(hyps, refs).text())
