@@ -64,7 +64,7 @@ def plot_curve(metrics: Path, png: Path, title: str, lowercase_tokenized: bool =
     ax1.set_ylabel(ylabel, color="tab:blue")
     ax2 = ax1.twinx()
     ax2.plot(steps, [r["valid_loss"] for r in valid], "s--", color="tab:red", label="valid loss")
-    ax2.set_ylabel("label-smoothed loss per token", color="tab:red")
+    ax2.set_ylabel("loss per token (the training criterion)", color="tab:red")  # label-smoothed if ε > 0
     ax1.set_title(title)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
