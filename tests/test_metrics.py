@@ -31,6 +31,21 @@ def test_bleu_is_cased_and_13a_tokenized():
     assert bleu(["the cat sat on the mat."], ["the cat sat on the mat"]).score < 100.0
 
 
+def test_quiet_bleu_drops_sacrebleus_tokenized_text_warning_and_keeps_the_score(caplog):
+    # sacreBLEU warns once a corpus has 100 lines ending in " ." (tokenized text); training-time
+    # validation on tokenized data would print that at every validation.
+    hyps = [f"a dog number {i} runs ." for i in range(120)]
+    refs = [f"a dog number {i} walks ." for i in range(120)]
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        loud = bleu(hyps, refs)
+    assert any("forgot to detokenize" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        quiet = bleu(hyps, refs, quiet=True)
+    assert not [r for r in caplog.records if "detokenize" in r.getMessage()]
+    assert quiet.score == pytest.approx(loud.score) and 0 < quiet.score < 100
+
+
 def test_chrf_hand_computed():
     # "abcdefg" vs "abcdefh": for n = 1..6 there are 8-n n-grams on each side and 7-n match,
     # so precision = recall = (7-n)/(8-n); chrF averages over n and F_beta of equal P, R is P.

@@ -39,15 +39,18 @@ def _check(hyps: list[str], refs: list[str]) -> None:
         raise QkvError("cannot score an empty list of hypotheses")
 
 
-def bleu(hyps: list[str], refs: list[str]) -> Score:
+def bleu(hyps: list[str], refs: list[str], quiet: bool = False) -> Score:
     """Corpus BLEU (Papineni et al., 2002) with sacreBLEU's defaults: 13a tokenizer, cased, one reference.
 
         BLEU = BP * exp( (1/4) * sum_{n=1..4} log p_n ),  BP = min(1, exp(1 - ref_len / hyp_len))
 
     where p_n is the clipped n-gram precision over the whole corpus.
+
+    ``quiet``: no warning from sacreBLEU when the hypotheses look tokenized (its ``force``; the score
+    is the same). For training-time validation, which scores whatever form the training text has.
     """
     _check(hyps, refs)
-    metric = BLEU()
+    metric = BLEU(force=quiet)
     result = metric.corpus_score(list(hyps), [list(refs)])
     return Score(result.score, str(metric.get_signature()), str(result))
 
