@@ -6,6 +6,8 @@ test set once with that choice, and write scores that are the metrics of its own
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -13,6 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from qkv.cli import resolve_configs
+from qkv.config import load_toml
 from qkv.data import toy
 from qkv.metrics import bleu, bleu_tok_lc
 
@@ -159,14 +165,6 @@ def test_every_shipped_recipe_config_loads_and_its_values_take_effect():
     """Each TOML under recipes/ goes through ``qkv train --config``'s own resolution (preset < file,
     then validation), so a misspelt field, a wrong type or an invalid value in a shipped config
     fails here, not hours into a run; and every value the file sets is the one the run gets."""
-    import argparse
-    import dataclasses
-
-    import pytest
-
-    from qkv.cli import resolve_configs
-    from qkv.config import load_toml
-
     configs = sorted((ROOT / "recipes").rglob("*.toml"))
     assert len(configs) >= 10, configs  # the Multi30k, IMDb and Time Machine recipes are all there
     for path in configs:
