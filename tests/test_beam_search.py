@@ -7,7 +7,10 @@ every hypothesis row gets its own copy of the source side (``reorder(repeat_inte
 log-probs go through greedy's ``log_probs`` + ``force_eos`` over the whole vocabulary, and each
 sentence picks its top 2k of the full k x V table, in a plain Python loop over sentences; done
 sentences are not dropped from the batch. Same algorithm (module docstring of beam_search), none
-of the shortcuts.
+of the shortcuts. With ``early_stopping`` the reference follows fairseq's ``SequenceGenerator``
+as written there: a sentence accepts finished hypotheses first come, first served, until it has
+``k``, and is done the step it has them (qkv keeps the ``k`` best instead, which must come to the
+same); ``length_norm="length"`` divides by ``|Y| ** alpha`` (fairseq's ``--lenpen``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ V = 12  # small vocabulary: EOS is likely enough that sentences end at different
 
 
 @torch.inference_mode()
-def reference_beam_search(model, src: Tensor, k: int, alpha: float, max_len: Tensor, nbest: int, min_len: int):
+def reference_beam_search(model, src: Tensor, k: int, alpha: float, max_len: Tensor, nbest: int, min_len: int,
+                          length_norm: str = "gnmt", early_stopping: bool = False):
     """Beam search written out: full log-prob table, one sentence at a time, no shortcuts."""
     b = src.size(0)
     state = model.start(src).reorder(torch.arange(b).repeat_interleave(k))  # every row its own copy
@@ -50,15 +54,20 @@ def reference_beam_search(model, src: Tensor, k: int, alpha: float, max_len: Ten
             table = torch.tensor(scores[i]).unsqueeze(1) + logp[i]  # (k, V): every extension
             top, idx = table.view(-1).topk(2 * k)
             cands = [(float(s), int(j) // V, int(j) % V) for s, j in zip(top, idx)]  # (score, beam, token)
-            lp = length_penalty(step + 1, alpha)
+            lp = length_penalty(step + 1, alpha) if length_norm == "gnmt" else (step + 1) ** alpha
             for s, j, v in cands[:k]:  # EOS within the top k: a finished hypothesis
                 if v == EOS and math.isfinite(s):
+                    if early_stopping:  # fairseq: the first k to finish, in candidate order
+                        if len(finished[i]) < k:
+                            finished[i].append(Hypothesis(prefixes[i][j], s / lp, s))
+                        continue
                     finished[i].append(Hypothesis(prefixes[i][j], s / lp, s))
                     finished[i].sort(key=lambda h: h.score, reverse=True)
                     del finished[i][k:]
             live = [c for c in cands if c[2] != EOS][:k]
             worst = finished[i][-1].score if len(finished[i]) == k else -math.inf
-            if live[0][0] / lp <= worst or max_len[i] <= step or not math.isfinite(live[0][0]):
+            full = len(finished[i]) == k if early_stopping else live[0][0] / lp <= worst
+            if full or max_len[i] <= step or not math.isfinite(live[0][0]):
                 searching[i] = False
                 continue
             scores[i] = [s for s, _, _ in live]
@@ -68,7 +77,7 @@ def reference_beam_search(model, src: Tensor, k: int, alpha: float, max_len: Ten
         if not any(searching):
             break
         state, tokens = state.reorder(rows), next_tokens
-    return [hyps[:nbest] for hyps in finished]
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
 
 
 class EndingSooner:
@@ -136,6 +145,32 @@ def test_transformer_beam_search_equals_reference(k, alpha, min_len, nbest):
     ended_early = [len(hs[0].tokens) < int(m) for hs, m in zip(got, max_len)]
     assert any(ended_early) and not all(ended_early), "some sentences should end before their limit, some not"
     assert all(len(h.tokens) >= min(min_len, int(m)) for hs, m in zip(got, max_len) for h in hs)
+
+
+@pytest.mark.parametrize("k,alpha,length_norm,early_stopping", [
+    (3, 1.0, "length", True),  # fairseq's decoding (--lenpen 1)
+    (5, 1.0, "length", True),
+    (5, 0.6, "gnmt", True),
+    (4, 1.0, "length", False),
+    (5, 2.0, "length", False),
+])
+def test_fairseq_length_norm_and_early_stopping_equal_reference(k, alpha, length_norm, early_stopping):
+    model = transformer()
+    src = sources(7, 6)
+    max_len = torch.tensor([1, 3, 4, 5, 6, 7, 8])
+    got = beam_search(model, src, k, alpha, max_len, nbest=k, length_norm=length_norm,
+                      early_stopping=early_stopping)
+    want = reference_beam_search(model, src, k, alpha, max_len, k, 0, length_norm, early_stopping)
+    assert_same(got, want)
+    for hs in got:
+        for h in hs:
+            n = len(h.tokens) + 1  # EOS counted
+            lp = n ** alpha if length_norm == "length" else ((5 + n) / 6) ** alpha
+            assert h.score == pytest.approx(h.logprob / lp, rel=1e-5, abs=1e-5)
+    # the options change the search: the default rule on the same inputs finds other hypotheses
+    default = beam_search(model, src, k, alpha, max_len, nbest=k)
+    assert [[h.tokens for h in hs] for hs in got] != [[h.tokens for h in hs] for hs in default] or \
+        [[h.score for h in hs] for hs in got] != pytest.approx([[h.score for h in hs] for hs in default])
 
 
 def test_transformer_beam_search_keeps_finished_sentences_the_same():

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from qkv.config import BOS, EOS, PAD, UNK
+from qkv.config import BOS, EOS, PAD, UNK, DecodeConfig
 from qkv.decoding import Hypothesis, beam_search, greedy, max_output_len
 from qkv.decoding.beam_search import length_penalty
 from qkv.errors import ConfigError
@@ -302,6 +302,63 @@ def test_early_poor_finishers_do_not_cut_off_the_best_hypothesis():
     assert hyps[0].tokens == [A, A]
     assert hyps[0].logprob == pytest.approx(math.log(0.54), abs=1e-5)
     assert hyps[1].tokens == [] and hyps[1].logprob == pytest.approx(math.log(0.3), abs=1e-5)
+
+
+def poor_finishers(sent: int, prefix: tuple[int, ...]) -> Tensor:
+    """The table of the test above."""
+    if prefix == ():
+        return dist({A: 0.6, EOS: 0.3, B: 0.1})
+    if prefix == (A,):
+        return dist({A: 0.9, EOS: 0.1})
+    return dist({EOS: 1.0})
+
+
+def test_early_stopping_is_fairseqs_rule():
+    """early_stopping=True: done as soon as k hypotheses have finished, as fairseq does. On the
+    table above, beam 2: step 0 finishes [] (rank 2 of the top 2); step 1's top 2 are A A (.54) and
+    B EOS (.10), so [B] finishes and the sentence is done with [] and [B]; [A A] is never finished."""
+    model = TableModel(poor_finishers)
+    hyps = beam_search(model, src_of([0]), 2, 0.0, 10, nbest=2, early_stopping=True)[0]
+    assert model.batch_sizes == [2, 2]  # two steps, then done
+    assert [h.tokens for h in hyps] == [[], [B]]
+    assert [h.logprob for h in hyps] == pytest.approx([math.log(0.3), math.log(0.1)], abs=1e-5)
+
+
+def test_early_stopping_keeps_the_first_k_to_finish():
+    """Beam 2, early stopping, alpha 0. Step 0: A (.6), EOS (.25), B (.15): [] finishes (rank 2).
+    Step 1: A A (.33), A C (.27), B EOS (.15, rank 3: not finished). Step 2: A A EOS (.33) and
+    A C EOS (.27) both finish, but one slot is left: fairseq takes the higher-ranked, [A A], and
+    the sentence is done with [A A] and [] (.25), although [A C] beats []. The default rule keeps
+    the 2 best: [A A] and [A C]."""
+
+    def table(sent: int, prefix: tuple[int, ...]) -> Tensor:
+        if prefix == ():
+            return dist({A: 0.6, EOS: 0.25, B: 0.15})
+        if prefix == (A,):
+            return dist({A: 0.55, C: 0.45})
+        return dist({EOS: 1.0})
+
+    hyps = beam_search(TableModel(table), src_of([0]), 2, 0.0, 10, nbest=2, early_stopping=True)[0]
+    assert [h.tokens for h in hyps] == [[A, A], []]
+    assert [h.logprob for h in hyps] == pytest.approx([math.log(0.33), math.log(0.25)], abs=1e-5)
+    hyps = beam_search(TableModel(table), src_of([0]), 2, 0.0, 10, nbest=2)[0]
+    assert [h.tokens for h in hyps] == [[A, A], [A, C]]
+    assert [h.logprob for h in hyps] == pytest.approx([math.log(0.33), math.log(0.27)], abs=1e-5)
+
+
+def test_length_norm_divides_by_the_length_to_the_alpha():
+    """length_norm="length": lp = |Y| ** alpha, |Y| counting EOS (fairseq's --lenpen). On
+    length_trap with alpha 1: [A] scores log(.33) / 2 = -0.55433, [B C] log(.324) / 3 = -0.37567."""
+    hyps = beam_search(TableModel(length_trap), src_of([0]), 2, 1.0, 10, nbest=2, length_norm="length")[0]
+    assert [h.tokens for h in hyps] == [[B, C], [A]]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.324) / 3, math.log(0.33) / 2], abs=1e-5)
+    hyps = beam_search(TableModel(length_trap), src_of([0]), 2, 0.5, 10, nbest=2, length_norm="length")[0]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.324) / 3 ** 0.5, math.log(0.33) / 2 ** 0.5],
+                                                    abs=1e-5)
+    with pytest.raises(ConfigError, match="length_norm"):
+        beam_search(TableModel(length_trap), src_of([0]), 2, 1.0, 10, length_norm="fairseq")
+    with pytest.raises(ConfigError, match="length_norm"):
+        DecodeConfig(length_norm="fairseq").validate()
 
 
 @pytest.mark.parametrize("beam", [1, 3])

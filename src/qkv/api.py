@@ -73,7 +73,7 @@ class Translator:
                     hyps = [[Hypothesis(t, 0.0, 0.0)] for t in greedy(self.model, batch.src, max_len, cfg.min_len)]
                 else:
                     hyps = beam_search(self.model, batch.src, cfg.beam_size, cfg.length_penalty, max_len, cfg.nbest,
-                                       cfg.min_len)
+                                       cfg.min_len, length_norm=cfg.length_norm, early_stopping=cfg.early_stopping)
                 for i, nbest in zip(idx, hyps):
                     texts = self.tokenizers.tgt.decode([h.tokens for h in nbest])
                     results[i] = [(t, h.score) for t, h in zip(texts, nbest)]

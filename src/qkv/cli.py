@@ -96,7 +96,12 @@ FIELD_HELP = {
     "fused_loss": "compute the output projection and the label-smoothed loss together, chunk by chunk, without "
                   "the full (tokens x vocabulary) logits (same values; faster; Transformers and recurrent seq2seq)",
     "beam_size": "beam size (1: greedy)",
-    "length_penalty": "α of the length penalty ((5+|Y|)/6)^α",
+    "length_penalty": "α of the length penalty: beam search ranks log P(Y|x) / lp(Y), lp = ((5+|Y|)/6)^α (gnmt) "
+                      "or |Y|^α (length)",
+    "length_norm": "gnmt: lp = ((5+|Y|)/6)^α (Wu et al., 2016; the paper) | length: lp = |Y|^α (fairseq's "
+                   "--lenpen, Hugging Face's length_penalty)",
+    "early_stopping": "end a sentence's search as soon as beam_size hypotheses have ended (fairseq's rule; "
+                      "favours short outputs) instead of when no live one can beat them",
     "max_len_a": "max output length = a·source length + b",
     "max_len_b": "max output length = a·source length + b",
     "min_len": "no EOS before this many output tokens",

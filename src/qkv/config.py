@@ -205,6 +205,8 @@ class DecodeConfig:
 
     beam_size: int = 4
     length_penalty: float = 0.6  # alpha in ((5 + |Y|) / 6) ** alpha (Wu et al., 2016)
+    length_norm: str = "gnmt"  # "gnmt": ((5 + |Y|) / 6) ** alpha; "length": |Y| ** alpha (fairseq's --lenpen)
+    early_stopping: bool = False  # True: a sentence is done once beam_size hypotheses end (fairseq's rule)
     max_len_a: float = 1.0  # maximum output length = a * source length + b
     max_len_b: int = 50
     min_len: int = 0  # EOS is not allowed before this many output tokens
@@ -214,6 +216,7 @@ class DecodeConfig:
     def validate(self) -> "DecodeConfig":
         _check(self.beam_size >= 1, "beam_size", "must be >= 1")
         _check(self.length_penalty >= 0, "length_penalty", "must be >= 0")
+        _check(self.length_norm in ("gnmt", "length"), "length_norm", f"must be gnmt or length, got {self.length_norm!r}")
         _check(self.max_len_a >= 0 and self.max_len_b >= 0, "max_len_b", "must be >= 0")
         _check(self.min_len >= 0, "min_len", "must be >= 0")
         _check(1 <= self.nbest <= self.beam_size, "nbest", f"must be in [1, beam_size={self.beam_size}]")

@@ -1,4 +1,5 @@
-"""Beam search with the GNMT length penalty, as used by the paper (beam 4, alpha 0.6, Sec. 6.1).
+"""Beam search with the GNMT length penalty, as used by the paper (beam 4, alpha 0.6, Sec. 6.1),
+and fairseq's length normalisation and stopping rule as options.
 
 Every sentence keeps ``k = beam_size`` live hypotheses; the batch runs as ``N * k`` rows of
 the model (N = sentences still being searched), laid out sentence-major: row ``i * k + j`` is
@@ -13,7 +14,9 @@ One step, for each active sentence (all sentences at once, as tensors):
    k x V table: each is among the top ``2k`` tokens of its own row, see :func:`_top_candidates`.)
 3. EOS candidates ranked within the top ``k`` become finished hypotheses, scored
        score(Y) = log P(Y | x) / lp(Y),   lp(Y) = ((5 + |Y|) / 6) ** alpha,
-   with |Y| counting the EOS (see :func:`length_penalty`).
+   with |Y| counting the EOS (see :func:`length_penalty`). ``length_norm="length"`` uses
+   ``lp(Y) = |Y| ** alpha`` instead: fairseq's ``--lenpen`` (default 1) and Hugging Face's
+   ``length_penalty``.
 4. the best ``k`` non-EOS candidates are the new live hypotheses; ``state.reorder`` follows
    their back-pointers (the beam each came from). Each group of ``k`` rows passed to it comes
    from one sentence (``rows = sentence * k + beam``), which lets a state keep what the
@@ -34,10 +37,13 @@ or when it reaches ``max_len`` (at step ``max_len[i]`` only EOS is allowed, so e
 hypothesis is finished with the model's log-prob of EOS). For ``alpha = 0`` the bound is exact
 (log-probs only fall as a hypothesis grows), so the result is the best the beam can find; for
 ``alpha > 0`` it is the heuristic of Hugging Face's ``BeamHypotheses``. fairseq's simpler rule
-(done as soon as ``k`` hypotheses have finished) is *not* used: a few short, poor hypotheses
-that end early (even the empty one at step 0) would fill the list and cut off the best live
-hypothesis one step before its EOS. With either rule ``beam_size=1`` is exactly greedy
-decoding. Done sentences are removed from the batch (``state.reorder`` with fewer rows), so
+(done as soon as ``k`` hypotheses have finished; Hugging Face's ``early_stopping=True``) is
+only an option, ``early_stopping=True``: a few short, poor hypotheses that end early (even the
+empty one at step 0) can fill the list and cut off the best live hypothesis one step before its
+EOS, so it favours short outputs. As in fairseq, a sentence then keeps the *first* ``k``
+hypotheses to finish (at the step its list fills, those ranked higher among the candidates)
+rather than the ``k`` best: a longer one finishing late does not evict a shorter one. With either rule
+``beam_size=1`` is exactly greedy decoding. Done sentences are removed from the batch (``state.reorder`` with fewer rows), so
 they cost nothing in later steps (``drop_finished=False`` keeps them, to measure the saving).
 """
 
@@ -74,6 +80,15 @@ def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor
     (raw log-probs); the paper uses ``alpha = 0.6``.
     """
     return ((5 + length) / 6) ** alpha
+
+
+LENGTH_NORMS = ("gnmt", "length")
+
+
+def _norm(length: int, alpha: float, length_norm: str) -> float:
+    """The divisor of a hypothesis' log-prob: :func:`length_penalty` (``"gnmt"``) or
+    ``length ** alpha`` (``"length"``: fairseq's ``--lenpen``, Hugging Face's ``length_penalty``)."""
+    return length_penalty(length, alpha) if length_norm == "gnmt" else float(length) ** alpha
 
 
 @dataclass
@@ -150,10 +165,11 @@ def _top_candidates(
 
 def _finalize(
     cand: _Candidates, beams: _Beams, step: int, alpha: float, finished: list[list[Hypothesis]],
-    searching: Tensor | None = None,
+    searching: Tensor | None = None, length_norm: str = "gnmt", first_k: bool = False,
 ) -> None:
     """Move EOS candidates ranked within the top k into their sentence's finished list, which
-    keeps the k best by score (best first). Their length is ``step + 1`` (EOS included).
+    keeps the k best by score (best first; ``first_k``: the first k to arrive, in rank order).
+    Their length is ``step + 1`` (EOS included).
     ``searching`` (N,) bool, if given: only these sentences (the others are done but kept)."""
     k = beams.scores.size(1)
     is_eos = (cand.tokens[:, :k] == EOS) & torch.isfinite(cand.scores[:, :k])  # (N, k)
@@ -161,9 +177,11 @@ def _finalize(
         is_eos &= searching.unsqueeze(1)
     if not is_eos.any():
         return
-    lp = length_penalty(step + 1, alpha)
+    lp = _norm(step + 1, alpha, length_norm)
     for i, rank in is_eos.nonzero().tolist():
         hyps = finished[int(beams.sents[i])]
+        if first_k and len(hyps) >= k:
+            continue
         logprob = float(cand.scores[i, rank])
         tokens = beams.prefixes[i, cand.beams[i, rank]].tolist()
         hyps.append(Hypothesis(tokens=tokens, score=logprob / lp, logprob=logprob))
@@ -181,15 +199,20 @@ def _select_live(cand: _Candidates, k: int) -> Tensor:
 
 
 def _done(
-    beams: _Beams, live_scores: Tensor, step: int, alpha: float, finished: list[list[Hypothesis]]
+    beams: _Beams, live_scores: Tensor, step: int, alpha: float, finished: list[list[Hypothesis]],
+    length_norm: str = "gnmt", early_stopping: bool = False,
 ) -> Tensor:
     """Stopping rule (module docstring): k finished hypotheses none of which the best live one
-    can still beat, or the step budget is spent, or nothing is live."""
+    can still beat (``early_stopping``: k finished hypotheses), or the step budget is spent, or
+    nothing is live."""
     k = live_scores.size(1)
     worst = [finished[s][-1].score if len(finished[s]) >= k else -math.inf for s in beams.sents.tolist()]
     worst_kept = torch.tensor(worst, device=live_scores.device)  # (N,), -inf: fewer than k finished
-    best_live = live_scores[:, 0] / length_penalty(step + 1, alpha)  # (N,)
-    return (best_live <= worst_kept) | (beams.max_len <= step) | ~torch.isfinite(live_scores[:, 0])
+    if early_stopping:
+        full = torch.isfinite(worst_kept)
+    else:
+        full = live_scores[:, 0] / _norm(step + 1, alpha, length_norm) <= worst_kept  # (N,)
+    return full | (beams.max_len <= step) | ~torch.isfinite(live_scores[:, 0])
 
 
 def _advance(beams: _Beams, cand: _Candidates, live: Tensor, keep: Tensor) -> tuple[_Beams, Tensor, Tensor]:
@@ -222,6 +245,8 @@ def beam_search(
     nbest: int = 1,
     min_len: int = 0,
     *,
+    length_norm: str = "gnmt",
+    early_stopping: bool = False,
     drop_finished: bool = True,
 ) -> list[list[Hypothesis]]:
     """Beam-search a batch; returns, per sentence, its ``nbest`` best hypotheses (best first).
@@ -231,6 +256,9 @@ def beam_search(
     min_len: EOS is not allowed before this many tokens.
     Hypotheses are ranked by ``score = logprob / lp(|Y|)``. See the module docstring for
     the algorithm and the stopping rule.
+    length_norm: ``"gnmt"``, lp = ((5+|Y|)/6)**alpha, or ``"length"``, lp = |Y|**alpha (fairseq).
+    early_stopping: a sentence is done once ``k`` hypotheses have finished (fairseq's rule).
+    fairseq's own decoding is ``length_norm="length", early_stopping=True`` with alpha 1.
 
     drop_finished: only for measuring what removing done sentences saves
     (``benchmarks/means.py``): ``False`` keeps their ``k`` rows in the batch until every
@@ -240,6 +268,9 @@ def beam_search(
         raise ConfigError(f"invalid config field 'beam_size': must be >= 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ConfigError(f"invalid config field 'nbest': must be in [1, beam_size={beam_size}], got {nbest}")
+    if length_norm not in LENGTH_NORMS:
+        raise ConfigError(f"invalid config field 'length_norm': must be one of {', '.join(LENGTH_NORMS)}, "
+                          f"got {length_norm!r}")
     alpha, k = length_penalty, beam_size
     batch_size = src.size(0)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
@@ -256,9 +287,9 @@ def beam_search(
     for step in range(int(beams.max_len.max()) + 1):
         logits, state = model.step(tokens, state)
         cand = _top_candidates(beams.scores, logits, 2 * k, beams.max_len <= step, step < min_len)  # (N, 2k)
-        _finalize(cand, beams, step, alpha, finished, None if drop_finished else ~ended)
+        _finalize(cand, beams, step, alpha, finished, None if drop_finished else ~ended, length_norm, early_stopping)
         live = _select_live(cand, k)  # (N, k)
-        done = _done(beams, cand.scores.gather(1, live), step, alpha, finished)  # (N,)
+        done = _done(beams, cand.scores.gather(1, live), step, alpha, finished, length_norm, early_stopping)  # (N,)
         if not drop_finished:
             ended |= done
             done = ended
