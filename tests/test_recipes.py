@@ -91,6 +91,17 @@ def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
     # the val score in the published convention is recorded too, for comparing with lowercased runs
     assert set(choice["val_bleu_lc_moses_by_length_penalty"]) == set(by_alpha)
     assert choice["val_bleu_lc_moses"] == choice["val_bleu_lc_moses_by_length_penalty"][chosen][f"{alpha:g}"]
+    # fairseq's search (|Y|^alpha, early stopping) writes its own files; the default search's stay as they were
+    before = {name: (out / name).read_bytes() for name in ("val_choice.json", "scores.json", "test.hyp")}
+    proc = subprocess.run(cmd + ["--length-norm", "length", "--early-stopping"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {name: (out / name).read_bytes() for name in before} == before
+    fairseq = json.loads((out / "scores-length-early.json").read_text())
+    assert (fairseq["decode"]["length_norm"], fairseq["decode"]["early_stopping"]) == ("length", True)
+    assert (scores["decode"]["length_norm"], scores["decode"]["early_stopping"]) == ("gnmt", False)
+    hyps = (out / "test-length-early.hyp").read_text(encoding="utf-8").splitlines()
+    assert fairseq["bleu_sacrebleu"] == bleu(hyps, refs).score
 
 
 def test_multi30k_recipe_trains_on_lowercased_tokenized_text_and_scores_in_the_published_convention(tmp_path):

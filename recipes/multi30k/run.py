@@ -16,6 +16,11 @@ Steps (each skipped when its output already exists, so an interrupted recipe con
    ``OUT/test.hyp`` and ``OUT/valid_curve.png`` (validation BLEU and loss against steps), and print
    a Markdown row for docs/results.md.
 
+``--length-norm length --early-stopping`` decodes as fairseq does (lp = |Y|^α, a sentence done once
+``beam_size`` hypotheses have ended; α 1 is fairseq's default ``--lenpen``). A search other than the
+default writes its own files (``val_choice-length-early.json``, ``test-length-early.hyp``,
+``scores-length-early.json``), so those of the default search are kept.
+
 ``--lowercase-tokenized`` trains on lowercased, Moses-tokenized text instead of raw cased text, as the
 published Multi30k systems did (``tokenize_for_training``: ``-a``, hyphens split as ``@-@``; written
 once to ``OUT/data/``; the raw files are not changed). Its output is lowercased and tokenized, so it
@@ -153,6 +158,12 @@ def main() -> int:
     ap.add_argument("--length-penalties", default="0.6,1.0,1.5,2.0",
                     help="comma-separated α values of the length penalty ((5+|Y|)/6)^α tried on val with each "
                          "candidate checkpoint (default: %(default)s; one value: no search)")
+    ap.add_argument("--length-norm", choices=("gnmt", "length"), default="gnmt",
+                    help="the length normalisation of beam search: gnmt, lp = ((5+|Y|)/6)^α (the paper's), or length, "
+                         "lp = |Y|^α (fairseq's --lenpen); with --early-stopping and α 1, fairseq's default decoding")
+    ap.add_argument("--early-stopping", action="store_true",
+                    help="end each sentence's beam search once beam_size hypotheses have ended (fairseq's rule) "
+                         "instead of when no live hypothesis can beat them")
     ap.add_argument("--val-only", action="store_true",
                     help="stop after step 3: write OUT/val_choice.json (the val scores of every candidate and "
                          "alpha, and the choice) and leave test_2016_flickr untouched; for comparing settings "
@@ -191,6 +202,12 @@ def main() -> int:
     if args.lowercase_tokenized:
         files = prepare_lowercase_tokenized(files, out / "data")
     qkv = [sys.executable, "-m", "qkv"]
+    search = {"length_norm": args.length_norm, "early_stopping": args.early_stopping}  # beam search options
+    # val_choice.json, test.hyp, scores.json for the default search; another search writes its own
+    # files beside them (e.g. scores-length-early.json), so that neither overwrites the other's
+    suffix = ("" if search == {"length_norm": "gnmt", "early_stopping": False} else
+              f"-{args.length_norm}{'-early' if args.early_stopping else ''}")
+    choice_file = out / f"val_choice{suffix}.json"
 
     started = time.time()
     train = qkv + ["train", "--config", config, "--out", str(out),
@@ -240,7 +257,7 @@ def main() -> int:
         model = qkv_lib.load(path)
         val_scores[name] = {}
         for a in alphas:
-            hyps = model.translate(val_src, length_penalty=a)
+            hyps = model.translate(val_src, length_penalty=a, **search)
             score_lc = bleu_tok_lc(hyps, val_ref, tgt, hyps_tokenized=lc).score
             score = score_lc if lc else bleu(hyps, val_ref).score
             val_scores[name][f"{a:g}"] = score
@@ -258,23 +275,23 @@ def main() -> int:
     }
     if args.val_only:
         choice = {"pair": args.pair, "config": config, "lowercase_tokenized": lc, "chosen_on_val": chosen,
-                  "path": str(candidates[chosen]), "length_penalty": alpha,
+                  "path": str(candidates[chosen]), "length_penalty": alpha, **search,
                   "val_sacrebleu": None if lc else (best_val if val_scores else None),
                   "val_sacrebleu_by_length_penalty": {} if lc else val_scores,
                   "val_bleu_lc_moses": val_lc_scores[chosen][f"{alpha:g}"] if val_scores else None,
                   "val_bleu_lc_moses_by_length_penalty": val_lc_scores,
                   **run_facts(out, qkv_lib.load(candidates[chosen])), **provenance}
-        (out / "val_choice.json").write_text(json.dumps(choice, indent=2), encoding="utf-8")
+        choice_file.write_text(json.dumps(choice, indent=2), encoding="utf-8")
         scored = f", val {metric_name} {best_val:.2f}" if val_scores else " (nothing to choose between: not decoded)"
-        print(f"val only: {chosen} at alpha {alpha:g}{scored}; test_2016_flickr not decoded ({out / 'val_choice.json'})")
+        print(f"val only: {chosen} at alpha {alpha:g}{scored}; test_2016_flickr not decoded ({choice_file})")
         return 0
 
     sources, refs = read_lines(files[f"test_2016_flickr.{src}"]), read_lines(raw[f"test_2016_flickr.{tgt}"])
     model = qkv_lib.load(candidates[chosen])
     t0 = time.time()
-    hyps = model.translate(sources, length_penalty=alpha)
+    hyps = model.translate(sources, length_penalty=alpha, **search)
     decode_seconds = time.time() - t0
-    (out / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    (out / f"test{suffix}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     published = bleu_tok_lc(hyps, refs, tgt, hyps_tokenized=lc)
     scores = {
         "pair": args.pair,
@@ -288,7 +305,7 @@ def main() -> int:
         # convention's form (lowercased, normalized, tokenized without -a: qkv.metrics.moses_tokenize)
         "chrf": (chrf(moses_tokenize(hyps, tgt, tokenized=True), moses_tokenize(refs, tgt)) if lc
                  else chrf(hyps, refs)).score,
-        "decode": {"beam_size": model.decode_cfg.beam_size, "length_penalty": alpha,
+        "decode": {"beam_size": model.decode_cfg.beam_size, "length_penalty": alpha, **search,
                    "length_penalty_chosen_on_val_from": alphas, "seconds": decode_seconds},
         "model": {"chosen_on_val": chosen, "path": str(candidates[chosen]),
                   "val_sacrebleu_by_length_penalty": {} if lc else val_scores,
@@ -297,7 +314,7 @@ def main() -> int:
         **run_facts(out, model),
         **provenance,
     }
-    (out / "scores.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
+    (out / f"scores{suffix}.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
     try:
         title = f"Multi30k {args.pair}{' (lowercased, Moses-tokenized)' if lc else ''}: validation"
         plot_curve(out / "metrics.jsonl", out / "valid_curve.png", title, lc)
