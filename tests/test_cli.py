@@ -156,6 +156,21 @@ def test_translate_arguments(run, capsys):
     assert out.endswith("\n")
 
 
+def test_translate_texts_after_options_and_search_options(run, capsys):
+    rc, expected, _ = cli(capsys, "translate", run.best, "red cat", "dog sun tree", "--beam-size", "3")
+    assert rc == 0 and len(expected.splitlines()) == 2
+    rc, out, err = cli(capsys, "translate", run.best, "--beam-size", "3", "red cat", "dog sun tree")
+    assert rc == 0, err
+    assert out == expected
+    # fairseq's search: |Y|^alpha and early stopping are accepted; a wrong norm names the field
+    rc, out, err = cli(capsys, "translate", run.best, "red cat", "--length-norm", "length", "--early-stopping")
+    assert rc == 0 and len(out.splitlines()) == 1, err
+    rc, _, err = cli(capsys, "translate", run.best, "red cat", "--length-norm", "fairseq")
+    assert_user_error(rc, err, "translate", "length_norm", "gnmt or length")
+    with pytest.raises(SystemExit):  # an unknown option is still an error
+        cli(capsys, "translate", run.best, "red cat", "--beam-sise", "3")
+
+
 def test_translate_file_keeps_line_count_and_empty_lines(run, capsys, tmp_path):
     lines = ["red cat", "", "dog", "   ", "sun tree blue", ""]
     inp = write_lines(tmp_path / "in.txt", lines)

@@ -978,7 +978,14 @@ def add_bench_parser(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse matches `MODEL TEXT...` in one go, so texts after an option (`qkv translate M
+        # --beam-size 5 "a b"`) come back unparsed: they are texts all the same
+        if isinstance(getattr(args, "text", None), list) and not any(e.startswith("-") for e in extra):
+            args.text += extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except QkvError as e:
