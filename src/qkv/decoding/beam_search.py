@@ -42,9 +42,10 @@ only an option, ``early_stopping=True``: a few short, poor hypotheses that end e
 empty one at step 0) can fill the list and cut off the best live hypothesis one step before its
 EOS, so it favours short outputs. As in fairseq, a sentence then keeps the *first* ``k``
 hypotheses to finish (at the step its list fills, those ranked higher among the candidates)
-rather than the ``k`` best: a longer one finishing late does not evict a shorter one. With either rule
-``beam_size=1`` is exactly greedy decoding. Done sentences are removed from the batch (``state.reorder`` with fewer rows), so
-they cost nothing in later steps (``drop_finished=False`` keeps them, to measure the saving).
+rather than the ``k`` best: a longer one finishing late does not evict a shorter one. With
+either rule ``beam_size=1`` is exactly greedy decoding. Done sentences are removed from the
+batch (``state.reorder`` with fewer rows), so they cost nothing in later steps
+(``drop_finished=False`` keeps them, to measure the saving).
 """
 
 from __future__ import annotations
