@@ -91,6 +91,10 @@ def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
     # the val score in the published convention is recorded too, for comparing with lowercased runs
     assert set(choice["val_bleu_lc_moses_by_length_penalty"]) == set(by_alpha)
     assert choice["val_bleu_lc_moses"] == choice["val_bleu_lc_moses_by_length_penalty"][chosen][f"{alpha:g}"]
+    # each val cell's BLEU line, with its length ratio, is kept; the test score's too
+    summary = choice["val_bleu_lc_moses_summary_by_length_penalty"][chosen][f"{alpha:g}"]
+    assert summary.startswith(f"BLEU = {choice['val_bleu_lc_moses']:.2f}") and "ratio" in summary
+    assert scores["bleu_lc_moses_summary"] == bleu_tok_lc(hyps, refs, "de").summary
     # fairseq's search (|Y|^alpha, early stopping) writes its own files; the default search's stay as they were
     before = {name: (out / name).read_bytes() for name in ("val_choice.json", "scores.json", "test.hyp")}
     proc = subprocess.run(cmd + ["--length-norm", "length", "--early-stopping"], cwd=tmp_path, capture_output=True,

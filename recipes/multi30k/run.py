@@ -252,13 +252,16 @@ def main() -> int:
     # candidate -> {alpha: val score}: sacreBLEU, or (--lowercase-tokenized) the published convention
     val_scores: dict[str, dict[str, float]] = {}
     val_lc_scores: dict[str, dict[str, float]] = {}  # candidate -> {alpha: val BLEU in the published convention}
+    val_lc_summaries: dict[str, dict[str, str]] = {}  # the same with precisions, brevity penalty, length ratio
     best_val, chosen, alpha = -1.0, "best", alphas[0]  # without a search: best/ and the only alpha
     for name, path in candidates.items() if len(candidates) * len(alphas) > 1 else ():
         model = qkv_lib.load(path)
         val_scores[name] = {}
         for a in alphas:
             hyps = model.translate(val_src, length_penalty=a, **search)
-            score_lc = bleu_tok_lc(hyps, val_ref, tgt, hyps_tokenized=lc).score
+            published_val = bleu_tok_lc(hyps, val_ref, tgt, hyps_tokenized=lc)
+            score_lc = published_val.score
+            val_lc_summaries.setdefault(name, {})[f"{a:g}"] = published_val.summary
             score = score_lc if lc else bleu(hyps, val_ref).score
             val_scores[name][f"{a:g}"] = score
             val_lc_scores.setdefault(name, {})[f"{a:g}"] = score_lc
@@ -280,6 +283,7 @@ def main() -> int:
                   "val_sacrebleu_by_length_penalty": {} if lc else val_scores,
                   "val_bleu_lc_moses": val_lc_scores[chosen][f"{alpha:g}"] if val_scores else None,
                   "val_bleu_lc_moses_by_length_penalty": val_lc_scores,
+                  "val_bleu_lc_moses_summary_by_length_penalty": val_lc_summaries,
                   **run_facts(out, qkv_lib.load(candidates[chosen])), **provenance}
         choice_file.write_text(json.dumps(choice, indent=2), encoding="utf-8")
         scored = f", val {metric_name} {best_val:.2f}" if val_scores else " (nothing to choose between: not decoded)"
@@ -301,6 +305,7 @@ def main() -> int:
         "bleu_sacrebleu_signature": None if lc else bleu(hyps, refs).signature,
         "bleu_lc_moses": published.score,
         "bleu_lc_moses_signature": published.signature,
+        "bleu_lc_moses_summary": published.summary,  # precisions, brevity penalty, length ratio
         # chrF of the cased raw text, or (--lowercase-tokenized) of both sides in the published
         # convention's form (lowercased, normalized, tokenized without -a: qkv.metrics.moses_tokenize)
         "chrf": (chrf(moses_tokenize(hyps, tgt, tokenized=True), moses_tokenize(refs, tgt)) if lc
@@ -309,7 +314,8 @@ def main() -> int:
                    "length_penalty_chosen_on_val_from": alphas, "seconds": decode_seconds},
         "model": {"chosen_on_val": chosen, "path": str(candidates[chosen]),
                   "val_sacrebleu_by_length_penalty": {} if lc else val_scores,
-                  "val_bleu_lc_moses_by_length_penalty": val_lc_scores},
+                  "val_bleu_lc_moses_by_length_penalty": val_lc_scores,
+                  "val_bleu_lc_moses_summary_by_length_penalty": val_lc_summaries},
         "train_seconds_this_invocation": train_seconds,
         **run_facts(out, model),
         **provenance,
