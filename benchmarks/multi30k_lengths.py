@@ -50,8 +50,11 @@ def main() -> int:
 
     import qkv
     from qkv.data.corpus import read_lines
+    from qkv.errors import QkvError
     from qkv.metrics import bleu_tok_lc, moses_tokenize
 
+    if args.pair.count("-") != 1:
+        ap.error(f"--pair: expected SRC-TGT, e.g. en-de, got {args.pair!r}")
     src_lang, tgt_lang = args.pair.split("-")
     data = Path(args.data)
     raw = {f"{s}.{lang}": data / f"{s}.{lang}.gz" for s in ("val", "test_2016_flickr") for lang in (src_lang, tgt_lang)}
@@ -61,6 +64,11 @@ def main() -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        model = qkv.load(args.model)
+    except QkvError as e:
+        print(f"multi30k_lengths: {e}", file=sys.stderr)
+        return 2
 
     result: dict = {"model": args.model, "pair": args.pair, "references_per_source_token": {}, "val": []}
     for split in ("val", "test_2016_flickr"):
@@ -73,7 +81,6 @@ def main() -> int:
     local = Path(args.model).parent / "data" / f"val.{src_lang}"
     tokenized = local.is_file()  # a --lowercase-tokenized run: it reads and writes tokenized text
     src_file = local if tokenized else raw[f"val.{src_lang}"]
-    model = qkv.load(args.model)
     sources, refs = read_lines(src_file), read_lines(raw[f"val.{tgt_lang}"])
     for search in args.search:
         hyps = model.translate(sources, **search)

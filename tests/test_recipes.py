@@ -107,6 +107,25 @@ def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
     hyps = (out / "test-length-early.hyp").read_text(encoding="utf-8").splitlines()
     assert fairseq["bleu_sacrebleu"] == bleu(hyps, refs).score
 
+    # benchmarks/multi30k_lengths.py: the references' length per source token of each split, and
+    # the val BLEU line of each search, the same as the recipe's val cell for that search
+    lengths = tmp_path / "lengths.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "multi30k_lengths.py"), str(out / "best"),
+                           "--data", str(data), "--search", "gnmt:2.0", "--search", "length-early:0.6",
+                           "--threads", "1", "--out", str(lengths)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(lengths.read_text())
+    val_words = sum(len(toy.german(n).split()) for n in range(300, 320))
+    assert measured["references_per_source_token"]["val"]["reference_tokens"] == val_words
+    assert measured["references_per_source_token"]["val"]["ratio"] == pytest.approx(
+        val_words / sum(len(toy.english(n).split()) for n in range(300, 320)))
+    default, fs = measured["val"]
+    assert (default["length_norm"], default["early_stopping"], default["length_penalty"]) == ("gnmt", False, 2.0)
+    assert default["bleu_lc_moses"] == choice["val_bleu_lc_moses_by_length_penalty"]["best"]["2"]
+    assert (fs["length_norm"], fs["early_stopping"], fs["length_penalty"]) == ("length", True, 0.6)
+    assert fs["bleu_lc_moses"] == fairseq["model"]["val_bleu_lc_moses_by_length_penalty"]["best"]["0.6"]
+
 
 def test_multi30k_recipe_trains_on_lowercased_tokenized_text_and_scores_in_the_published_convention(tmp_path):
     from sacremoses import MosesTokenizer
