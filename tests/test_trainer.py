@@ -274,3 +274,70 @@ def test_lr_shrink_reduces_the_rate_on_plateau_then_patience_stops(tmp_path, mon
 def test_lr_shrink_settings_are_checked(fields, match):
     with pytest.raises(ConfigError, match=match):
         dataclasses.replace(TRAIN, **fields).validate()
+
+
+# --- optimizer = "nag": fairseq 0.9's default optimizer ----------------------------------------------
+
+def _fairseq_nag_steps(theta, grads, lrs, mu):
+    """fairseq 0.9's NAG update (fairseq/optim/nag.py), written out: the buffer holds the rate,
+    and is rescaled by lr / lr_prev when the rate changes."""
+    theta, buf, lr_old = theta.clone(), torch.zeros_like(theta), lrs[0]
+    for g, lr in zip(grads, lrs):
+        corr = lr / lr_old
+        theta = theta + mu * mu * corr * buf - (1 + mu) * lr * g
+        buf = mu * corr * buf - lr * g
+        lr_old = lr
+    return theta
+
+
+def test_nag_is_fairseqs_update_with_a_changing_rate():
+    from qkv.training.trainer import build_optimizer
+    torch.manual_seed(0)
+    theta0 = torch.randn(5, dtype=torch.float64)
+    grads = [torch.randn(5, dtype=torch.float64) for _ in range(6)]
+    lrs = [1e-3, 2e-3, 3e-3, 2.5e-3, 2e-3, 1.8e-3]  # warmup, then decay
+    p = torch.nn.Parameter(theta0.clone())
+    opt = build_optimizer([p], dataclasses.replace(TRAIN, optimizer="nag", momentum=0.9))
+    assert isinstance(opt, torch.optim.SGD)
+    for g, lr in zip(grads, lrs):
+        opt.param_groups[0]["lr"] = lr
+        p.grad = g.clone()
+        opt.step()
+    expected = _fairseq_nag_steps(theta0, grads, lrs, 0.9)
+    assert torch.allclose(p.detach(), expected, rtol=0, atol=1e-12)
+    # and not plain momentum SGD: the Nesterov look-ahead changes the result
+    q = torch.nn.Parameter(theta0.clone())
+    heavy = torch.optim.SGD([q], lr=0.0, momentum=0.9)
+    for g, lr in zip(grads, lrs):
+        heavy.param_groups[0]["lr"] = lr
+        q.grad = g.clone()
+        heavy.step()
+    assert not torch.allclose(q.detach(), expected, atol=1e-6)
+
+
+def test_nag_trains_and_resumes_exactly(tmp_path):
+    data, valid = numbers(1, 400, 3), numbers(2, 400, 50)
+    cfg = dataclasses.replace(TRAIN, optimizer="nag", schedule="inverse_sqrt", lr_scale=1.0, lr=0.05,
+                              warmup_steps=4, update_freq=2)
+    full = train(MODEL, cfg, DecodeConfig(), data, valid, tmp_path / "full", log=QUIET)
+    train(MODEL, dataclasses.replace(cfg, max_steps=5), DecodeConfig(), data, valid, tmp_path / "part", log=QUIET)
+    resumed = train(MODEL, cfg, DecodeConfig(), data, valid, tmp_path / "part", resume=True, log=QUIET)
+    assert full.step == resumed.step == 12
+    a = read_checkpoint(tmp_path / "full" / "last").state_dict
+    b = read_checkpoint(tmp_path / "part" / "last").state_dict
+    for k in a:
+        assert torch.equal(a[k], b[k]), k  # the momentum buffers were saved and restored
+    records = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r["train_loss"] for r in records if "train_loss" in r)  # the loss at the start, ~ln V
+    valid_losses = [r["valid_loss"] for r in records if "valid_loss" in r]
+    assert first > valid_losses[0] > valid_losses[1]  # it learns
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"optimizer": "sgd"}, "'optimizer'"),
+    ({"optimizer": "nag", "momentum": 0.0}, "'momentum'"),
+    ({"momentum": 1.0}, "'momentum'"),
+])
+def test_optimizer_settings_are_checked(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(TRAIN, **fields).validate()

@@ -72,6 +72,9 @@ FIELD_HELP = {
     "max_tokens": "token budget per batch (padded), as fairseq's --max-tokens",
     "lr_scale": "factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)",
     "warmup_steps": "linear warmup steps of the schedule",
+    "optimizer": "adam (the paper's, with adam_beta1/2 and adam_eps) | nag: SGD with Nesterov momentum, fairseq "
+                 "0.9's default optimizer (torch.optim.SGD(nesterov=True); the same update as fairseq's NAG)",
+    "momentum": "momentum of nag (fairseq's default 0.99)",
     "adam_beta1": "Adam β1", "adam_beta2": "Adam β2", "adam_eps": "Adam ε",
     "weight_decay": "L2 weight decay (the paper uses none)",
     "label_smoothing": "ε_ls of the label-smoothed cross-entropy",

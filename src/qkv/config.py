@@ -141,6 +141,8 @@ class TrainConfig:
     lr: float = 0.0  # peak (inverse_sqrt) or constant rate; 0: DEFAULT_LR = 1e-3 (not used by noam)
     lr_scale: float = 1.0  # the noam schedule's overall factor
     warmup_steps: int = 4000
+    optimizer: str = "adam"  # adam (the paper's) | nag (SGD with Nesterov momentum: fairseq 0.9's default optimizer)
+    momentum: float = 0.99  # nag only (fairseq's --momentum default)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -182,6 +184,8 @@ class TrainConfig:
                f"lr_scale scales the noam schedule only; with schedule={self.schedule!r} set lr")
         _check(0.0 <= self.adam_beta1 < 1.0 and 0.0 <= self.adam_beta2 < 1.0, "adam_beta1", "betas must be in [0, 1)")
         _check(self.adam_eps > 0, "adam_eps", "must be positive")
+        _check(self.optimizer in ("adam", "nag"), "optimizer", f"must be adam or nag, got {self.optimizer!r}")
+        _check(0.0 < self.momentum < 1.0, "momentum", f"must be in (0, 1), got {self.momentum}")
         _check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
         _check(self.clip_norm >= 0, "clip_norm", "must be >= 0")
         _check(0.0 < self.mask_prob < 1.0, "mask_prob", f"must be in (0, 1), got {self.mask_prob}")

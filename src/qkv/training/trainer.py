@@ -10,7 +10,8 @@ the loss of a batch, extra validation metrics and which of them picks ``best/``.
 Everything else is here, the same for every task:
 
 * Adam(β1=0.9, β2=0.98, ε=1e-9) with the warmup schedule, or a constant / inverse-sqrt rate
-  (``schedule``, :mod:`qkv.training.schedule`);
+  (``schedule``, :mod:`qkv.training.schedule`); or SGD with Nesterov momentum (``optimizer = "nag"``,
+  fairseq 0.9's default optimizer, which some published fairseq baselines trained with unawares);
 * gradient clipping, gradient accumulation (``update_freq``);
 * length-bucketed batches under a token budget (:mod:`qkv.data.batching`);
 * the device (``device``: CPU or CUDA, fused Adam on CUDA), mixed precision (``amp``: bf16, or fp16
@@ -86,6 +87,30 @@ def _to_cpu(obj):
     return obj
 
 
+def build_optimizer(params, train_cfg: TrainConfig, on_cuda: bool = False) -> torch.optim.Optimizer:
+    """The optimizer named by ``train_cfg.optimizer``; its rate is set before every update.
+
+    * ``adam``: Adam(β1, β2, ε) as the paper trains (fused into one kernel on CUDA).
+    * ``nag``: SGD with Nesterov momentum μ (``momentum``), fairseq 0.9's default optimizer. fairseq's
+      NAG keeps its buffer with the rate folded in, b ← μ·(lr/lr_prev)·b − lr·g, and steps
+      θ ← θ + μ²·(lr/lr_prev)·b_prev − (1+μ)·lr·g; with B = −b/lr that is exactly torch's
+      ``SGD(nesterov=True)``: B ← μB + g, θ ← θ − lr·(g + μB), also when the rate changes between
+      updates. (Its weight decay differs: torch adds ``weight_decay·θ`` to the gradient, fairseq
+      shrinks θ by ``1 − lr·weight_decay``; the published runs used none.)
+    """
+    if train_cfg.optimizer == "nag":
+        return torch.optim.SGD(params, lr=0.0, momentum=train_cfg.momentum, nesterov=True,
+                               weight_decay=train_cfg.weight_decay)
+    return torch.optim.Adam(
+        params,
+        lr=0.0,
+        betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
+        eps=train_cfg.adam_eps,
+        weight_decay=train_cfg.weight_decay,
+        **({"fused": True} if on_cuda else {}),  # one kernel for all parameters
+    )
+
+
 def _rank_seed(seed: int, rank: int) -> int:
     """Rank r > 0 draws its dropout masks from its own stream (rank 0 keeps the single-process one)."""
     return seed + 1_000_003 * rank
@@ -128,14 +153,7 @@ class Trainer:
         if self.dist.rank > 0:
             torch.manual_seed(_rank_seed(train_cfg.seed, self.dist.rank))
         on_cuda = self.device.type == "cuda"
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(),
-            lr=0.0,
-            betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
-            eps=train_cfg.adam_eps,
-            weight_decay=train_cfg.weight_decay,
-            **({"fused": True} if on_cuda else {}),  # one kernel for all parameters
-        )
+        self.optimizer = build_optimizer(self.model.parameters(), train_cfg, on_cuda)
         # fp16 gradients underflow without loss scaling; bf16 has float32's range and needs none.
         self.scaler = torch.amp.GradScaler("cuda") if train_cfg.amp == "fp16" else None
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train_cfg.amp)
