@@ -11,7 +11,7 @@ Everything else is here, the same for every task:
 
 * Adam(β1=0.9, β2=0.98, ε=1e-9) with the warmup schedule, or a constant / inverse-sqrt rate
   (``schedule``, :mod:`qkv.training.schedule`); or SGD with Nesterov momentum (``optimizer = "nag"``,
-  fairseq 0.9's default optimizer, which some published fairseq baselines trained with unawares);
+  fairseq 0.9's default optimizer, for runs that follow fairseq 0.9 commands without ``--optimizer``);
 * gradient clipping, gradient accumulation (``update_freq``);
 * length-bucketed batches under a token budget (:mod:`qkv.data.batching`);
 * the device (``device``: CPU or CUDA, fused Adam on CUDA), mixed precision (``amp``: bf16, or fp16
