@@ -126,6 +126,27 @@ def test_multi30k_recipe_chooses_checkpoint_and_length_penalty_on_val(tmp_path):
     assert (fs["length_norm"], fs["early_stopping"], fs["length_penalty"]) == ("length", True, 0.6)
     assert fs["bleu_lc_moses"] == fairseq["model"]["val_bleu_lc_moses_by_length_penalty"]["best"]["0.6"]
 
+    # benchmarks/multi30k_ensemble.py: an ensemble of one scores on val as the model alone; with
+    # --test it decodes test once, with the α chosen on val
+    ens = tmp_path / "ensemble.json"
+    bench = [sys.executable, str(ROOT / "benchmarks" / "multi30k_ensemble.py"), "--data", str(data),
+             "--length-penalties", "0.6,2.0", "--threads", "1", "--out", str(ens)]
+    proc = subprocess.run(bench + [str(out / "best")], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = json.loads(ens.read_text())
+    assert one["val_bleu_lc_moses_by_length_penalty"] == pytest.approx(
+        choice["val_bleu_lc_moses_by_length_penalty"]["best"])
+    assert "test" not in one
+    proc = subprocess.run(bench + [str(out / "best"), str(out / "last"), "--test"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads(ens.read_text())
+    grid = two["val_bleu_lc_moses_by_length_penalty"]
+    assert two["val_bleu_lc_moses"] == max(grid.values()) == grid[f"{two['length_penalty']:g}"]
+    assert two["members"] == [str(out / "best"), str(out / "last")]
+    assert two["test"]["bleu_lc_moses_signature"] == scores["bleu_lc_moses_signature"]
+
 
 def test_multi30k_recipe_trains_on_lowercased_tokenized_text_and_scores_in_the_published_convention(tmp_path):
     from sacremoses import MosesTokenizer

@@ -16,4 +16,12 @@ def load(path, device="cpu", quantize=None):
     return _load(path, device, quantize)
 
 
-__all__ = ["load", "__version__"]
+def load_ensemble(paths, device="cpu", quantize=None):
+    """Load translation checkpoints with one vocabulary as one :class:`qkv.api.Translator` that
+    decodes with the mean of their distributions (see :func:`qkv.api.load_ensemble`)."""
+    from qkv.api import load_ensemble as _load_ensemble
+
+    return _load_ensemble(paths, device, quantize)
+
+
+__all__ = ["load", "load_ensemble", "__version__"]

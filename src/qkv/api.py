@@ -194,4 +194,30 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     return get_task(model_cfg.task).frontend(model, tokenizers, ckpt.config, decode_cfg, train_cfg)
 
 
-__all__ = ["Translator", "load", "quantize_int8", "Int8TiedOutput"]
+def load_ensemble(paths: list[str | Path], device: str | torch.device = "cpu", quantize: str | None = None) -> Translator:
+    """Load several translation checkpoints as one :class:`Translator` that decodes with the
+    mean of their next-token distributions (:class:`qkv.decoding.ensemble.Ensemble`; fairseq's
+    ``--path a:b``). The members must share the tokenizers (the same SentencePiece models, so the
+    same token ids); the decoding settings are the first checkpoint's.
+    """
+    from qkv.decoding.ensemble import Ensemble
+
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise QkvError("an ensemble needs at least one checkpoint")
+    members = [load(p, device, quantize) for p in paths]
+    for path, member in zip(paths, members):
+        if not isinstance(member, Translator):
+            raise QkvError(f"{path}: not a translation model (task {getattr(member, 'task', '?')!r}); "
+                           "only translation models decode as an ensemble")
+    first = members[0]
+    for path, member in zip(paths[1:], members[1:]):
+        for side in ("src", "tgt"):
+            if getattr(member.tokenizers, side).model_bytes != getattr(first.tokenizers, side).model_bytes:
+                raise QkvError(f"{path}: its {side} tokenizer differs from {paths[0]}'s: ensemble members must "
+                               "share the vocabulary (train them with the same SentencePiece model: "
+                               "qkv train --tokenizer-from FIRST_CHECKPOINT)")
+    return Translator(Ensemble([m.model for m in members]).eval(), first.tokenizers, first.decode_cfg, first.train_cfg)
+
+
+__all__ = ["Translator", "load", "load_ensemble", "quantize_int8", "Int8TiedOutput"]

@@ -293,10 +293,7 @@ def output_stream(path: str | None):
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    import qkv
-
-    model = qkv.load(args.model, quantize="int8" if args.int8 else None)
-    require_translator(model, args.model)
+    model = load_translator(args)
     overrides = flags_for(args, DecodeConfig)
     dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
     lines = read_inputs(args)
@@ -333,20 +330,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                        "plain text for a language model)")
     refs = read_lines(args.ref)
     if args.model:
-        import qkv
-
         if not args.src:
             raise QkvError("evaluating a model needs --src (the source sentences to translate)")
         src = read_lines(args.src)
         if len(src) != len(refs):
             raise QkvError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
-        model = qkv.load(args.model, quantize="int8" if args.int8 else None)
-        require_translator(model, args.model)
+        model = load_translator(args)
         hyps = model.translate(src, **flags_for(args, DecodeConfig))
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     elif args.int8:
         raise QkvError("--int8 quantises a MODEL: give a MODEL with --src (not --hyp)")
+    elif args.ensemble:
+        raise QkvError("--ensemble decodes with MODEL and more checkpoints: give a MODEL with --src (not --hyp)")
     elif args.hyp:
         hyps = read_lines(args.hyp)
         if len(hyps) != len(refs):
@@ -409,6 +405,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out.flush()  # streamed: each piece as it is produced
     out.write("\n")
     return 0
+
+
+def load_translator(args: argparse.Namespace):
+    """MODEL, or MODEL with the --ensemble checkpoints as one ensemble; a clear error if not a translator."""
+    import qkv
+
+    quantize = "int8" if args.int8 else None
+    if getattr(args, "ensemble", None):
+        for path in [args.model, *args.ensemble]:
+            require_translator_task(path)
+        return qkv.load_ensemble([args.model, *args.ensemble], quantize=quantize)
+    model = qkv.load(args.model, quantize=quantize)
+    require_translator(model, args.model)
+    return model
+
+
+def require_translator_task(path: str) -> None:
+    """Fail before loading anything when ``path`` holds a checkpoint of another task."""
+    task = checkpoint_task(path)
+    if task is not None and task not in ("translate", "prefix_lm"):
+        raise QkvError(f"{path} is a {task!r} model, not a translation model: only translation models "
+                       "decode as an ensemble (--ensemble)")
 
 
 def require_translator(model, path) -> None:
@@ -648,6 +666,8 @@ def cmd_viz(args: argparse.Namespace) -> int:
 
 # --- parser ------------------------------------------------------------------------------------------
 
+ENSEMBLE_HELP = ("decode with MODEL and this checkpoint as an ensemble: the mean of their next-token "
+                 "distributions at every step (repeat for more members; they must share MODEL's tokenizer)")
 INT8_HELP = ("dynamic int8 quantisation of the model's linear layers for faster CPU decoding "
              "(a small BLEU cost: see docs/results.md)")
 
@@ -734,6 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--input", "-i", help="file to translate, plain or gzip ('-' = stdin)")
     tr.add_argument("--output", "-o", help="write translations here instead of stdout")
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
+    tr.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
     tr.set_defaults(func=cmd_translate)
 
@@ -758,6 +779,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--label-field", default="label", help="classifier: JSONL key / TSV column of the label")
     ev.add_argument("--output", "-o", help="also save MODEL's translations (or predicted labels) here")
     ev.add_argument("--int8", action="store_true", help=INT8_HELP)
+    ev.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     ev.add_argument("--lang", help="target language for the Moses tokenizer of the lowercased BLEU "
                                    "(default: from the --ref file name, e.g. test.de)")
     add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
