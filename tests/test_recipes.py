@@ -233,3 +233,53 @@ def test_every_shipped_recipe_config_loads_and_its_values_take_effect():
             got = dataclasses.asdict(cfg)
             for key, value in file.get(section, {}).items():
                 assert got[key] == value, f"{path.relative_to(ROOT)}: [{section}] {key}"
+
+
+def test_distill_writes_the_teachers_translations_as_training_targets(tmp_path):
+    """recipes/multi30k/distill.py: a data folder whose train targets are the teacher's beam-search
+    output (here an ensemble of two checkpoints), the rest copies of the raw files; an interrupted
+    run continues from its partial file and ends with the same result."""
+    import torch
+
+    import qkv
+    from qkv.config import DecodeConfig, ModelConfig, TrainConfig
+    from qkv.data.corpus import read_lines
+    from qkv.training.trainer import ParallelData, train
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_split(data, "train", range(1, 60))
+    write_split(data, "val", range(300, 310))
+    write_split(data, "test_2016_flickr", range(320, 325))
+    torch.set_num_threads(1)
+    pairs = [(toy.english(n), toy.german(n)) for n in range(1, 300)]
+    corpus = ParallelData([s for s, _ in pairs], [t for _, t in pairs], name="numbers")
+    model = ModelConfig(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=1, max_positions=64)
+    cfg = TrainConfig(tokenizer="char", vocab_size=60, max_tokens=512, warmup_steps=4, max_steps=6, eval_every=2,
+                      eval_bleu_samples=0, keep_last=2)
+    train(model, cfg, DecodeConfig(beam_size=2), corpus, None, tmp_path / "run", log=lambda m: None)
+    teachers = [str(tmp_path / "run" / "last"), str(tmp_path / "run" / "step_000004")]
+    sources = read_lines(data / "train.en.gz")
+    want = qkv.load_ensemble(teachers).translate(sources, length_penalty=1.0)
+
+    out = tmp_path / "distilled"
+    out.mkdir()
+    (out / "train.de.partial").write_text("".join(h + "\n" for h in want[:20]), encoding="utf-8")  # "interrupted"
+    cmd = [sys.executable, str(ROOT / "recipes" / "multi30k" / "distill.py"), *teachers, "--data", str(data),
+           "--length-penalty", "1.0", "--chunk", "7", "--out", str(out), "--threads", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "continuing after 20 lines" in proc.stderr
+    assert read_lines(out / "train.de.gz") == want
+    assert not (out / "train.de.partial").exists()
+    for name in ("train.en.gz", "val.en.gz", "val.de.gz", "test_2016_flickr.en.gz", "test_2016_flickr.de.gz"):
+        assert (out / name).read_bytes() == (data / name).read_bytes(), name
+    facts = json.loads((out / "distill.json").read_text())
+    assert (facts["teachers"], facts["lines"], facts["beam_size"]) == (teachers, len(sources), 2)
+    # done: a second run changes nothing; a missing raw file is named
+    before = (out / "train.de.gz").read_bytes()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "nothing to do" in proc.stderr and (out / "train.de.gz").read_bytes() == before
+    (data / "val.de.gz").unlink()
+    proc = subprocess.run(cmd[:-4] + ["--out", str(tmp_path / "other")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "val.de.gz" in proc.stderr
