@@ -203,3 +203,9 @@ def test_cli_ensemble_errors_name_the_checkpoint(runs, capsys, tmp_path):
     assert str(classifier) in err and "not a translation model" in err
     assert cli_main(["translate", str(runs["a"]), "--ensemble", str(tmp_path / "missing"), "five"]) != 0
     assert "missing" in capsys.readouterr().err
+    assert cli_main(["evaluate", str(runs["a"]), "--ensemble", str(runs["b"]), "--test", str(tmp_path / "t")]) != 0
+    assert "not for --test" in capsys.readouterr().err
+    (tmp_path / "h").write_text("fünf\n", encoding="utf-8")
+    assert cli_main(["evaluate", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "h"),
+                     "--ensemble", str(runs["b"])]) != 0
+    assert "give a MODEL with --src" in capsys.readouterr().err

@@ -322,6 +322,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from qkv.metrics import bleu, bleu_tok_lc, chrf
 
     if args.test:
+        if args.ensemble:
+            raise QkvError("--ensemble is for translation (MODEL with --src and --ref), not for --test")
         if args.model and checkpoint_task(args.model) == "lm":
             return evaluate_lm(args)
         return evaluate_classifier(args)
