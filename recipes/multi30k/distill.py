@@ -53,11 +53,11 @@ def main() -> int:
         ap.error(f"--chunk: expected a positive number of lines, got {args.chunk}")
 
     import torch
-    from sacremoses import MosesDetokenizer
 
     import qkv
     from qkv.data.corpus import read_lines
     from qkv.errors import QkvError
+    from qkv.metrics import moses_detokenize
 
     src_lang, tgt_lang = args.pair.split("-")
     data, out = Path(args.data), Path(args.out)
@@ -106,8 +106,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     if tokenized:  # back to raw form, as the original targets are (the recipe tokenizes it again)
-        detok = MosesDetokenizer(lang=tgt_lang)
-        hyps = [detok.detokenize(h.replace(" @-@ ", "-").split()) for h in hyps]
+        hyps = moses_detokenize(hyps, tgt_lang)
     tmp = target.with_name(target.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as fh:
         fh.write("".join(h + "\n" for h in hyps))

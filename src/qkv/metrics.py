@@ -55,6 +55,15 @@ def bleu(hyps: list[str], refs: list[str], quiet: bool = False) -> Score:
     return Score(result.score, str(metric.get_signature()), str(result))
 
 
+def moses_detokenize(lines: list[str], lang: str) -> list[str]:
+    """Moses-tokenized lines (with or without ``-a``) back to raw-form text: ``@-@`` merged back into
+    the hyphen, then sacremoses' detokenizer."""
+    from sacremoses import MosesDetokenizer
+
+    detok = MosesDetokenizer(lang=lang)
+    return [detok.detokenize(line.replace(" @-@ ", "-").split()) for line in lines]
+
+
 def moses_tokenize(lines: list[str], lang: str, tokenized: bool = False) -> list[str]:
     """The text the published Multi30k BLEU scores are computed on: each line lowercased, its
     punctuation normalized and Moses-tokenized, as the dataset's own ``scripts/task1-tokenize.sh``
@@ -69,13 +78,12 @@ def moses_tokenize(lines: list[str], lang: str, tokenized: bool = False) -> list
     them), with or without ``-a``: ``@-@`` is merged back and the line detokenized first, so they go
     through the same steps as raw text."""
     try:
-        from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+        from sacremoses import MosesPunctNormalizer, MosesTokenizer
     except ImportError:  # pragma: no cover - sacremoses is a core dependency
         raise QkvError("the Moses-tokenized BLEU needs sacremoses: pip install sacremoses") from None
     tok, norm = MosesTokenizer(lang=lang), MosesPunctNormalizer(lang=lang)
     if tokenized:
-        detok = MosesDetokenizer(lang=lang)
-        lines = [detok.detokenize(line.replace(" @-@ ", "-").split()) for line in lines]
+        lines = moses_detokenize(lines, lang)
     return [tok.tokenize(norm.normalize(line.lower()), escape=False, return_str=True) for line in lines]
 
 
