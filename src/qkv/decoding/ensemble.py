@@ -71,8 +71,6 @@ class Ensemble(nn.Module):
             logits, s = m.step(tokens, s)
             logps.append(torch.log_softmax(logits.float(), dim=-1))
             states.append(s)
-        if len(logps) == 1:
-            return logps[0], EnsembleState(states, tokens.numel(), state.device)
         mean = torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))  # (B, V)
         return mean, EnsembleState(states, tokens.numel(), state.device)
 
