@@ -6,11 +6,13 @@
 #    interrupted one resumes from its newest checkpoint);
 # 2. decodes val with the four chosen models as one ensemble for each length penalty, keeps the best, and
 #    decodes test_2016_flickr once (benchmarks/multi30k_ensemble.py).
-# DATA=DIR reads Multi30k from DIR (default ../shared/data/multi30k); THREADS=N (default 2).
+# DATA=DIR reads Multi30k from DIR (default ../shared/data/multi30k); THREADS=N (default 2); OUT=FILE writes the
+# result there (default benchmarks/results/multi30k-en-de-fairseq-tiny-bpe10k-ensemble4-DATE.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 data=${DATA:-../shared/data/multi30k}
 threads=${THREADS:-2}
+result=${OUT:-benchmarks/results/multi30k-en-de-fairseq-tiny-bpe10k-ensemble4-$(date +%F).json}
 members=()
 for seed in 1 2 3 4; do
   suffix=$([ "$seed" = 1 ] && echo "" || echo "-seed$seed")
@@ -23,4 +25,4 @@ for seed in 1 2 3 4; do
 done
 python benchmarks/multi30k_ensemble.py "${members[@]}" --data "$data" --threads "$threads" \
   --length-penalties 0.6,1.0,1.5,2.0,2.5,3.0 --test \
-  --out "benchmarks/results/multi30k-en-de-fairseq-tiny-bpe10k-ensemble4-$(date +%F).json"
+  --out "$result"
