@@ -283,3 +283,15 @@ def test_distill_writes_the_teachers_translations_as_training_targets(tmp_path):
     (data / "val.de.gz").unlink()
     proc = subprocess.run(cmd[:-4] + ["--out", str(tmp_path / "other")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "val.de.gz" in proc.stderr
+
+
+def test_distill_sh_refuses_an_unknown_mode_before_any_work(tmp_path):
+    """recipes/multi30k/distill.sh takes no argument (fine-tune) or ``scratch``; anything else stops at once,
+    with the accepted modes named, before a stage starts or a file is written."""
+    before = sorted(p.name for p in (ROOT / "runs").iterdir()) if (ROOT / "runs").is_dir() else []
+    proc = subprocess.run(["bash", str(ROOT / "recipes" / "multi30k" / "distill.sh"), "finetuning"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "DATA": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    assert "'scratch'" in proc.stderr and "'finetuning'" in proc.stderr
+    after = sorted(p.name for p in (ROOT / "runs").iterdir()) if (ROOT / "runs").is_dir() else []
+    assert after == before
