@@ -1,12 +1,15 @@
 """One exception type for every user-facing error.
 
 The CLI catches :class:`QkvError`, prints its message (which names the file, the line or the
-config field at fault) and exits with status 2, never with a traceback.
+config field at fault) and exits with status 2 (or the error's own ``exit_code``), never with a
+traceback.
 """
 
 
 class QkvError(Exception):
     """A problem with the user's input: a file, a config value, a checkpoint."""
+
+    exit_code = 2
 
 
 class CorpusError(QkvError):
@@ -19,3 +22,9 @@ class ConfigError(QkvError):
 
 class CheckpointError(QkvError):
     """A checkpoint directory is missing, incomplete or corrupt."""
+
+
+class TrainingDiverged(QkvError):
+    """Training stopped on non-finite losses or weights; nothing non-finite was written. Exit status 3."""
+
+    exit_code = 3

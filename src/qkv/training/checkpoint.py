@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -94,6 +95,7 @@ def save_checkpoint(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
+        _chmod_default(tmp, directory=True)  # mkdtemp's 0700 would make the checkpoint private
         if write_extra is not None:
             write_extra(tmp)
             clashes = [name for name in _RESERVED if (tmp / name).exists()]
@@ -109,7 +111,9 @@ def save_checkpoint(
         manifest = {"format": FORMAT, "files": {p.relative_to(tmp).as_posix(): _describe(p) for p in files}}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         for p in [*files, tmp / MANIFEST]:
+            _chmod_default(p)
             _fsync(p)
+        fsync_dir(tmp)
         _swap_into_place(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -174,19 +178,77 @@ def _fsync(p: Path) -> None:
         os.fsync(fh.fileno())
 
 
+def fsync_dir(d: str | os.PathLike) -> None:
+    """Make the renames and deletions in directory ``d`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _chmod_default(p: Path, directory: bool = False) -> None:
+    """The mode a plain ``mkdir`` / ``open`` would give: 0777 / 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(p, (0o777 if directory else 0o666) & ~mask)
+
+
 def _swap_into_place(tmp: Path, path: Path) -> None:
-    """Rename ``tmp`` to ``path``; an existing ``path`` is moved aside first and deleted last."""
+    """Rename ``tmp`` to ``path``; an existing ``path`` is moved aside first and deleted last.
+
+    A crash between the two renames leaves ``tmp`` (complete) and ``tmp.old`` (the previous copy)
+    and no ``path``: :func:`qkv.training.rundir.recover` finishes the swap on the next start.
+    """
     if not path.exists():
         os.replace(tmp, path)
+        fsync_dir(path.parent)
         return
     old = tmp.with_name(tmp.name + ".old")  # unique, as tmp is
     os.replace(path, old)
+    fault_point(f"swap:{path.name}")
     try:
         os.replace(tmp, path)
     except BaseException:
         os.replace(old, path)  # put the previous checkpoint back
         raise
+    fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a checkpoint whose files all match its manifest."""
+    try:
+        _verify(Path(path))
+    except CheckpointError:
+        return False
+    return True
+
+
+# --- fault injection, for the crash tests ------------------------------------------------------------
+
+FAULT_ENV = "QKV_FAULT"  # "POINT@N": the N-th time this process reaches POINT, it kills itself (SIGKILL)
+_fault_hits: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """A place where a crash is tested (``swap:last``: between the two renames of a save of ``last/``;
+    the trainer's ``saved:best``, ``saved:step``, ``saved:last``). Does nothing unless ``QKV_FAULT``
+    names it: the tests kill a training process exactly there and check that it resumes exactly."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    point, _, n = spec.rpartition("@")
+    if point != name:
+        return
+    _fault_hits[name] = _fault_hits.get(name, 0) + 1
+    if _fault_hits[name] == int(n):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # --- loading ---------------------------------------------------------------------------------------
