@@ -149,6 +149,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_norm: float = 1.0  # 0 disables clipping
+    nonfinite_limit: int = 10  # updates in a row with a non-finite loss or gradient norm (each skipped) before stopping
     update_freq: int = 1  # gradient accumulation
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no epoch limit
@@ -188,6 +189,7 @@ class TrainConfig:
         _check(0.0 < self.momentum < 1.0, "momentum", f"must be in (0, 1), got {self.momentum}")
         _check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
         _check(self.clip_norm >= 0, "clip_norm", "must be >= 0")
+        _check(self.nonfinite_limit >= 1, "nonfinite_limit", f"must be >= 1, got {self.nonfinite_limit}")
         _check(0.0 < self.mask_prob < 1.0, "mask_prob", f"must be in (0, 1), got {self.mask_prob}")
         _check(0.0 < self.lr_shrink <= 1.0, "lr_shrink", f"must be in (0, 1], got {self.lr_shrink}")
         _check(not (self.max_lr_shrinks and self.lr_shrink == 1.0), "max_lr_shrinks",

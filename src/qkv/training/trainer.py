@@ -26,12 +26,19 @@ Everything else is here, the same for every task:
   loss for translation), written atomically, and ``--resume``
   that continues exactly where a run stopped: weights, optimizer, step, position in the epoch's
   batch order and the RNG state are all restored;
+* nothing lost on a crash: the run directory is locked for the run (:mod:`qkv.training.rundir`);
+  ``best/`` and ``step_N/`` are written before ``last/``, the run's commit point, so a kill at any
+  moment resumes to the weights of the uninterrupted run; Ctrl-C and SIGTERM stop at the next update
+  boundary (a second one stops at once); an update with a non-finite loss or gradient norm is
+  skipped, ``nonfinite_limit`` of them in a row stop the run (exit status 3), and non-finite weights
+  are never saved;
 * a progress bar with loss, learning rate and tokens/s; every record appended to ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import shutil
@@ -49,14 +56,16 @@ from tqdm import tqdm
 
 from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
 from qkv.data.tokenizer import TokenizerPair
-from qkv.errors import QkvError
+from qkv.errors import QkvError, TrainingDiverged
 from qkv.models import build_model
 from qkv.tasks import get_task
 from qkv.tasks.base import Task, init_model_config, init_weights
 from qkv.tasks.translate import EncodedSplit, ParallelData, encode_split  # noqa: F401  (public here too)
 from qkv.training import distributed
-from qkv.training.checkpoint import list_checkpoints, load_into, read_checkpoint, save_checkpoint, step_path
+from qkv.training.checkpoint import (fault_point, list_checkpoints, load_into, read_checkpoint, save_checkpoint,
+                                     step_path)
 from qkv.training.distributed import DistInfo
+from qkv.training.rundir import RunLock, holds_checkpoints, missing_last_message, recover, truncate_metrics
 from qkv.training.schedule import learning_rate
 
 
@@ -172,15 +181,20 @@ class Trainer:
         self.best_score = math.inf
         self.bad_evals = 0  # validations in a row since the last new best (for patience)
         self.lr_shrinks = 0  # times patience ran out and the rate was multiplied by lr_shrink
+        self.nonfinite = 0  # updates in a row skipped for a non-finite loss or gradient norm
         self.elapsed = 0.0  # seconds of training over all sessions of this run
         self.metrics_path = out_dir / "metrics.jsonl"
         self.data_name = data_name  # what the run trains on (recorded in the checkpoint's config)
+        self.data_fingerprint = ""  # and a digest of its content, checked on --resume
+        self.saved_last = -1  # the step last/ holds (-1: none written by this process)
+        self.stop_flag: _StopFlag | None = None  # set by Ctrl-C / SIGTERM while run() is active
 
     # --- state ---------------------------------------------------------------------------------------
 
     def config_dict(self) -> dict:
+        data = {"train": self.data_name, **({"fingerprint": self.data_fingerprint} if self.data_fingerprint else {})}
         return {"model": to_dict(self.model_cfg), "train": to_dict(self.train_cfg), "decode": to_dict(self.decode_cfg),
-                "data": {"train": self.data_name}, **self.task.state()}
+                "data": data, **self.task.state()}
 
     def _rng_state(self) -> list[torch.Tensor]:
         """This process's random state: the CPU generator, and the GPU's when training on one."""
@@ -207,6 +221,7 @@ class Trainer:
             "best_score": self.best_score,
             "bad_evals": self.bad_evals,
             "lr_shrinks": self.lr_shrinks,
+            "nonfinite": self.nonfinite,
             "elapsed": self.elapsed,
             "optimizer": _to_cpu(self.optimizer.state_dict()),
             "torch_rng": own[0],
@@ -221,19 +236,32 @@ class Trainer:
         return state
 
     def save(self, name: str, rank_rng: list[list[torch.Tensor]] | None = None) -> Path:
+        """Write checkpoint ``name``; refuse (exit status 3) if any weight is not finite."""
         path = self.out_dir / name
+        finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
+        if not bool(finite):
+            kept = f"{self.out_dir / 'last'} holds step {self.saved_last}" if self.saved_last >= 0 else \
+                f"the checkpoints in {self.out_dir} are those of earlier steps"
+            raise TrainingDiverged(f"step {self.step}: the weights are not finite, so {path} was not written ({kept}); "
+                                   "lower the learning rate (lr, lr_scale) or raise warmup_steps")
         save_checkpoint(path, self.model, self.config_dict(), write_extra=self.tokenizers.save,
                         trainer_state=self.trainer_state(rank_rng))
+        if name == "last":
+            self.saved_last = self.step
         return path
 
     def save_numbered(self, rank_rng: list[list[torch.Tensor]] | None = None) -> None:
-        """``step_NNNNNN/`` checkpoints (for averaging), keeping the newest ``keep_last``."""
+        """The ``step_NNNNNN/`` checkpoint of this step (for averaging), when ``keep_last`` asks for them."""
+        if self.train_cfg.keep_last > 0:
+            self.save(step_path(self.out_dir, self.step).name, rank_rng)
+            fault_point("saved:step")
+
+    def prune_numbered(self) -> None:
+        """Keep the newest ``keep_last`` ``step_N/`` checkpoints (after last/ is committed)."""
         keep = self.train_cfg.keep_last
-        if keep <= 0:
-            return
-        self.save(step_path(self.out_dir, self.step).name, rank_rng)
-        for old in list_checkpoints(self.out_dir)[:-keep]:
-            shutil.rmtree(old)
+        if keep > 0:
+            for old in list_checkpoints(self.out_dir)[:-keep]:
+                shutil.rmtree(old)
 
     def restore(self, path: Path) -> None:
         """Continue from the checkpoint at ``path`` (every rank reads it), on whatever device this run uses."""
@@ -256,6 +284,8 @@ class Trainer:
         self.elapsed = float(st["elapsed"])
         self.bad_evals = int(st.get("bad_evals", 0))  # older checkpoints: counting starts again here
         self.lr_shrinks = int(st.get("lr_shrinks", 0))
+        self.nonfinite = int(st.get("nonfinite", 0))
+        self.saved_last = self.step if path.name == "last" else -1
         saved_world = int(st.get("world_size", 1))
         if saved_world != self.dist.world_size:
             self.log(f"note: {path} was written by a run of {saved_world} process(es), this one has "
@@ -376,20 +406,34 @@ class Trainer:
             g["lr"] = lr
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients
-        grad_norm = None
-        if self.train_cfg.clip_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm))
+        grad_norm = self._grad_norm()
+        loss_total, nll_total = sums.tolist()
+        # A non-finite loss or gradient skips the update (the batches are consumed, the step is not
+        # counted). Under fp16 the scaler skips overflowing gradients itself and lowers its scale.
+        finite = math.isfinite(loss_total) and (self.scaler is not None or math.isfinite(grad_norm))
         if self.scaler is not None:
             self.scaler.step(self.optimizer)  # skipped when the fp16 gradients overflowed
             self.scaler.update()
-        else:
+        elif finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
         self.batch_in_epoch += len(group)
-        loss_total, nll_total = sums.tolist()
+        if finite:
+            self.step += 1
+            self.nonfinite = 0
+        else:
+            self.nonfinite += 1
         return {"loss": loss_total / n_tokens, "nll": nll_total / n_tokens, "lr": lr, "tokens": n_tokens,
-                "grad_norm": grad_norm}
+                "grad_norm": grad_norm, "skipped": not finite}
+
+    def _grad_norm(self) -> float:
+        """The global L2 norm of the gradients, clipped to ``clip_norm`` on the way when that is set."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        if self.train_cfg.clip_norm > 0:
+            return float(torch.nn.utils.clip_grad_norm_(params, self.train_cfg.clip_norm))
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
 
     @torch.no_grad()
     def validate(self) -> dict:
@@ -428,11 +472,18 @@ class Trainer:
                      f"now {self.lr(max(self.step, 1)):.2e})")
 
     def _validate_and_save(self, bar: tqdm | None) -> dict:
-        """Validate and write checkpoints: on rank 0 alone, once every rank's random state is gathered."""
+        """Validate and write checkpoints: on rank 0 alone, once every rank's random state is gathered.
+
+        The order makes every crash point recoverable: the record, then ``best/`` and ``step_N/``,
+        then ``last/`` (the commit point: a run resumes from it), then the pruning of old ``step_N/``.
+        A kill before ``last/`` is committed resumes from the previous ``last/`` and redoes these
+        steps, bit for bit, so ``best/`` is never left behind the ``best_score`` that ``last/`` records.
+        """
         rank_rng = self.gather_rng()  # a collective: every rank calls this method
         if not self.dist.is_main:
             return {}
         record: dict = {"step": self.step, "epoch": self.epoch}
+        improved = True  # without validation data, best/ is the newest checkpoint
         if self.valid_split is not None and len(self.valid_split) > 0:
             v = self.validate()
             samples = v.pop("valid_samples", [])
@@ -449,21 +500,41 @@ class Trainer:
             for s, h, r in samples[:1]:
                 self.log(f"  src: {s}\n  hyp: {h}\n  ref: {r}")
             self._shrink_on_plateau()  # before the checkpoints: last/ resumes with the rate it decided
-            self.record(record)
-            self.save("last", rank_rng)
-            if improved:
-                self.save("best", rank_rng)
-            self.save_numbered(rank_rng)
-        else:
-            self.record(record)
-            self.save("last", rank_rng)
+        self.record(record)
+        if improved:
             self.save("best", rank_rng)
-            self.save_numbered(rank_rng)
+            fault_point("saved:best")
+        self.save_numbered(rank_rng)
+        self.save("last", rank_rng)
+        fault_point("saved:last")
+        self.prune_numbered()
         return record
 
     def run(self) -> TrainResult:
-        with _sigterm_as_interrupt():
-            return self._run()
+        with _stop_on_signals() as flag:
+            self.stop_flag = flag
+            try:
+                return self._run()
+            finally:
+                self.stop_flag = None
+
+    def _signalled(self) -> bool:
+        """Whether Ctrl-C / SIGTERM asked to stop (on any rank: all ranks stop at the same update)."""
+        asked = self.stop_flag is not None and self.stop_flag.signum is not None
+        return distributed.any_rank(asked) if self.dist.distributed else asked
+
+    def _on_skipped(self, stats: dict) -> None:
+        """Warn about an update skipped for a non-finite loss or gradient; stop after too many in a row."""
+        limit = self.train_cfg.nonfinite_limit
+        self.log(f"warning: step {self.step + 1}: non-finite loss ({stats['loss']:.4g}) or gradient norm "
+                 f"({stats['grad_norm']:.4g}): update skipped ({self.nonfinite} in a row; training stops at {limit})")
+        if self.nonfinite >= limit:
+            kept = f"{self.out_dir / 'last'} holds step {self.saved_last}" if self.saved_last >= 0 else \
+                "no checkpoint was written"
+            raise TrainingDiverged(f"training diverged: {self.nonfinite} updates in a row had a non-finite loss or "
+                                   f"gradient norm (nonfinite_limit={limit}) after step {self.step}; nothing "
+                                   f"non-finite was saved ({kept}); lower the learning rate (lr, lr_scale) or "
+                                   "raise warmup_steps")
 
     def _run(self) -> TrainResult:
         c = self.train_cfg
@@ -480,21 +551,19 @@ class Trainer:
         try:
             for group in self._groups() if reason is None else ():
                 stats = self.train_step(group)
-                window_tokens += stats["tokens"]
-                now = time.perf_counter()
-                tok_s = window_tokens / max(now - window_start, 1e-9)
-                bar.update(1)
-                bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:,.0f}")
-                if self.step % 50 == 0 or self.step == 1:
-                    self.record({"step": self.step, "epoch": self.epoch, "train_loss": stats["loss"],
-                                 "train_nll": stats["nll"], "lr": stats["lr"], "grad_norm": stats["grad_norm"],
-                                 RATE_FIELDS.get(self.task.unit, f"{self.task.unit}_per_s"): tok_s})
-                    if bar.disable and main:  # no terminal (a log file, CI): the progress as lines
-                        self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
-                                 f"lr {stats['lr']:.2e}  {tok_s:,.0f} {self.task.unit}/s")
-                    window_tokens, window_start = 0, now
+                if stats["skipped"]:
+                    self._on_skipped(stats)
+                else:
+                    window_tokens += stats["tokens"]
+                    now = time.perf_counter()
+                    tok_s = window_tokens / max(now - window_start, 1e-9)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:,.0f}")
+                    if self.step % 50 == 0 or self.step == 1:
+                        self._log_progress(stats, tok_s, bar)
+                        window_tokens, window_start = 0, now
                 reason = self._stop_reason(started)
-                if reason or self.step % c.eval_every == 0:
+                if reason or (not stats["skipped"] and self.step % c.eval_every == 0):
                     self.elapsed += time.perf_counter() - started
                     started = time.perf_counter()
                     last_record = self._validate_and_save(bar)
@@ -504,40 +573,89 @@ class Trainer:
                         reason = reason or self._stop_reason(started)
                 if reason:
                     break
+                if self._signalled():  # between two updates: the state is whole, and resumes exactly
+                    self.elapsed += time.perf_counter() - started
+                    self._save_interrupted()
+                    raise KeyboardInterrupt(f"signal {self.stop_flag.signum if self.stop_flag else ''}")
             else:
                 if reason is None:
                     reason = f"reached max_epochs={c.max_epochs}"
                     self.elapsed += time.perf_counter() - started
                     last_record = self._validate_and_save(bar)
         except KeyboardInterrupt:
-            self.elapsed += time.perf_counter() - started
-            if main:  # no collective here: the other ranks may be gone (their dropout streams restart)
-                self.log(f"interrupted at step {self.step}: saving {self.out_dir / 'last'} (resume with --resume)")
-                self.save("last")
-            bar.close()
+            if main and self.saved_last != self.step:  # a second signal: stopped at once, mid-update
+                where = f"{self.out_dir / 'last'} holds step {self.saved_last}" if self.saved_last >= 0 else \
+                    "no checkpoint was written"
+                self.log(f"interrupted again at step {self.step}: stopped without saving ({where})")
             raise
-        bar.close()
+        finally:
+            bar.close()
         distributed.barrier()  # every rank returns once rank 0's checkpoints are written
-        self.log(f"stopped: {reason}; checkpoints in {self.out_dir}/last and {self.out_dir}/best")
+        kept = " and ".join(str(self.out_dir / n) for n in ("last", "best") if (self.out_dir / n).is_dir())
+        self.log(f"stopped: {reason}; checkpoints in {kept}")
         return TrainResult(self.out_dir, self.step, last_record, is_main=main)
+
+    def _log_progress(self, stats: dict, tok_s: float, bar: tqdm) -> None:
+        c = self.train_cfg
+        self.record({"step": self.step, "epoch": self.epoch, "train_loss": stats["loss"],
+                     "train_nll": stats["nll"], "lr": stats["lr"], "grad_norm": stats["grad_norm"],
+                     RATE_FIELDS.get(self.task.unit, f"{self.task.unit}_per_s"): tok_s})
+        if bar.disable and self.dist.is_main:  # no terminal (a log file, CI): the progress as lines
+            self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
+                     f"lr {stats['lr']:.2e}  {tok_s:,.0f} {self.task.unit}/s")
+
+    def _save_interrupted(self) -> None:
+        """Commit last/ at this update boundary, after Ctrl-C or SIGTERM (every rank calls it)."""
+        rank_rng = self.gather_rng()  # a collective: the ranks stopped at the same update
+        if self.dist.is_main:
+            if self.saved_last == self.step:
+                self.log(f"interrupted at step {self.step}: {self.out_dir / 'last'} already holds it "
+                         "(resume with --resume)")
+            else:
+                self.log(f"interrupted at step {self.step}: saving {self.out_dir / 'last'} (resume with --resume)")
+                self.save("last", rank_rng)
+        distributed.barrier()
+
+
+class _StopFlag:
+    signum: int | None = None
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (``kill``, a batch scheduler's preemption, a background job that ignores Ctrl-C) stops
-    training as Ctrl-C does: ``last/`` is saved first, and the run resumes from there."""
+def _stop_on_signals():
+    """Ctrl-C and SIGTERM (``kill``, a batch scheduler's preemption) ask training to stop: the loop
+    finishes the update under way, commits ``last/`` and raises KeyboardInterrupt, so the run resumes
+    exactly. A second signal stops at once (``last/`` then holds the previous commit)."""
+    flag = _StopFlag()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield flag
         return
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+    def request_stop(signum, frame):
+        if flag.signum is not None:
+            raise KeyboardInterrupt(f"signal {signum}, again")
+        flag.signum = signum
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield flag
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def data_fingerprint(data) -> str:
+    """A digest of the training examples (both sides, the labels), recorded with the run so that
+    ``--resume`` with other data is refused."""
+    h = hashlib.sha256()
+    for name in ("src", "tgt", "texts", "labels"):
+        lines = getattr(data, name, None)
+        if lines is None:
+            continue
+        h.update(f"{name}\t{len(lines)}\n".encode())
+        for line in lines:
+            h.update(str(line).encode("utf-8", "surrogatepass") + b"\n")
+    return h.hexdigest()[:32]
 
 
 def train(
@@ -557,7 +675,11 @@ def train(
     for the one-sided tasks).
 
     With ``resume``, the configs, the tokenizer and the whole training state come from
-    ``out_dir/last`` and training continues to the (possibly raised) ``max_steps``.
+    ``out_dir/last`` and training continues to the (possibly raised) ``max_steps``; the training
+    data must be the data the run was started on.
+
+    ``out_dir`` is locked for the whole run (:class:`~qkv.training.rundir.RunLock`); a save that a
+    crash cut short is finished or rolled back first (:func:`~qkv.training.rundir.recover`).
 
     Started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment), every process calls this
     with the same arguments and they train one model together with DistributedDataParallel
@@ -568,20 +690,42 @@ def train(
     decode_cfg.validate()
     model_cfg.validate()
     out_dir = Path(out_dir)
+    if valid_data is not None and len(valid_data) == 0:
+        raise QkvError(f"{valid_data.name}: no validation examples (an empty file?); give validation data, "
+                       "or none (then best/ is the newest checkpoint and patience cannot be used)")
+    if train_cfg.patience and valid_data is None:
+        raise QkvError(f"patience={train_cfg.patience} stops training by the validation results, but no validation "
+                       f"data were given (give them, or set patience to 0)")
     if train_cfg.threads:
         torch.set_num_threads(train_cfg.threads)
     task = get_task(model_cfg.task)
-    saved = _saved_config(out_dir / "last") if resume else None
-    task.check_data(train_data, valid_data, saved)
     device = distributed.resolve_device(train_cfg.device, train_cfg.amp, distributed.env_local_rank())
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls for what runs in float32
     info = distributed.init_from_env(device)
     try:
-        return _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir, resume,
-                      log if info.is_main else _quiet, device, info, task)
+        with RunLock(out_dir) if info.is_main else contextlib.nullcontext():
+            if info.is_main:
+                recover(out_dir, log)
+            distributed.barrier()
+            saved = _saved_config(out_dir / "last") if resume else None
+            task.check_data(train_data, valid_data, saved)
+            fingerprint = data_fingerprint(train_data)
+            _check_same_data(saved, fingerprint, train_data.name, out_dir)
+            return _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir, resume,
+                          log if info.is_main else _quiet, device, info, task, fingerprint)
     finally:
         distributed.cleanup(info)
+
+
+def _check_same_data(saved: dict | None, fingerprint: str, name: str, out_dir: Path) -> None:
+    """A resumed run must see the data it was started on (checkpoints from before fingerprints: not checked)."""
+    data = (saved or {}).get("data")
+    recorded = data.get("fingerprint") if isinstance(data, dict) else None
+    if recorded and recorded != fingerprint:
+        raise QkvError(f"--resume: the training data {name} differ from the data {out_dir} was trained on "
+                       f"({data.get('train', '?')}; content digest {recorded[:12]}, now {fingerprint[:12]}); resume "
+                       "with the same files, or start a new run with another --out")
 
 
 def _saved_config(last: Path) -> dict | None:
@@ -593,18 +737,18 @@ def _saved_config(last: Path) -> dict | None:
 
 
 def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Path, resume: bool, log,
-           device: torch.device, info: DistInfo, task: Task) -> TrainResult:
+           device: torch.device, info: DistInfo, task: Task, fingerprint: str = "") -> TrainResult:
     last = out_dir / "last"
-    if train_cfg.patience and valid_data is None:
-        raise QkvError(f"patience={train_cfg.patience} stops training by the validation results, but no validation "
-                       f"data were given (give them, or set patience to 0)")
     if resume:
         if not last.exists():
-            raise QkvError(f"cannot resume: {last} does not exist (train without --resume first)")
+            raise QkvError(missing_last_message(out_dir))
         tokenizers = TokenizerPair.load(last)
     else:
         if last.exists():
             raise QkvError(f"{out_dir} already holds a run ({last}); pass --resume to continue it or choose another --out")
+        if info.is_main and (held := holds_checkpoints(out_dir)):
+            raise QkvError(f"{out_dir} holds checkpoints ({', '.join(held)}) of a run that has no last/: starting "
+                           f"a new run there would replace them; choose another --out (or delete {out_dir})")
         shared_tokenizer = out_dir / "tokenizer"  # where the other ranks find rank 0's tokenizer
         if train_cfg.tokenizer_from:  # every rank reads the same files
             tokenizers = TokenizerPair.from_path(train_cfg.tokenizer_from)
@@ -631,12 +775,18 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
     valid_split = task.encode(valid_data, tokenizers, train_cfg, log, train=False) if valid_data is not None else None
     trainer = Trainer(model_cfg, train_cfg, decode_cfg, tokenizers, train_split, valid_split, out_dir, log,
                       data_name=train_data.name, device=device, dist_info=info, task=task)
+    trainer.data_fingerprint = fingerprint
     if train_cfg.init_from and not resume:
         init_weights(trainer.model, train_cfg.init_from, log)
     if resume:
         trainer.restore(last)
         # The run continues under the saved settings, except where the user raised a limit.
         log(f"resuming from {last} at step {trainer.step} (epoch {trainer.epoch})")
+    if info.is_main:
+        dropped = truncate_metrics(trainer.metrics_path, trainer.step)
+        if dropped:
+            log(f"{trainer.metrics_path}: dropped {dropped} record(s) after step {trainer.step}, written before "
+                "the run stopped (they are written again)")
     n_params = sum(p.numel() for p in trainer.model.parameters())
     unit = "pairs" if task.data_kind == "parallel" else "examples"
     log(f"model: {trainer.model_cfg.arch} ({task.name}), {n_params:,} parameters; "
