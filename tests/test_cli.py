@@ -74,9 +74,10 @@ def assert_user_error(rc: int, err: str, command: str, *needles: str) -> None:
 
 
 def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under ``directory`` with its bytes and mtime, to show that nothing changed."""
+    """Every file under ``directory`` with its bytes and mtime, to show that nothing changed (the run
+    directory's lock file, which each start takes, aside)."""
     return {p.relative_to(directory).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".lock"}
 
 
 # --- the trained run ---------------------------------------------------------------------------------

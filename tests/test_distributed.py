@@ -106,11 +106,11 @@ def test_two_processes_equal_one_with_update_freq_doubled(runs):
 
 def test_rank_0_alone_writes_one_set_of_files(runs):
     d, after_part, resumed = runs
-    assert after_part["listing"] == ["best", "last", "metrics.jsonl", "step_000003", "tokenizer"]
+    assert after_part["listing"] == [".lock", "best", "last", "metrics.jsonl", "step_000003", "tokenizer"]
     assert after_part["valid_steps"] == [3]
     assert after_part["stderr"].count("stopped: reached max_steps=3") == 1  # one rank logs
     assert after_part["stderr"].count("2 processes (gloo)") == 1
-    assert sorted(os.listdir(d / "ddp")) == ["best", "last", "metrics.jsonl", "step_000003", "step_000006", "tokenizer"]
+    assert sorted(os.listdir(d / "ddp")) == [".lock", "best", "last", "metrics.jsonl", "step_000003", "step_000006", "tokenizer"]
     assert valid_steps(d / "ddp") == [3, 6]  # one record per validation, none duplicated
     assert resumed.stderr.count("resuming from") == 1
     for name in ("best", "last", "step_000003", "step_000006"):

@@ -79,6 +79,8 @@ FIELD_HELP = {
     "weight_decay": "L2 weight decay (the paper uses none)",
     "label_smoothing": "ε_ls of the label-smoothed cross-entropy",
     "clip_norm": "clip the gradient norm to this (0: off)",
+    "nonfinite_limit": "an update whose loss or gradient norm is not finite (NaN/inf) is skipped with a warning; this "
+                       "many in a row stop training with exit status 3 (non-finite weights are never saved)",
     "update_freq": "accumulate gradients over this many batches per update",
     "max_steps": "stop after this many updates",
     "max_epochs": "stop after this many epochs (0: no limit)",
@@ -154,6 +156,18 @@ def resolve_configs(args: argparse.Namespace, default_preset: str = "small") -> 
 # --- commands ----------------------------------------------------------------------------------------
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import os
+
+    from qkv.training.rundir import RunLock, recover
+
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone locks the run directory
+        return train_command(args)
+    with RunLock(args.out):  # before any data is read: a second process on this --out stops at once
+        recover(args.out, log)  # a save cut short by a crash: finished or rolled back before last/ is read
+        return train_command(args)
+
+
+def train_command(args: argparse.Namespace) -> int:
     from qkv.data import toy
     from qkv.tasks import DataPaths, get_task
     from qkv.training.trainer import ParallelData, train
@@ -220,16 +234,18 @@ def resolve_configs_toy(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
 def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
     """Resuming keeps the run's own settings; flags may change only limits and evaluation cadence."""
     from qkv.training.checkpoint import read_checkpoint
+    from qkv.training.rundir import missing_last_message
 
     if not last.exists():
-        raise QkvError(f"cannot resume: {last} does not exist (train without --resume first)")
+        raise QkvError(missing_last_message(last.parent))
     ckpt = read_checkpoint(last)
     src = f"{last}/config.json"
     model_cfg = from_dict(ModelConfig, ckpt.config["model"], src)
     train_cfg = from_dict(TrainConfig, ckpt.config["train"], src)
     decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
     changeable = {"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks", "eval_every",
-                  "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile", "fused_loss"}
+                  "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile", "fused_loss",
+                  "nonfinite_limit"}
     if getattr(args, "config", None):  # an edited config file may raise the limits of a run it started
         file = load_toml(args.config)
         file_train = file.get("train", {})
@@ -1017,7 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except QkvError as e:
         print(f"qkv {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"qkv {args.command}: interrupted", file=sys.stderr)
         return 130
