@@ -29,6 +29,7 @@ from pathlib import Path
 
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict, load_toml, override, preset, PRESETS
 from qkv.errors import QkvError
+from qkv.files import atomic_output, check_not_input, check_output_dir, check_output_file, os_error_message
 
 HIDDEN_FIELDS = {"src_vocab_size", "tgt_vocab_size", "n_classes"}
 
@@ -158,6 +159,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from qkv.tasks import DataPaths, get_task
     from qkv.training.trainer import ParallelData, train
 
+    check_output_dir(args.out, "--out")  # before any data are read or a tokenizer is trained
     data_files = [args.src_train, args.tgt_train]
     if any(data_files) and not all(data_files):
         raise QkvError("give both --src-train and --tgt-train (or neither, for the embedded default task)")
@@ -284,18 +286,29 @@ def show_toy_results(out: Path, test_pairs: list[tuple[str, str]]) -> None:
 
 @contextlib.contextmanager
 def output_stream(path: str | None):
-    """``--output FILE`` opened for writing (closed afterwards, also on an error), or stdout."""
+    """``--output FILE`` written all or nothing (:func:`qkv.files.atomic_output`), or stdout."""
     if not path:
         yield sys.stdout
         return
-    with open(path, "w", encoding="utf-8") as fh:
+    with atomic_output(path) as fh:
         yield fh
 
 
+def check_output(output: str | None, **inputs: str | None) -> None:
+    """Before anything is loaded: ``--output`` can be written and is none of the input files
+    (``inputs``: flag name -> path, e.g. ``input=args.input``)."""
+    if not output:
+        return
+    for name, path in inputs.items():
+        check_not_input(output, path, ("--output", "--" + name.replace("_", "-")))
+    check_output_file(output)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
+    check_output(args.output, input=args.input)
     model = load_translator(args)
     overrides = flags_for(args, DecodeConfig)
-    dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
+    dataclasses.replace(model.decode_cfg, **overrides).validate()  # a bad flag fails before any decoding
     lines = read_inputs(args)
     nbest = overrides.get("nbest", model.decode_cfg.nbest)
     with output_stream(args.output) as out_fh:
@@ -321,6 +334,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from qkv.data.corpus import read_lines
     from qkv.metrics import bleu, bleu_tok_lc, chrf
 
+    check_output(args.output, src=args.src, ref=args.ref, hyp=args.hyp, test=args.test)
     if args.test:
         if args.ensemble:
             raise QkvError("--ensemble is for translation (MODEL with --src and --ref), not for --test")
@@ -340,7 +354,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         model = load_translator(args)
         hyps = model.translate(src, **flags_for(args, DecodeConfig))
         if args.output:
-            Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            write_lines(args.output, hyps)
     elif args.int8:
         raise QkvError("--int8 quantises a MODEL: give a MODEL with --src (not --hyp)")
     elif args.ensemble:
@@ -360,6 +374,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print("(give --lang to also report BLEU on lowercased, Moses-tokenized text)")
     print(chrf(hyps, refs).text())
     return 0
+
+
+def write_lines(path: str, lines: list[str]) -> None:
+    """One line per item, all or nothing."""
+    with atomic_output(path) as fh:
+        fh.write("".join(line + "\n" for line in lines))
 
 
 def checkpoint_task(path: str) -> str | None:
@@ -461,7 +481,7 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     preds = model.probabilities(data.texts).argmax(dim=-1).tolist()
     matrix = confusion_matrix(golds, preds, len(model.labels))
     if args.output:
-        Path(args.output).write_text("".join(model.labels[p] + "\n" for p in preds), encoding="utf-8")
+        write_lines(args.output, [model.labels[p] for p in preds])
     print(f"{args.test}: {len(golds)} examples")
     print(f"accuracy {accuracy(golds, preds):.4f}")
     print(f"macro-F1 {macro_f1(matrix):.4f}  (per class: "
@@ -497,6 +517,7 @@ def load_encoder(path: str, needs: str):
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
+    check_output(args.output, input=args.input)
     model = load_encoder(args.model, "classify")
     lines = read_inputs(args)
     with output_stream(args.output) as out_fh:
@@ -534,16 +555,18 @@ def cmd_embed(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.suffix not in (".npy", ".tsv"):
         raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
+    check_output(args.output, input=args.input)
     model = load_encoder(args.model, "encoder")
     lines = read_lines(args.input)
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             raise QkvError(f"{args.input}:{i}: empty line (every line is one text to embed)")
     vectors = model.embed(lines, args.pooling).numpy()
-    if out.suffix == ".npy":
-        np.save(out, vectors)
-    else:
-        out.write_text("".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in vectors), encoding="utf-8")
+    with atomic_output(out, binary=out.suffix == ".npy") as fh:
+        if out.suffix == ".npy":
+            np.save(fh, vectors)
+        else:
+            fh.write("".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in vectors))
     pooling = args.pooling or "the model's"
     log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings ({pooling} pooling) to {out}")
     return 0
@@ -1023,6 +1046,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # e.g. `qkv translate ... | head`
         return 0
+    except OSError as e:  # the last resort: a file the command did not expect to fail (disk full, ...)
+        print(f"qkv {args.command}: error: {os_error_message(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

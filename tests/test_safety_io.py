@@ -1,0 +1,284 @@
+"""Bad output paths, full disks and damaged checkpoints: a clear ``qkv CMD: error: ...`` and exit
+status 2, never a traceback, and nothing already written lost (:mod:`qkv.files` and its callers).
+
+Two tiny models are trained once per module (a word-reversal translator, a two-label classifier);
+the CLI runs in-process through ``qkv.cli.main``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import random
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import qkv.files
+from qkv.cli import main
+from qkv.errors import QkvError
+from qkv.files import atomic_output, check_output_dir, check_output_file
+
+WORDS = ["red", "blue", "cat", "dog", "sun", "tree"]
+TRAIN_FLAGS = ["--preset", "tiny", "--max-steps", "20", "--eval-every", "20", "--vocab-size", "60",
+               "--tokenizer", "char", "--max-tokens", "512", "--eval-bleu-samples", "0", "--threads", "1"]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_user_error(rc: int, err: str, command: str, *needles: str) -> None:
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert f"qkv {command}: error:" in err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in {err!r}"
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Temporary files an output left behind."""
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny translator and a tiny classifier, trained once."""
+    d = tmp_path_factory.mktemp("safety")
+    rng = random.Random(0)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4))) for _ in range(120)]
+    write_lines(d / "train.src", src)
+    write_lines(d / "train.tgt", [" ".join(reversed(s.split())) for s in src])
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert main(["train", "--src-train", str(d / "train.src"), "--tgt-train", str(d / "train.tgt"),
+                     *TRAIN_FLAGS, "--out", str(d / "mt")]) == 0
+        rows = [json.dumps({"text": f"the film was {a}", "label": a})
+                for a in [rng.choice(["great", "bad"]) for _ in range(40)]]
+        write_lines(d / "train.jsonl", rows)
+        assert main(["train", "--task", "classify", *TRAIN_FLAGS, "--train", str(d / "train.jsonl"),
+                     "--out", str(d / "clf")]) == 0
+    return types.SimpleNamespace(dir=d, mt=d / "mt" / "best", clf=d / "clf" / "best", src=src)
+
+
+# --- atomic outputs ----------------------------------------------------------------------------------
+
+def test_atomic_output_replaces_only_on_success(tmp_path):
+    dst = write_lines(tmp_path / "out.txt", ["old"])
+    os.chmod(dst, 0o640)
+    with atomic_output(dst) as fh:
+        fh.write("new\n")
+        assert dst.read_text() == "old\n"  # not yet: the data go to a temporary file
+    assert dst.read_text() == "new\n"
+    assert oct(dst.stat().st_mode & 0o777) == oct(0o640)  # the replaced file's permissions
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_output(dst) as fh:
+            fh.write("partial\n")
+            raise KeyboardInterrupt
+    assert dst.read_text() == "new\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_atomic_output_follows_a_symlink(tmp_path):
+    real = write_lines(tmp_path / "real.txt", ["old"])
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    with atomic_output(link) as fh:
+        fh.write("new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+
+
+def test_atomic_output_writes_devices_in_place(tmp_path):
+    with atomic_output("/dev/null") as fh:
+        fh.write("nothing\n")
+    assert Path("/dev/null").is_char_device()  # written, not renamed over
+    with pytest.raises(QkvError, match="/dev/full: no space left on device \\(disk full\\)"):
+        with atomic_output("/dev/full") as fh:
+            fh.write("x" * 100_000)
+
+
+def test_atomic_output_disk_full_names_the_file_and_keeps_it(tmp_path, monkeypatch):
+    dst = write_lines(tmp_path / "out.txt", ["old"])
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(qkv.files.os, "fsync", full)
+    with pytest.raises(QkvError, match=f"{dst}: no space left on device \\(disk full\\)"):
+        with atomic_output(dst) as fh:
+            fh.write("new\n")
+    assert dst.read_text() == "old\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_translate_output_same_as_input_refused(run, capsys, tmp_path):
+    inp = write_lines(tmp_path / "in.txt", run.src[:3])
+    before = inp.read_bytes()
+    alias = tmp_path / "alias.txt"
+    alias.symlink_to(inp)
+    for output in (inp, alias):
+        rc, _, err = cli(capsys, "translate", run.mt, "--input", inp, "--output", output)
+        assert_user_error(rc, err, "translate", f"--output {output}", "same file", f"--input {inp}")
+        assert inp.read_bytes() == before
+
+
+def test_classify_and_embed_output_same_as_input_refused(run, capsys, tmp_path):
+    inp = write_lines(tmp_path / "in.tsv", ["the film was great", "the film was bad"])
+    before = inp.read_bytes()
+    rc, _, err = cli(capsys, "classify", run.clf, "--input", inp, "--output", inp)
+    assert_user_error(rc, err, "classify", "same file", str(inp))
+    rc, _, err = cli(capsys, "embed", run.clf, "--input", inp, "--output", inp)
+    assert_user_error(rc, err, "embed", "same file", str(inp))
+    assert inp.read_bytes() == before
+
+
+def test_evaluate_output_over_the_references_refused(run, capsys, tmp_path):
+    src = write_lines(tmp_path / "src.txt", run.src[:2])
+    ref = write_lines(tmp_path / "ref.txt", ["cat red", "dog"])
+    rc, _, err = cli(capsys, "evaluate", run.mt, "--src", src, "--ref", ref, "--output", ref)
+    assert_user_error(rc, err, "evaluate", "same file", "--ref")
+    assert ref.read_text() == "cat red\ndog\n"
+
+
+def test_translate_interrupted_keeps_the_previous_output(run, capsys, tmp_path, monkeypatch):
+    """The output replaces the old file only once complete: an interrupt in the second chunk of
+    a long input leaves the old file (and no temporary file) behind."""
+    from qkv.api import Translator
+
+    inp = write_lines(tmp_path / "in.txt", run.src[:2] * 300)  # two chunks of batch_size * 8 lines
+    dst = write_lines(tmp_path / "out.txt", ["previous translations"])
+    real, calls = Translator.translate_scored, []
+
+    def interrupted(self, sentences, **kw):
+        calls.append(len(sentences))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, sentences, **kw)
+
+    monkeypatch.setattr(Translator, "translate_scored", interrupted)
+    rc, _, err = cli(capsys, "translate", run.mt, "--input", inp, "--output", dst, "--beam-size", "1")
+    assert rc == 130 and "interrupted" in err
+    assert dst.read_text() == "previous translations\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_translate_and_embed_write_complete_files(run, capsys, tmp_path):
+    inp = write_lines(tmp_path / "in.txt", run.src[:3])
+    dst = tmp_path / "out.txt"
+    rc, _, err = cli(capsys, "translate", run.mt, "--input", inp, "--output", dst)
+    assert rc == 0, err
+    assert len(dst.read_text().splitlines()) == 3
+    texts = write_lines(tmp_path / "texts.txt", ["the film was great", "the film was bad"])
+    rc, _, err = cli(capsys, "embed", run.clf, "--input", texts, "--output", tmp_path / "v.npy")
+    assert rc == 0, err
+    assert np.load(tmp_path / "v.npy").shape[0] == 2
+    assert leftovers(tmp_path) == []
+
+
+# --- early output checks -------------------------------------------------------------------------------
+
+def test_translate_output_directory_refused_before_loading(capsys, tmp_path):
+    """The output is checked first: the (missing) model is never looked at."""
+    missing_model = tmp_path / "no-model"
+    rc, _, err = cli(capsys, "translate", missing_model, "red", "--output", tmp_path)
+    assert_user_error(rc, err, "translate", f"--output {tmp_path}", "is a directory")
+    assert "not found" not in err
+    rc, _, err = cli(capsys, "classify", missing_model, "x", "--output", tmp_path / "no-dir" / "labels.txt")
+    assert_user_error(rc, err, "classify", str(tmp_path / "no-dir"), "does not exist")
+    afile = write_lines(tmp_path / "afile", ["x"])
+    rc, _, err = cli(capsys, "evaluate", missing_model, "--src", afile, "--ref", afile, "--output", afile / "hyp.txt")
+    assert_user_error(rc, err, "evaluate", str(afile), "not a directory")
+    rc, _, err = cli(capsys, "embed", missing_model, "--input", afile, "--output", tmp_path / "no-dir" / "v.npy")
+    assert_user_error(rc, err, "embed", "does not exist")
+
+
+def test_train_out_checked_before_reading_data(capsys, tmp_path):
+    """--out that cannot be a directory fails before the (missing) data files are read."""
+    afile = write_lines(tmp_path / "afile", ["x"])
+    missing = tmp_path / "missing.src"
+    for out, needle in ((afile, "exists and is not a directory"), (afile / "run", "is a file, not a directory")):
+        rc, _, err = cli(capsys, "train", "--src-train", missing, "--tgt-train", missing, "--out", out)
+        assert_user_error(rc, err, "train", f"--out {out}", needle)
+        assert "missing.src" not in err
+    assert afile.read_text() == "x\n"
+
+
+def test_unwritable_directory_found_by_trying(tmp_path, monkeypatch):
+    """Root passes os.access everywhere: the check creates a file to find out."""
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(qkv.files.tempfile, "mkstemp", denied)
+    with pytest.raises(QkvError, match=f"cannot create files in {tmp_path}: permission denied"):
+        check_output_file(tmp_path / "out.txt")
+    with pytest.raises(QkvError, match=f"--out {tmp_path / 'a' / 'b'}: cannot create files in {tmp_path}"):
+        check_output_dir(tmp_path / "a" / "b")
+
+
+def test_special_outputs_pass_the_checks(tmp_path):
+    for path in ("/dev/null", "/dev/stdout"):
+        check_output_file(path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    check_output_file(fifo)
+    assert qkv.files.is_special(fifo)
+
+
+# --- disk full and other OS errors ---------------------------------------------------------------------
+
+def test_translate_to_dev_full(run, capsys):
+    rc, out, err = cli(capsys, "translate", run.mt, "red cat", "--output", "/dev/full")
+    assert_user_error(rc, err, "translate", "/dev/full: no space left on device (disk full)")
+
+
+def test_classify_disk_full_keeps_the_old_labels(run, capsys, tmp_path, monkeypatch):
+    dst = write_lines(tmp_path / "labels.txt", ["old labels"])
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(qkv.files.os, "fsync", full)
+    rc, _, err = cli(capsys, "classify", run.clf, "the film was great", "--output", dst)
+    assert_user_error(rc, err, "classify", f"{dst}: no space left on device (disk full)")
+    assert dst.read_text() == "old labels\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_unexpected_os_error_is_a_message(capsys, monkeypatch):
+    import qkv.cli
+
+    def broken(args):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), "/data/somefile")
+
+    monkeypatch.setattr(qkv.cli, "cmd_info", broken)
+    rc, _, err = cli(capsys, "info")
+    assert_user_error(rc, err, "info", "/data/somefile: input/output error")
+
+    def full(args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(qkv.cli, "cmd_info", full)
+    rc, _, err = cli(capsys, "info")
+    assert_user_error(rc, err, "info", "disk full")
