@@ -197,6 +197,28 @@ def test_translate_and_embed_write_complete_files(run, capsys, tmp_path):
     assert leftovers(tmp_path) == []
 
 
+# --- qkv average --out ---------------------------------------------------------------------------------
+
+def test_average_refuses_to_overwrite_what_it_averages(run, capsys, tmp_path):
+    import shutil
+
+    rundir = shutil.copytree(run.mt.parent, tmp_path / "run")
+    before = {p: p.read_bytes() for p in rundir.rglob("*") if p.is_file()}
+    best, last = rundir / "best", rundir / "last"
+    for out in (last, best / "avg"):
+        rc, _, err = cli(capsys, "average", best, last, "--out", out)
+        assert_user_error(rc, err, "average", f"--out {out}", "being averaged")
+    rc, _, err = cli(capsys, "average", best, last, "--out", rundir / "step_000005")
+    assert_user_error(rc, err, "average", "a checkpoint of the run being averaged")
+    (rundir / "step_000020").mkdir()  # a run directory given whole: none of its checkpoints may be the output
+    shutil.copytree(last, rundir / "step_000020", dirs_exist_ok=True)
+    rc, _, err = cli(capsys, "average", rundir, "--last", "1", "--out", best)
+    assert_user_error(rc, err, "average", "run being averaged")
+    assert all(p.read_bytes() == b for p, b in before.items())
+    rc, _, err = cli(capsys, "average", best, last, "--out", tmp_path / "avg")
+    assert rc == 0, err
+
+
 # --- early output checks -------------------------------------------------------------------------------
 
 def test_translate_output_directory_refused_before_loading(capsys, tmp_path):

@@ -11,6 +11,7 @@ checkpoint directory (without trainer state: it is for decoding, not for resumin
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -61,6 +62,29 @@ def resolve_inputs(inputs: list[str | Path], last: int | None) -> list[Path]:
     return paths
 
 
+def _run_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is named as a run's own checkpoint: ``last``, ``best`` or ``step_N``."""
+    return path.name in ("last", "best") or re.fullmatch(r"step_\d+", path.name) is not None
+
+
+def check_out(inputs: list[str | Path], used: list[Path], out: str | Path, last: int | None) -> None:
+    """Refuse an ``out`` that would overwrite what is being averaged: one of the checkpoints, a
+    path inside one of the inputs, or a checkpoint of the run being averaged (``RUN/last``,
+    ``RUN/best``, ``RUN/step_N``), which training and resuming rely on."""
+    target = Path(out).resolve()
+    runs = {Path(p).resolve() for p in inputs} if last is not None else set()
+    runs |= {p.resolve().parent for p in used if _run_checkpoint(p.resolve())}
+    if target.parent in runs and _run_checkpoint(target):
+        raise CheckpointError(f"--out {out} is a checkpoint of the run being averaged ({target.parent}): "
+                              "write the average to a new directory, e.g. beside the run")
+    for p in [*map(Path, inputs), *used]:
+        r = p.resolve()
+        if target == r or r in target.parents:
+            where = "is" if target == r else "is inside"
+            raise CheckpointError(f"--out {out} {where} {p}, which is being averaged: "
+                                  "write the average to a new directory")
+
+
 def _model_config(ckpt):
     from qkv.config import ModelConfig, from_dict
 
@@ -74,6 +98,7 @@ def _model_config(ckpt):
 def average_checkpoints(inputs: list[str | Path], out: str | Path, last: int | None = None) -> list[Path]:
     """Average the checkpoints and write the result to ``out``; returns the checkpoints used."""
     paths = resolve_inputs(inputs, last)
+    check_out(inputs, paths, out, last)
     ckpts = [read_checkpoint(p) for p in paths]
     # compared as ModelConfig, so that a field added by a later version (at its default) is no difference
     model_cfgs = [_model_config(c) for c in ckpts]
