@@ -304,3 +304,91 @@ def test_unexpected_os_error_is_a_message(capsys, monkeypatch):
     monkeypatch.setattr(qkv.cli, "cmd_info", full)
     rc, _, err = cli(capsys, "info")
     assert_user_error(rc, err, "info", "disk full")
+
+
+# --- config values that crash torch ------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", ["ModelConfig", "TrainConfig", "DecodeConfig"])
+def test_every_float_field_must_be_finite(cls):
+    import dataclasses
+    import math
+
+    import qkv.config
+    from qkv.errors import ConfigError
+
+    klass = getattr(qkv.config, cls)
+    floats = [f.name for f in dataclasses.fields(klass) if f.type == "float"]
+    assert floats
+    for name in floats:
+        for bad in (math.inf, -math.inf, math.nan):
+            with pytest.raises(ConfigError, match=f"'{name}': must be a finite number"):
+                dataclasses.replace(klass(), **{name: bad}).validate()
+
+
+def test_threads_seed_and_positions_bounded():
+    import dataclasses
+
+    from qkv.config import MODEL_PRESETS, TRAIN_PRESETS, ModelConfig, TrainConfig
+    from qkv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'threads': must be at most 1024"):
+        TrainConfig(threads=100_000).validate()
+    TrainConfig(threads=1024).validate()
+    for seed in (10**30, 2**63, -1):
+        with pytest.raises(ConfigError, match="'seed'"):
+            TrainConfig(seed=seed).validate()
+    TrainConfig(seed=2**63 - 1).validate()
+    with pytest.raises(ConfigError, match="'max_positions': must be at most 65536"):
+        ModelConfig(max_positions=10**9).validate()
+    for cfg in (*MODEL_PRESETS.values(), *TRAIN_PRESETS.values()):  # every preset stays valid
+        dataclasses.replace(cfg).validate()
+
+
+def test_cli_refuses_crashing_values_by_name(run, capsys):
+    for flag, value, field in (("--threads", "100000", "threads"), ("--seed", str(10**30), "seed"),
+                               ("--max-positions", str(10**9), "max_positions"), ("--lr-scale", "inf", "lr_scale")):
+        rc, _, err = cli(capsys, "train", flag, value, "--out", run.dir / "never")
+        assert_user_error(rc, err, "train", f"'{field}'")
+    assert not (run.dir / "never").exists()
+    rc, _, err = cli(capsys, "translate", run.mt, "red", "--length-penalty", "nan")
+    assert_user_error(rc, err, "translate", "'length_penalty'", "finite")
+    rc, _, err = cli(capsys, "generate", run.mt, "--seed", str(10**30))
+    assert_user_error(rc, err, "generate", "--seed")
+    rc, _, err = cli(capsys, "bench", "layers", "--threads", "100000")
+    assert_user_error(rc, err, "bench", "--threads")
+
+
+def test_huge_output_budget_is_capped(run, capsys):
+    import torch
+
+    from qkv.decoding import MAX_OUTPUT_LEN, max_output_len
+
+    assert max_output_len(torch.tensor([3, 10]), 1e300, 50).tolist() == [MAX_OUTPUT_LEN] * 2
+    assert max_output_len(torch.tensor([3, 10]), 1.0, 10**30).tolist() == [MAX_OUTPUT_LEN] * 2
+    assert max_output_len(torch.tensor([3, 10]), 1.0, 50, limit=torch.tensor([20, 5])).tolist() == [20, 5]
+    for flags in (["--max-len-a", "1e300"], ["--max-len-b", str(10**30)]):
+        rc, out, err = cli(capsys, "translate", run.mt, "red cat", "--beam-size", "2", *flags)
+        assert rc == 0, err
+        assert out.count("\n") == 1
+
+
+def test_learned_positions_shorter_than_max_len_refused(run, capsys):
+    from qkv.config import ModelConfig, TrainConfig
+    from qkv.errors import ConfigError
+    from qkv.tasks import get_task
+
+    d = run.dir
+    rc, _, err = cli(capsys, "train", "--src-train", d / "train.src", "--tgt-train", d / "train.tgt", *TRAIN_FLAGS,
+                     "--positional", "learned", "--max-positions", "4", "--out", d / "short")
+    assert_user_error(rc, err, "train", "'max_positions'", "max_positions=4", "max_len=256", "257")
+    assert not (d / "short").exists()
+    # the library check, per task: specials on top of max_len (prefix_lm: two sides and three)
+    for task, need in (("translate", 11), ("classify", 11), ("lm", 10), ("prefix_lm", 23)):
+        cfg = ModelConfig(task=task, positional="learned", max_positions=need)
+        get_task(task).check_positions(cfg, TrainConfig(max_len=10))
+        with pytest.raises(ConfigError, match=f"at least {need}"):
+            get_task(task).check_positions(ModelConfig(task=task, positional="learned", max_positions=need - 1),
+                                           TrainConfig(max_len=10))
+    with pytest.raises(ConfigError, match="location-based attention"):
+        get_task("translate").check_positions(ModelConfig(arch="lstm", attention="location", max_positions=8),
+                                              TrainConfig(max_len=10))

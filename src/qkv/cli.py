@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -186,6 +187,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                            "default task is translation (translate or prefix_lm)")
 
     task = get_task(model_cfg.task)
+    if not (args.resume or train_cfg.init_from):  # else the architecture is a checkpoint's
+        task.check_positions(model_cfg, train_cfg)  # before any data are read
     test_pairs = None
     if has_data:
         paths = DataPaths(args.train, args.valid, args.src_train, args.tgt_train, args.src_valid, args.tgt_valid,
@@ -415,6 +418,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import qkv
     from qkv.tasks.lm import LanguageModel
 
+    check_option_bounds(seed=args.seed, temperature=args.temperature, top_p=args.top_p)
     model = qkv.load(args.model)
     if not isinstance(model, LanguageModel):
         raise QkvError(f"{args.model} is not a language model (--task lm); translate with 'qkv translate'")
@@ -427,6 +431,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out.flush()  # streamed: each piece as it is produced
     out.write("\n")
     return 0
+
+
+def check_option_bounds(seed: int | None = None, threads: int = 0, **floats: float) -> None:
+    """The bounds TrainConfig.validate sets, for commands that take --seed, --threads or float
+    options as plain flags: torch overflows on a seed beyond 64 bits and crashes on thousands of
+    threads; inf and nan are refused by name."""
+    from qkv.config import MAX_SEED, MAX_THREADS
+
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise QkvError(f"--seed must be in [0, 2**63 - 1], got {seed}")
+    if not 0 <= threads <= MAX_THREADS:
+        raise QkvError(f"--threads must be in [0, {MAX_THREADS}] (0: torch's default), got {threads}")
+    for name, value in floats.items():
+        if not math.isfinite(value):
+            raise QkvError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
 
 def load_translator(args: argparse.Namespace):
@@ -940,6 +959,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    check_option_bounds(threads=args.threads, seed=getattr(args, "seed", None))
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.what == "layers":

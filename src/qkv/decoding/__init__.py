@@ -7,6 +7,6 @@ sentence); beam search uses it when present, else ``k`` copies of each row by ``
 """
 
 from qkv.decoding.beam_search import Hypothesis, beam_search, length_penalty
-from qkv.decoding.greedy import greedy, max_output_len
+from qkv.decoding.greedy import MAX_OUTPUT_LEN, greedy, max_output_len
 
 __all__ = ["greedy", "beam_search", "Hypothesis", "length_penalty", "max_output_len"]

@@ -10,7 +10,7 @@ import torch
 
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig
 from qkv.data.tokenizer import TokenizerPair
-from qkv.errors import QkvError
+from qkv.errors import ConfigError, QkvError
 from qkv.training.distributed import unwrap
 from qkv.training.loss import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
 
@@ -78,6 +78,19 @@ class Task:
         return replace(model_cfg, src_vocab_size=v, tgt_vocab_size=tokenizers.tgt.vocab_size,
                        share_embeddings=model_cfg.share_embeddings and tokenizers.joint)
 
+    def positions_needed(self, train_cfg: TrainConfig) -> int:
+        """The longest sequence one training example puts through the model, in positions: a
+        ``max_len`` text (or side) and the special token this task adds to it (EOS after a source,
+        BOS before a target, ``<cls>`` before a text)."""
+        return train_cfg.max_len + 1
+
+    def check_positions(self, model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
+        """Learned positions end at ``max_positions``, which must cover :meth:`positions_needed`
+        (sinusoidal ones and recurrent models have no such end)."""
+        if model_cfg.positional == "learned" and not model_cfg.is_recurrent:
+            require_positions(model_cfg, train_cfg, self.positions_needed(train_cfg),
+                              f"learned positions end at max_positions={model_cfg.max_positions}")
+
     def state(self) -> dict[str, Any]:
         return {}
 
@@ -113,6 +126,14 @@ def token_loss(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, tra
         hidden = module(*inputs, features=True)  # (B, T, d)
         return linear_label_smoothed_nll_loss(hidden, model.output_weight, target, train_cfg.label_smoothing)
     return label_smoothed_nll_loss(module(*inputs), target, train_cfg.label_smoothing)
+
+
+def require_positions(model_cfg: ModelConfig, train_cfg: TrainConfig, need: int, why: str) -> None:
+    """A ConfigError naming max_positions and max_len when ``max_positions < need``."""
+    if model_cfg.max_positions < need:
+        raise ConfigError(f"invalid config field 'max_positions': {why}, but a {model_cfg.task} example of "
+                          f"max_len={train_cfg.max_len} tokens takes {need} positions: set max_positions to at "
+                          f"least {need}, or lower max_len")
 
 
 # --- starting from another checkpoint ------------------------------------------------------------------

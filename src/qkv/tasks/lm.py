@@ -146,6 +146,10 @@ class LmTask(Task):
                            "batches: run it in one process (not under torchrun)")
         return super().model_config(model_cfg, tokenizers)
 
+    def positions_needed(self, train_cfg: TrainConfig) -> int:
+        """A window of max_len tokens, no specials added."""
+        return train_cfg.max_len
+
     def encode(self, data: TextData, tokenizers: TokenizerPair, train_cfg: TrainConfig, log, train: bool) -> StreamSplit:
         self.window = train_cfg.max_len  # the Transformer's context and the RNN's bptt, in training and validation
         stream = token_stream(data.texts, tokenizers.tgt.encode)

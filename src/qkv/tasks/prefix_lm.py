@@ -85,6 +85,10 @@ class PrefixLmTask(TranslateTask):
                            f"got {model_cfg.arch!r}")
         return super().model_config(model_cfg, tokenizers)
 
+    def positions_needed(self, train_cfg: TrainConfig) -> int:
+        """``src EOS <sep> BOS tgt``: two sides of up to max_len tokens and three specials."""
+        return 2 * train_cfg.max_len + 3
+
     def encode(self, data: ParallelData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> PrefixLMSplit:
         pairs = super().encode(data, tokenizers, train_cfg, log, train)  # over-long training pairs skipped
         examples = [prefix_lm_example(s, t) for s, t in zip(pairs.src_ids, pairs.tgt_ids)]
