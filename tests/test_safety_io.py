@@ -392,3 +392,73 @@ def test_learned_positions_shorter_than_max_len_refused(run, capsys):
     with pytest.raises(ConfigError, match="location-based attention"):
         get_task("translate").check_positions(ModelConfig(arch="lstm", attention="location", max_positions=8),
                                               TrainConfig(max_len=10))
+
+
+# --- learned positions at decoding time ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def learned(run):
+    """A translator and a classifier with 16 learned positions (max_len 12)."""
+    d = run.dir
+    flags = [*TRAIN_FLAGS, "--positional", "learned", "--max-positions", "16", "--max-len", "12"]
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert main(["train", "--src-train", str(d / "train.src"), "--tgt-train", str(d / "train.tgt"), *flags,
+                     "--out", str(d / "mt16")]) == 0
+        assert main(["train", "--task", "classify", *flags, "--train", str(d / "train.jsonl"),
+                     "--out", str(d / "clf16")]) == 0
+    return types.SimpleNamespace(mt=d / "mt16" / "best", clf=d / "clf16" / "best")
+
+
+def test_translate_truncates_a_line_longer_than_learned_positions(learned, capsys, tmp_path):
+    long = "red cat dog sun tree blue red"  # 29 characters: more than 16 positions
+    inp = write_lines(tmp_path / "in.txt", ["red cat", long, "", long])
+    rc, out, err = cli(capsys, "translate", learned.mt, "--input", inp, "--max-len-b", "1000")
+    assert rc == 0, err
+    assert out.count("\n") == 4
+    assert f"qkv translate: warning: {inp}: lines 2, 4: longer than the 15 tokens the model reads" in err
+    assert "Traceback" not in err
+
+
+def test_decoding_never_runs_past_learned_positions(learned):
+    import qkv as api
+
+    model = api.load(learned.mt)
+    assert model.model.max_source_len() == 16 and model.model.max_steps(None) == 16
+    for beam in (1, 3):
+        hyps = model.translate(["red cat dog"] * 3, beam_size=beam, max_len_a=50.0, max_len_b=1000, min_len=1000)
+        # min_len forbids EOS: every output runs to the limit, 15 tokens (positions 0..15 incl. BOS)
+        assert all(len(model.tokenizers.tgt.encode([h])[0]) <= 15 for h in hyps)
+    with pytest.warns(UserWarning, match="1 of 1 sentences are longer than the model reads"):
+        model.translate(["red cat dog sun tree blue red"])
+
+
+def test_classify_warns_for_a_text_longer_than_the_model_reads(learned, capsys, tmp_path):
+    inp = write_lines(tmp_path / "in.txt", ["great", "the film was great and bad and great"])
+    rc, out, err = cli(capsys, "classify", learned.clf, "--input", inp)
+    assert rc == 0, err
+    assert out.count("\n") == 2
+    assert f"qkv classify: warning: {inp}:2: longer than the 12 tokens the model reads; classified from the first 12" in err
+
+
+def test_language_model_stops_where_learned_positions_end():
+    import dataclasses
+
+    import torch
+
+    from qkv.config import MODEL_PRESETS
+    from qkv.decoding.sampling import sample
+    from qkv.models.decoder_only import DecoderOnlyTransformer
+    from qkv.tasks.lm import LanguageModel
+
+    cfg = dataclasses.replace(MODEL_PRESETS["tiny"], task="lm", positional="learned", max_positions=8,
+                              src_vocab_size=20, tgt_vocab_size=20)
+    model = DecoderOnlyTransformer(cfg).eval()
+    lm = LanguageModel(model, tokenizers=None)
+    with pytest.warns(UserWarning) as caught:
+        ids, n = lm.fit_positions(list(range(4, 20)), 50)
+    assert ids == [16, 17, 18, 19] and n == 5  # the last 7 // 2 + 1 tokens; 8 - 3 positions left
+    assert "more than the model reads" in str(caught[0].message) and "max_positions=8" in str(caught[1].message)
+    assert len(list(sample(model, ids, n, temperature=0))) == n
+    with pytest.raises(ValueError, match="max_positions=8"):  # the bound is tight: one more step fails
+        list(sample(model, ids, n + 1, temperature=0))
+    assert torch.equal(torch.as_tensor(model.max_steps(torch.tensor([3]))), torch.tensor([5]))

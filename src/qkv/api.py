@@ -15,6 +15,7 @@ the model's incremental ``start``/``step`` interface), then detokenized and retu
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from qkv.decoding import Hypothesis, beam_search, greedy, max_output_len
 from qkv.errors import CheckpointError, QkvError
 from qkv.models import build_model
 from qkv.training.checkpoint import load_into, read_checkpoint
+
+
+TruncationHandler = Callable[[list[int], int], None]  # (indices of the inputs cut, tokens kept of each)
 
 
 class Translator:
@@ -53,14 +57,21 @@ class Translator:
         return [[text for text, _ in hyps] for hyps in self.translate_scored(sentences, **overrides)]
 
     @torch.inference_mode()
-    def translate_scored(self, sentences: list[str], **overrides) -> list[list[tuple[str, float]]]:
-        """``(translation, score)`` pairs per sentence; the score is the (length-normalised) log-probability."""
+    def translate_scored(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
+                         **overrides) -> list[list[tuple[str, float]]]:
+        """``(translation, score)`` pairs per sentence; the score is the (length-normalised) log-probability.
+
+        A sentence longer than the model reads (learned positions end at ``max_positions``) is
+        translated from its head: ``on_truncate(indices, kept)`` hears which sentences (0-based)
+        were cut to how many tokens; without it a warning says so. Outputs never run past what the
+        decoder's positions can index either (:func:`qkv.decoding.max_output_len`).
+        """
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
         was_training = self.model.training
         self.model.eval()
-        src_ids = self.tokenizers.src.encode(list(sentences))
+        src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
         order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths batch together
         results: list[list[tuple[str, float]]] = [[] for _ in src_ids]
         try:
@@ -68,7 +79,9 @@ class Translator:
                 idx = order[start : start + cfg.batch_size]
                 batch = collate([src_ids[i] for i in idx], None).to(self.device)
                 src_len = (batch.src != 0).sum(dim=1)
-                max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b)
+                steps = self.model.max_steps(src_len)  # the last step emits EOS
+                max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b,
+                                         None if steps is None else torch.as_tensor(steps) - 1)
                 if cfg.beam_size == 1 and cfg.nbest == 1:
                     hyps = [[Hypothesis(t, 0.0, 0.0)] for t in greedy(self.model, batch.src, max_len, cfg.min_len)]
                 else:
@@ -80,6 +93,22 @@ class Translator:
         finally:
             self.model.train(was_training)
         return results
+
+    def fit_sources(self, src_ids: list[list[int]], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
+        """Token lists cut to what the model reads (its ``max_source_len``, EOS included)."""
+        limit = self.model.max_source_len()
+        if limit is None:
+            return src_ids
+        kept = limit - 1  # collate appends EOS
+        cut = [i for i, ids in enumerate(src_ids) if len(ids) > kept]
+        if cut:
+            if on_truncate is None:
+                warnings.warn(f"{len(cut)} of {len(src_ids)} sentences are longer than the model reads "
+                              f"({kept} tokens, max_positions={limit}): translated from their first {kept} tokens",
+                              stacklevel=3)
+            else:
+                on_truncate(cut, kept)
+        return [ids[:kept] for ids in src_ids]
 
 
 class Int8TiedOutput(nn.Module):

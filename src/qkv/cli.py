@@ -319,7 +319,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         for start in range(0, len(lines), bs):  # a chunk at a time, so output streams on long inputs
             chunk = lines[start : start + bs]
             keep = [i for i, line in enumerate(chunk) if line.strip()]  # empty lines stay empty
-            scored = model.translate_scored([chunk[i] for i in keep], **overrides) if keep else []
+            warn = truncation_warning("translate", args, [start + i + 1 for i in keep], "translated")
+            scored = model.translate_scored([chunk[i] for i in keep], on_truncate=warn, **overrides) if keep else []
             results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in chunk]  # N rows each
             for i, s in zip(keep, scored):
                 results[i] = s
@@ -510,6 +511,20 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     return 0
 
 
+def truncation_warning(command: str, args: argparse.Namespace, lines: list[int], done: str):
+    """A handler for the inputs a model cuts to its length (``lines``: the 1-based line number of
+    each input passed): one warning on stderr naming the file and lines, and the length kept."""
+    source = "<arguments>" if args.text else args.input if args.input and args.input != "-" else "<stdin>"
+
+    def warn(indices: list[int], kept: int) -> None:
+        numbers = [lines[i] for i in indices]
+        where = f"{source}:{numbers[0]}" if len(numbers) == 1 else f"{source}: lines " + ", ".join(
+            map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+        log(f"qkv {command}: warning: {where}: longer than the {kept} tokens the model reads; "
+            f"{done} from the first {kept}")
+    return warn
+
+
 def read_inputs(args: argparse.Namespace) -> list[str]:
     """Texts from the arguments, --input FILE or stdin, one a line."""
     from qkv.data.corpus import decode_lines, read_lines
@@ -543,7 +558,8 @@ def cmd_classify(args: argparse.Namespace) -> int:
         for start in range(0, len(lines), 512):  # a chunk at a time: output streams on long inputs
             chunk = lines[start:start + 512]
             keep = [i for i, line in enumerate(chunk) if line.strip()]
-            rows = dict(zip(keep, model.probabilities([chunk[i] for i in keep]))) if keep else {}
+            warn = truncation_warning("classify", args, [start + i + 1 for i in keep], "classified")
+            rows = dict(zip(keep, model.probabilities([chunk[i] for i in keep], on_truncate=warn))) if keep else {}
             for i in range(len(chunk)):
                 if i not in rows:
                     out_fh.write("\n")  # an empty input line stays an empty output line
