@@ -462,3 +462,18 @@ def test_language_model_stops_where_learned_positions_end():
     with pytest.raises(ValueError, match="max_positions=8"):  # the bound is tight: one more step fails
         list(sample(model, ids, n + 1, temperature=0))
     assert torch.equal(torch.as_tensor(model.max_steps(torch.tensor([3]))), torch.tensor([5]))
+
+
+# --- checkpoints: config sections, run directories, stray files, beams ---------------------------------
+
+def test_beam_wider_than_the_target_vocabulary_refused(run, capsys):
+    import qkv as api
+    from qkv.errors import ConfigError
+
+    vocab = api.load(run.mt).tokenizers.tgt.vocab_size
+    rc, _, err = cli(capsys, "translate", run.mt, "red", "--beam-size", str(vocab + 1))
+    assert_user_error(rc, err, "translate", "'beam_size'", f"{vocab + 1}", f"vocabulary ({vocab} tokens)")
+    with pytest.raises(ConfigError, match="beam_size"):
+        api.load(run.mt).translate(["red"], beam_size=vocab + 1)
+    rc, _, err = cli(capsys, "translate", run.mt, "red", "--beam-size", str(vocab))
+    assert rc == 0, err

@@ -26,7 +26,7 @@ from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict
 from qkv.data.batching import collate
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding import Hypothesis, beam_search, greedy, max_output_len
-from qkv.errors import CheckpointError, QkvError
+from qkv.errors import CheckpointError, ConfigError, QkvError
 from qkv.models import build_model
 from qkv.training.checkpoint import load_into, read_checkpoint
 
@@ -69,6 +69,7 @@ class Translator:
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
+        self.check_beam(cfg.beam_size)
         was_training = self.model.training
         self.model.eval()
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
@@ -93,6 +94,13 @@ class Translator:
         finally:
             self.model.train(was_training)
         return results
+
+    def check_beam(self, beam_size: int) -> None:
+        """A beam wider than the target vocabulary has nothing to fill it with: refused by name."""
+        vocab = self.tokenizers.tgt.vocab_size
+        if beam_size > vocab:
+            raise ConfigError(f"invalid config field 'beam_size': {beam_size} is larger than the model's target "
+                              f"vocabulary ({vocab} tokens); choose at most {vocab}")
 
     def fit_sources(self, src_ids: list[list[int]], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
         """Token lists cut to what the model reads (its ``max_source_len``, EOS included)."""
