@@ -466,6 +466,22 @@ def test_language_model_stops_where_learned_positions_end():
 
 # --- checkpoints: config sections, run directories, stray files, beams ---------------------------------
 
+def test_translate_a_run_directory_points_to_its_checkpoint(run, capsys, tmp_path):
+    import shutil
+
+    rc, _, err = cli(capsys, "translate", run.mt.parent, "red")
+    assert_user_error(rc, err, "translate", "is a run directory", str(run.mt))
+    only_last = tmp_path / "only-last"
+    shutil.copytree(run.mt.parent / "last", only_last / "last")
+    rc, _, err = cli(capsys, "translate", only_last, "red")
+    assert_user_error(rc, err, "translate", str(only_last / "last"))
+    empty_run = tmp_path / "empty-run"
+    (empty_run / "best").mkdir(parents=True)  # a save never completed
+    (empty_run / "metrics.jsonl").write_text("")
+    rc, _, err = cli(capsys, "translate", empty_run, "red")
+    assert_user_error(rc, err, "translate", f"{empty_run} is a run directory that holds no checkpoint yet")
+
+
 def test_beam_wider_than_the_target_vocabulary_refused(run, capsys):
     import qkv as api
     from qkv.errors import ConfigError

@@ -228,7 +228,7 @@ def _verify(path: Path) -> None:
     if not path.is_dir():
         raise CheckpointError(f"not a checkpoint directory: {path}")
     if not (path / MANIFEST).is_file():
-        raise CheckpointError(f"incomplete checkpoint {path} (no {MANIFEST}): was the save interrupted?")
+        raise CheckpointError(_no_manifest(path))
     try:
         files = json.loads((path / MANIFEST).read_text(encoding="utf-8"))["files"]
         entries = [(name, int(e["size"]), str(e["sha256"])) for name, e in files.items()]
@@ -246,6 +246,18 @@ def _verify(path: Path) -> None:
             raise CheckpointError(f"incomplete checkpoint {path}: {name} is missing")
         if f.stat().st_size != size or _sha256(f) != sha256:
             raise CheckpointError(f"corrupt checkpoint {path}: {name} does not match its checksum")
+
+
+def _no_manifest(path: Path) -> str:
+    """Why ``path`` (a directory without a manifest) is no checkpoint: a run directory (the --out of
+    training) points to its checkpoints; anything else is a checkpoint whose save was cut short."""
+    subdirs = [path / "best", path / "last", *list_checkpoints(path)[::-1]]
+    if not any(d.is_dir() for d in subdirs) and not (path / "metrics.jsonl").is_file():
+        return f"incomplete checkpoint {path} (no {MANIFEST}): was the save interrupted?"
+    found = [d for d in subdirs if (d / MANIFEST).is_file()]
+    if not found:
+        return f"{path} is a run directory that holds no checkpoint yet (no complete best/, last/ or step_N/)"
+    return f"{path} is a run directory, not a checkpoint: give one of its checkpoints, e.g. {found[0]}"
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
