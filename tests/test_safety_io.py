@@ -466,6 +466,41 @@ def test_language_model_stops_where_learned_positions_end():
 
 # --- checkpoints: config sections, run directories, stray files, beams ---------------------------------
 
+def bad_config_checkpoint(path: Path, config: dict) -> Path:
+    """A checkpoint whose manifest is valid but whose config.json sections are wrong."""
+    import torch
+
+    from qkv.training.checkpoint import save_checkpoint
+
+    return save_checkpoint(path, torch.nn.Linear(2, 2), config)
+
+
+@pytest.mark.parametrize("config, section, needle", [
+    ({"train": {}, "decode": {}}, "model", "has no 'model' section"),
+    ({"model": 5, "train": {}, "decode": {}}, "model", "'model' section of config.json must be a JSON object"),
+    ({"model": {}, "decode": {}}, "train", "has no 'train' section"),
+    ({"model": {}, "train": [], "decode": {}}, "train", "'train' section of config.json must be a JSON object"),
+    ({"model": {}, "train": {}, "decode": "beam"}, "decode", "'decode' section"),
+])
+def test_checkpoint_config_sections_checked(run, capsys, tmp_path, config, section, needle):
+    import qkv as api
+    from qkv.errors import CheckpointError
+
+    ckpt = bad_config_checkpoint(tmp_path / "ckpt", config)
+    with pytest.raises(CheckpointError, match=needle):
+        api.load(ckpt)
+    rc, _, err = cli(capsys, "translate", ckpt, "red")
+    assert_user_error(rc, err, "translate", str(ckpt), needle)
+    rc, _, err = cli(capsys, "average", ckpt, run.mt, "--out", tmp_path / "avg")
+    assert_user_error(rc, err, "average", str(ckpt), f"'{section}'" if section == "model" else "")
+
+
+def test_resume_from_a_checkpoint_with_a_bad_section(capsys, tmp_path):
+    bad_config_checkpoint(tmp_path / "run" / "last", {"model": {}, "train": 7, "decode": {}})
+    rc, _, err = cli(capsys, "train", "--out", tmp_path / "run", "--resume")
+    assert_user_error(rc, err, "train", str(tmp_path / "run" / "last"), "'train' section")
+
+
 def test_translate_a_run_directory_points_to_its_checkpoint(run, capsys, tmp_path):
     import shutil
 

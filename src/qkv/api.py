@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict
+from qkv.config import DecodeConfig, TrainConfig
 from qkv.data.batching import collate
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding import Hypothesis, beam_search, greedy, max_output_len
 from qkv.errors import CheckpointError, ConfigError, QkvError
 from qkv.models import build_model
-from qkv.training.checkpoint import load_into, read_checkpoint
+from qkv.training.checkpoint import load_into, read_checkpoint, read_config
 
 
 TruncationHandler = Callable[[list[int], int], None]  # (indices of the inputs cut, tokens kept of each)
@@ -212,14 +212,11 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     if quantize and torch.device(device).type != "cpu":
         raise QkvError(f"quantize='int8' runs on the CPU only, not on device {str(device)!r}")
     ckpt = read_checkpoint(Path(path))
+    model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
     try:
-        model_cfg = from_dict(ModelConfig, ckpt.config["model"], f"{path}/config.json").validate()
-        decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), f"{path}/config.json").validate()
-        train_cfg = from_dict(TrainConfig, ckpt.config.get("train", {}), f"{path}/config.json")
-    except KeyError as e:
-        raise CheckpointError(f"{path}/config.json: missing section {e}") from None
+        model_cfg, decode_cfg = model_cfg.validate(), decode_cfg.validate()
     except QkvError as e:
-        raise CheckpointError(str(e)) from None
+        raise CheckpointError(f"{path}/config.json: {e}") from None
     tokenizers = TokenizerPair.load(Path(path))
     model = build_model(model_cfg)
     load_into(model, ckpt)

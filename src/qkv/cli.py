@@ -28,7 +28,7 @@ import math
 import sys
 from pathlib import Path
 
-from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict, load_toml, override, preset, PRESETS
+from qkv.config import DecodeConfig, ModelConfig, TrainConfig, load_toml, override, preset, PRESETS
 from qkv.errors import QkvError
 from qkv.files import atomic_output, check_not_input, check_output_dir, check_output_file, os_error_message
 
@@ -224,15 +224,12 @@ def resolve_configs_toy(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
 
 def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
     """Resuming keeps the run's own settings; flags may change only limits and evaluation cadence."""
-    from qkv.training.checkpoint import read_checkpoint
+    from qkv.training.checkpoint import read_checkpoint, read_config
 
     if not last.exists():
         raise QkvError(f"cannot resume: {last} does not exist (train without --resume first)")
     ckpt = read_checkpoint(last)
-    src = f"{last}/config.json"
-    model_cfg = from_dict(ModelConfig, ckpt.config["model"], src)
-    train_cfg = from_dict(TrainConfig, ckpt.config["train"], src)
-    decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
+    model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
     changeable = {"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks", "eval_every",
                   "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile", "fused_loss"}
     if getattr(args, "config", None):  # an edited config file may raise the limits of a run it started

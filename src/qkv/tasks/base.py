@@ -144,11 +144,9 @@ ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_deco
 
 def init_model_config(model_cfg: ModelConfig, path: str | Path, log: Callable[[str], None]) -> ModelConfig:
     """The architecture of the checkpoint at ``path`` (its weights must fit), this run's task and the rest."""
-    from qkv.config import from_dict
-    from qkv.training.checkpoint import read_checkpoint
+    from qkv.training.checkpoint import read_checkpoint, read_config
 
-    ckpt = read_checkpoint(Path(path))
-    saved = from_dict(ModelConfig, ckpt.config["model"], f"{path}/config.json")
+    saved = read_config(read_checkpoint(Path(path)), "model")
     changed = {k: getattr(saved, k) for k in ARCH_FIELDS if getattr(saved, k) != getattr(model_cfg, k)}
     if changed:
         log(f"init_from {path}: its architecture wins over this run's: "

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from qkv.config import ModelConfig, from_dict
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import CheckpointError
 from qkv.models import build_model
-from qkv.training.checkpoint import Checkpoint, list_checkpoints, load_into, read_checkpoint, save_checkpoint
+from qkv.training.checkpoint import (Checkpoint, list_checkpoints, load_into, read_checkpoint, read_config,
+                                     save_checkpoint)
 
 
 def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]], names: list[str]) -> dict[str, torch.Tensor]:
@@ -85,30 +85,18 @@ def check_out(inputs: list[str | Path], used: list[Path], out: str | Path, last:
                                   "write the average to a new directory")
 
 
-def _model_config(ckpt):
-    from qkv.config import ModelConfig, from_dict
-
-    raw = ckpt.config.get("model")
-    try:
-        return from_dict(ModelConfig, raw, f"{ckpt.path}/config.json")
-    except Exception:  # unreadable: compare the raw dicts (read_checkpoint has checked the files)
-        return raw
-
-
 def average_checkpoints(inputs: list[str | Path], out: str | Path, last: int | None = None) -> list[Path]:
     """Average the checkpoints and write the result to ``out``; returns the checkpoints used."""
     paths = resolve_inputs(inputs, last)
     check_out(inputs, paths, out, last)
     ckpts = [read_checkpoint(p) for p in paths]
     # compared as ModelConfig, so that a field added by a later version (at its default) is no difference
-    model_cfgs = [_model_config(c) for c in ckpts]
+    model_cfgs = [read_config(c, "model") for c in ckpts]
     for c, cfg in zip(ckpts[1:], model_cfgs[1:]):
         if cfg != model_cfgs[0]:
             raise CheckpointError(f"{c.path}: model config differs from {paths[0]}: not the same architecture")
     averaged = average_state_dicts([c.state_dict for c in ckpts], [str(p) for p in paths])
-    cfg = model_cfgs[0] if isinstance(model_cfgs[0], ModelConfig) else from_dict(ModelConfig, model_cfgs[0],
-                                                                                 f"{paths[0]}/config.json")
-    model = build_model(cfg)
+    model = build_model(model_cfgs[0])
     load_into(model, Checkpoint(paths[0], ckpts[0].config, averaged))
     tokenizers = TokenizerPair.load(paths[-1])
     config = dict(ckpts[-1].config)

@@ -222,6 +222,29 @@ def read_checkpoint(path: str | os.PathLike, need_trainer_state: bool = False) -
     return Checkpoint(path, config, state_dict, trainer_state, version)
 
 
+def read_config(ckpt: Checkpoint, section: str):
+    """The ``section`` of a checkpoint's config.json as its config class: "model" ->
+    :class:`~qkv.config.ModelConfig`, "train" -> ``TrainConfig``, "decode" -> ``DecodeConfig``
+    (not yet validated). Every reader of a checkpoint's settings goes through here, so a section
+    that is missing, not a JSON object, or has unknown or mistyped fields is a CheckpointError
+    naming the file and the section."""
+    from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict
+    from qkv.errors import QkvError
+
+    cls = {"model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig}[section]
+    source = str(ckpt.path / CONFIG)
+    raw = ckpt.config.get(section)
+    if raw is None:
+        raise CheckpointError(f"corrupt checkpoint {ckpt.path}: {CONFIG} has no '{section}' section")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"corrupt checkpoint {ckpt.path}: the '{section}' section of {CONFIG} must be a JSON "
+                              f"object of settings, got {type(raw).__name__} {str(raw)[:40]}")
+    try:
+        return from_dict(cls, raw, f"{source} [{section}]")
+    except QkvError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def _verify(path: Path) -> None:
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
