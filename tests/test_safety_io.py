@@ -517,6 +517,34 @@ def test_translate_a_run_directory_points_to_its_checkpoint(run, capsys, tmp_pat
     assert_user_error(rc, err, "translate", f"{empty_run} is a run directory that holds no checkpoint yet")
 
 
+def test_files_the_manifest_does_not_list_are_not_loaded(run, tmp_path):
+    """A checkpoint with separate source/target tokenizers, and a joint spm.model copied in beside
+    them: only the listed models are read (and the reverse for a joint checkpoint)."""
+    import shutil
+
+    import qkv as api
+    from qkv.data.tokenizer import Tokenizer, TokenizerPair
+    from qkv.training.checkpoint import load_into, read_checkpoint, save_checkpoint
+
+    joint = api.load(run.mt)
+    stray = (run.clf / "spm.model").read_bytes()  # another run's tokenizer: other pieces, other ids
+    assert stray != joint.tokenizers.src.model_bytes
+    separate = TokenizerPair(Tokenizer(joint.tokenizers.src.model_bytes), Tokenizer(joint.tokenizers.tgt.model_bytes))
+    ckpt = read_checkpoint(run.mt)
+    path = save_checkpoint(tmp_path / "separate", joint.model, ckpt.config, write_extra=separate.save)
+    (path / "spm.model").write_bytes(stray)
+    loaded = api.load(path)
+    assert not loaded.tokenizers.joint
+    assert loaded.tokenizers.src.model_bytes == joint.tokenizers.src.model_bytes
+    assert loaded.translate(["red cat"]) == joint.translate(["red cat"])
+    # the reverse: a joint checkpoint with stray separate models
+    path = shutil.copytree(run.mt, tmp_path / "joint")
+    for name in ("spm.src.model", "spm.tgt.model"):
+        (path / name).write_bytes(stray)
+    assert api.load(path).tokenizers.joint
+    load_into(joint.model, read_checkpoint(path))  # still a valid checkpoint
+
+
 def test_beam_wider_than_the_target_vocabulary_refused(run, capsys):
     import qkv as api
     from qkv.errors import ConfigError

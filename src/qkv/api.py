@@ -217,7 +217,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
         model_cfg, decode_cfg = model_cfg.validate(), decode_cfg.validate()
     except QkvError as e:
         raise CheckpointError(f"{path}/config.json: {e}") from None
-    tokenizers = TokenizerPair.load(Path(path))
+    tokenizers = TokenizerPair.load(Path(path), ckpt.files)
     model = build_model(model_cfg)
     load_into(model, ckpt)
     model.to(device).eval()

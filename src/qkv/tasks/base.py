@@ -69,7 +69,7 @@ class Task:
 
     def train_tokenizers(self, train_data, train_cfg: TrainConfig) -> TokenizerPair:
         if train_cfg.init_from:  # the start checkpoint's own vocabulary: its embeddings index it
-            return TokenizerPair.load(train_cfg.init_from)
+            return checkpoint_tokenizers(train_cfg.init_from)
         texts = self.training_texts(train_data)
         return TokenizerPair.train(texts, texts, train_cfg.vocab_size, train_cfg.tokenizer, True, specials=self.specials)
 
@@ -140,6 +140,13 @@ def require_positions(model_cfg: ModelConfig, train_cfg: TrainConfig, need: int,
 
 ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "positional",
                "max_positions", "norm_first", "share_embeddings", "tie_output")
+
+
+def checkpoint_tokenizers(path: str | Path) -> TokenizerPair:
+    """The tokenizer of the checkpoint at ``path``: the model files its manifest lists, no other."""
+    from qkv.training.checkpoint import listed_files
+
+    return TokenizerPair.load(path, listed_files(path))
 
 
 def init_model_config(model_cfg: ModelConfig, path: str | Path, log: Callable[[str], None]) -> ModelConfig:

@@ -19,7 +19,7 @@ from qkv.data.corpus import CorpusReport, filter_by_length, read_parallel
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.metrics import bleu, chrf, exact_match
-from qkv.tasks.base import DataPaths, Task, require_positions, token_loss
+from qkv.tasks.base import DataPaths, Task, checkpoint_tokenizers, require_positions, token_loss
 
 
 @dataclass
@@ -101,7 +101,7 @@ class TranslateTask(Task):
 
     def train_tokenizers(self, train_data: ParallelData, train_cfg: TrainConfig) -> TokenizerPair:
         if train_cfg.init_from:
-            return TokenizerPair.load(train_cfg.init_from)
+            return checkpoint_tokenizers(train_cfg.init_from)
         return TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size, train_cfg.tokenizer,
                                    train_cfg.joint_vocab)
 

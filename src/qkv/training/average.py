@@ -98,7 +98,7 @@ def average_checkpoints(inputs: list[str | Path], out: str | Path, last: int | N
     averaged = average_state_dicts([c.state_dict for c in ckpts], [str(p) for p in paths])
     model = build_model(model_cfgs[0])
     load_into(model, Checkpoint(paths[0], ckpts[0].config, averaged))
-    tokenizers = TokenizerPair.load(paths[-1])
+    tokenizers = TokenizerPair.load(paths[-1], ckpts[-1].files)
     config = dict(ckpts[-1].config)
     config["averaged_from"] = [str(p) for p in paths]
     save_checkpoint(Path(out), model, config, write_extra=tokenizers.save)

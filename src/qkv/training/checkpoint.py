@@ -51,6 +51,7 @@ class Checkpoint:
     state_dict: dict[str, torch.Tensor]  # complete: tied names point to the same tensor
     trainer_state: dict[str, Any] | None = None
     qkv_version: str = "unknown"
+    files: tuple[str, ...] = ()  # what its manifest lists: files beside these are not part of it
 
 
 def _qkv_version() -> str:
@@ -199,7 +200,7 @@ def read_checkpoint(path: str | os.PathLike, need_trainer_state: bool = False) -
     naming the path and the file, for anything missing, corrupt or unreadable.
     """
     path = Path(path)
-    _verify(path)
+    files = tuple(_verify(path))
     try:
         config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -219,7 +220,13 @@ def read_checkpoint(path: str | os.PathLike, need_trainer_state: bool = False) -
             trainer_state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
         except Exception as e:  # unpickling errors come in many types
             raise CheckpointError(f"corrupt checkpoint {path}: cannot read {TRAINER_STATE}: {e}") from None
-    return Checkpoint(path, config, state_dict, trainer_state, version)
+    return Checkpoint(path, config, state_dict, trainer_state, version, files)
+
+
+def listed_files(path: str | os.PathLike) -> list[str]:
+    """The files of the checkpoint at ``path``, as its manifest lists them (after checking each
+    against its size and checksum); whatever else lies in the directory is not part of it."""
+    return _verify(Path(path))
 
 
 def read_config(ckpt: Checkpoint, section: str):
@@ -245,7 +252,8 @@ def read_config(ckpt: Checkpoint, section: str):
         raise CheckpointError(str(e)) from None
 
 
-def _verify(path: Path) -> None:
+def _verify(path: Path) -> list[str]:
+    """Check every file the manifest lists (present, size, sha256); return their names."""
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
     if not path.is_dir():
@@ -269,6 +277,7 @@ def _verify(path: Path) -> None:
             raise CheckpointError(f"incomplete checkpoint {path}: {name} is missing")
         if f.stat().st_size != size or _sha256(f) != sha256:
             raise CheckpointError(f"corrupt checkpoint {path}: {name} does not match its checksum")
+    return [name for name, _, _ in entries]
 
 
 def _no_manifest(path: Path) -> str:
