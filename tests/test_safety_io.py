@@ -217,6 +217,8 @@ def test_average_refuses_to_overwrite_what_it_averages(run, capsys, tmp_path):
     assert all(p.read_bytes() == b for p, b in before.items())
     rc, _, err = cli(capsys, "average", best, last, "--out", tmp_path / "avg")
     assert rc == 0, err
+    rc, _, err = cli(capsys, "average", rundir, "--last", "1", "--out", rundir / "avg1")  # a new name in the run
+    assert rc == 0, err
 
 
 # --- early output checks -------------------------------------------------------------------------------

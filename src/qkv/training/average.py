@@ -68,18 +68,19 @@ def _run_checkpoint(path: Path) -> bool:
 
 
 def check_out(inputs: list[str | Path], used: list[Path], out: str | Path, last: int | None) -> None:
-    """Refuse an ``out`` that would overwrite what is being averaged: one of the checkpoints, a
-    path inside one of the inputs, or a checkpoint of the run being averaged (``RUN/last``,
-    ``RUN/best``, ``RUN/step_N``), which training and resuming rely on."""
+    """Refuse an ``out`` that would overwrite what is being averaged: an input, a path inside one
+    of the checkpoints, or a checkpoint of the run being averaged (``RUN/last``, ``RUN/best``,
+    ``RUN/step_N``), which training and resuming rely on. A new name inside the run directory
+    (``RUN/avg10``) is fine."""
     target = Path(out).resolve()
     runs = {Path(p).resolve() for p in inputs} if last is not None else set()
     runs |= {p.resolve().parent for p in used if _run_checkpoint(p.resolve())}
     if target.parent in runs and _run_checkpoint(target):
         raise CheckpointError(f"--out {out} is a checkpoint of the run being averaged ({target.parent}): "
-                              "write the average to a new directory, e.g. beside the run")
+                              "write the average to a new directory, e.g. RUN/avgN")
     for p in [*map(Path, inputs), *used]:
         r = p.resolve()
-        if target == r or r in target.parents:
+        if target == r or (r in target.parents and r not in runs):
             where = "is" if target == r else "is inside"
             raise CheckpointError(f"--out {out} {where} {p}, which is being averaged: "
                                   "write the average to a new directory")
