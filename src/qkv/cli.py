@@ -62,7 +62,8 @@ FIELD_HELP = {
     "dropout": "P_drop on embedding sums and sublayer outputs (recurrent: embeddings, between layers, h~)",
     "attention_dropout": "dropout on attention weights",
     "positional": "sinusoidal | learned",
-    "max_positions": "positions in the (learned or initial sinusoidal) table",
+    "max_positions": "positions in the (learned or initial sinusoidal) table, at most 65536; learned positions "
+                     "must cover max_len and the task's special tokens",
     "norm_first": "pre-norm residual blocks instead of the paper's post-norm",
     "share_embeddings": "share source/target/output embeddings (needs a joint vocabulary)",
     "tie_output": "share the target embedding with the pre-softmax projection",
@@ -94,7 +95,7 @@ FIELD_HELP = {
     "eval_bleu_samples": "validation sentences decoded greedily for BLEU",
     "keep_last": "also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)",
     "seed": "random seed",
-    "threads": "torch CPU threads (0: torch's default)",
+    "threads": "torch CPU threads (0: torch's default; at most 1024)",
     "device": "auto (CUDA when available) | cpu | cuda; under torchrun each process takes the GPU of its LOCAL_RANK",
     "amp": "mixed precision of the training forward: none | bf16 | fp16 (CUDA only, with a gradient scaler)",
     "compile": "torch.compile the model for the training forward (slow first steps, faster later ones)",
@@ -107,8 +108,8 @@ FIELD_HELP = {
                    "--lenpen, Hugging Face's length_penalty)",
     "early_stopping": "end a sentence's search as soon as beam_size hypotheses have ended (fairseq's rule; "
                       "favours short outputs) instead of when no live one can beat them",
-    "max_len_a": "max output length = a·source length + b",
-    "max_len_b": "max output length = a·source length + b",
+    "max_len_a": "max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)",
+    "max_len_b": "max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)",
     "min_len": "no EOS before this many output tokens",
     "nbest": "hypotheses to output per sentence",
     "batch_size": "sentences per decoding batch",
@@ -809,7 +810,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("model", help="checkpoint directory, e.g. runs/default/best")
     tr.add_argument("text", nargs="*", help="sentences to translate (else --input or stdin)")
     tr.add_argument("--input", "-i", help="file to translate, plain or gzip ('-' = stdin)")
-    tr.add_argument("--output", "-o", help="write translations here instead of stdout")
+    tr.add_argument("--output", "-o", help="write translations here instead of stdout (all or nothing: the file is "
+                                           "replaced only when every line is translated)")
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
     tr.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
@@ -915,7 +917,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "training with --keep-last N).")
     a.add_argument("inputs", nargs="+", help="checkpoint directories, or one run directory with --last")
     a.add_argument("--last", type=int, help="average the newest N step_N/ checkpoints of the run directory")
-    a.add_argument("--out", required=True, help="where to write the averaged checkpoint")
+    a.add_argument("--out", required=True, help="where to write the averaged checkpoint: a new directory, not one "
+                                                "of the checkpoints averaged nor the run's last/, best/, step_N/")
     a.set_defaults(func=cmd_average)
 
     i = sub.add_parser("info", help="parameter count and training FLOPs",
