@@ -434,6 +434,18 @@ def test_decoding_never_runs_past_learned_positions(learned):
         model.translate(["red cat dog sun tree blue red"])
 
 
+def test_attention_maps_refuse_what_learned_positions_cannot_read(learned):
+    import qkv as api
+    from qkv import viz
+
+    model = api.load(learned.mt)
+    assert viz.attention_data(model, "red cat", None)["target_from"] == "greedy"
+    with pytest.raises(QkvError, match="the source is 31 tokens .* at most 16"):
+        viz.attention_data(model, "red cat dog sun tree blue red", None)
+    with pytest.raises(QkvError, match="the target is .* at most 16"):
+        viz.attention_data(model, "red", "red cat dog sun tree blue red")
+
+
 def test_classify_warns_for_a_text_longer_than_the_model_reads(learned, capsys, tmp_path):
     inp = write_lines(tmp_path / "in.txt", ["great", "the film was great and bad and great"])
     rc, out, err = cli(capsys, "classify", learned.clf, "--input", inp)
