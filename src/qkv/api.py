@@ -15,19 +15,23 @@ the model's incremental ``start``/``step`` interface), then detokenized and retu
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict
+from qkv.config import DecodeConfig, TrainConfig
 from qkv.data.batching import collate
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding import Hypothesis, beam_search, greedy, max_output_len
-from qkv.errors import CheckpointError, QkvError
+from qkv.errors import CheckpointError, ConfigError, QkvError
 from qkv.models import build_model
-from qkv.training.checkpoint import load_into, read_checkpoint
+from qkv.training.checkpoint import load_into, read_checkpoint, read_config
+
+
+TruncationHandler = Callable[[list[int], int], None]  # (indices of the inputs cut, tokens kept of each)
 
 
 class Translator:
@@ -53,14 +57,22 @@ class Translator:
         return [[text for text, _ in hyps] for hyps in self.translate_scored(sentences, **overrides)]
 
     @torch.inference_mode()
-    def translate_scored(self, sentences: list[str], **overrides) -> list[list[tuple[str, float]]]:
-        """``(translation, score)`` pairs per sentence; the score is the (length-normalised) log-probability."""
+    def translate_scored(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
+                         **overrides) -> list[list[tuple[str, float]]]:
+        """``(translation, score)`` pairs per sentence; the score is the (length-normalised) log-probability.
+
+        A sentence longer than the model reads (learned positions end at ``max_positions``) is
+        translated from its head: ``on_truncate(indices, kept)`` hears which sentences (0-based)
+        were cut to how many tokens; without it a warning says so. Outputs never run past what the
+        decoder's positions can index either (:func:`qkv.decoding.max_output_len`).
+        """
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
+        self.check_beam(cfg.beam_size)
         was_training = self.model.training
         self.model.eval()
-        src_ids = self.tokenizers.src.encode(list(sentences))
+        src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
         order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths batch together
         results: list[list[tuple[str, float]]] = [[] for _ in src_ids]
         try:
@@ -68,7 +80,9 @@ class Translator:
                 idx = order[start : start + cfg.batch_size]
                 batch = collate([src_ids[i] for i in idx], None).to(self.device)
                 src_len = (batch.src != 0).sum(dim=1)
-                max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b)
+                steps = self.model.max_steps(src_len)  # the last step emits EOS
+                max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b,
+                                         None if steps is None else torch.as_tensor(steps) - 1)
                 if cfg.beam_size == 1 and cfg.nbest == 1:
                     hyps = [[Hypothesis(t, 0.0, 0.0)] for t in greedy(self.model, batch.src, max_len, cfg.min_len)]
                 else:
@@ -80,6 +94,29 @@ class Translator:
         finally:
             self.model.train(was_training)
         return results
+
+    def check_beam(self, beam_size: int) -> None:
+        """A beam wider than the target vocabulary has nothing to fill it with: refused by name."""
+        vocab = self.tokenizers.tgt.vocab_size
+        if beam_size > vocab:
+            raise ConfigError(f"invalid config field 'beam_size': {beam_size} is larger than the model's target "
+                              f"vocabulary ({vocab} tokens); choose at most {vocab}")
+
+    def fit_sources(self, src_ids: list[list[int]], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
+        """Token lists cut to what the model reads (its ``max_source_len``, EOS included)."""
+        limit = self.model.max_source_len()
+        if limit is None:
+            return src_ids
+        kept = limit - 1  # collate appends EOS
+        cut = [i for i, ids in enumerate(src_ids) if len(ids) > kept]
+        if cut:
+            if on_truncate is None:
+                warnings.warn(f"{len(cut)} of {len(src_ids)} sentences are longer than the model reads "
+                              f"({kept} tokens, max_positions={limit}): translated from their first {kept} tokens",
+                              stacklevel=3)
+            else:
+                on_truncate(cut, kept)
+        return [ids[:kept] for ids in src_ids]
 
 
 class Int8TiedOutput(nn.Module):
@@ -175,15 +212,12 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     if quantize and torch.device(device).type != "cpu":
         raise QkvError(f"quantize='int8' runs on the CPU only, not on device {str(device)!r}")
     ckpt = read_checkpoint(Path(path))
+    model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
     try:
-        model_cfg = from_dict(ModelConfig, ckpt.config["model"], f"{path}/config.json").validate()
-        decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), f"{path}/config.json").validate()
-        train_cfg = from_dict(TrainConfig, ckpt.config.get("train", {}), f"{path}/config.json")
-    except KeyError as e:
-        raise CheckpointError(f"{path}/config.json: missing section {e}") from None
+        model_cfg, decode_cfg = model_cfg.validate(), decode_cfg.validate()
     except QkvError as e:
-        raise CheckpointError(str(e)) from None
-    tokenizers = TokenizerPair.load(Path(path))
+        raise CheckpointError(f"{path}/config.json: {e}") from None
+    tokenizers = TokenizerPair.load(Path(path), ckpt.files)
     model = build_model(model_cfg)
     load_into(model, ckpt)
     model.to(device).eval()

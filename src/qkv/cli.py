@@ -24,11 +24,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
-from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict, load_toml, override, preset, PRESETS
+from qkv.config import DecodeConfig, ModelConfig, TrainConfig, load_toml, override, preset, PRESETS
 from qkv.errors import QkvError
+from qkv.files import atomic_output, check_not_input, check_output_dir, check_output_file, os_error_message
 
 HIDDEN_FIELDS = {"src_vocab_size", "tgt_vocab_size", "n_classes"}
 
@@ -60,7 +62,8 @@ FIELD_HELP = {
     "dropout": "P_drop on embedding sums and sublayer outputs (recurrent: embeddings, between layers, h~)",
     "attention_dropout": "dropout on attention weights",
     "positional": "sinusoidal | learned",
-    "max_positions": "positions in the (learned or initial sinusoidal) table",
+    "max_positions": "positions in the (learned or initial sinusoidal) table, at most 65536; learned positions "
+                     "must cover max_len and the task's special tokens",
     "norm_first": "pre-norm residual blocks instead of the paper's post-norm",
     "share_embeddings": "share source/target/output embeddings (needs a joint vocabulary)",
     "tie_output": "share the target embedding with the pre-softmax projection",
@@ -94,7 +97,7 @@ FIELD_HELP = {
     "eval_bleu_samples": "validation sentences decoded greedily for BLEU",
     "keep_last": "also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)",
     "seed": "random seed",
-    "threads": "torch CPU threads (0: torch's default)",
+    "threads": "torch CPU threads (0: torch's default; at most 1024)",
     "device": "auto (CUDA when available) | cpu | cuda; under torchrun each process takes the GPU of its LOCAL_RANK",
     "amp": "mixed precision of the training forward: none | bf16 | fp16 (CUDA only, with a gradient scaler)",
     "compile": "torch.compile the model for the training forward (slow first steps, faster later ones)",
@@ -107,8 +110,8 @@ FIELD_HELP = {
                    "--lenpen, Hugging Face's length_penalty)",
     "early_stopping": "end a sentence's search as soon as beam_size hypotheses have ended (fairseq's rule; "
                       "favours short outputs) instead of when no live one can beat them",
-    "max_len_a": "max output length = a·source length + b",
-    "max_len_b": "max output length = a·source length + b",
+    "max_len_a": "max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)",
+    "max_len_b": "max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)",
     "min_len": "no EOS before this many output tokens",
     "nbest": "hypotheses to output per sentence",
     "batch_size": "sentences per decoding batch",
@@ -160,6 +163,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from qkv.training.rundir import RunLock, recover
 
+    check_output_dir(args.out, "--out")  # a file or an unwritable place is named before anything is locked or read
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone locks the run directory
         return train_command(args)
     with RunLock(args.out):  # before any data is read: a second process on this --out stops at once
@@ -198,6 +202,8 @@ def train_command(args: argparse.Namespace) -> int:
                            "default task is translation (translate or prefix_lm)")
 
     task = get_task(model_cfg.task)
+    if not (args.resume or train_cfg.init_from):  # else the architecture is a checkpoint's
+        task.check_positions(model_cfg, train_cfg)  # before any data are read
     test_pairs = None
     if has_data:
         paths = DataPaths(args.train, args.valid, args.src_train, args.tgt_train, args.src_valid, args.tgt_valid,
@@ -233,16 +239,13 @@ def resolve_configs_toy(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
 
 def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
     """Resuming keeps the run's own settings; flags may change only limits and evaluation cadence."""
-    from qkv.training.checkpoint import read_checkpoint
+    from qkv.training.checkpoint import read_checkpoint, read_config
     from qkv.training.rundir import missing_last_message
 
     if not last.exists():
         raise QkvError(missing_last_message(last.parent))
     ckpt = read_checkpoint(last)
-    src = f"{last}/config.json"
-    model_cfg = from_dict(ModelConfig, ckpt.config["model"], src)
-    train_cfg = from_dict(TrainConfig, ckpt.config["train"], src)
-    decode_cfg = from_dict(DecodeConfig, ckpt.config.get("decode", {}), src)
+    model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
     changeable = {"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks", "eval_every",
                   "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile", "fused_loss",
                   "nonfinite_limit"}
@@ -300,18 +303,29 @@ def show_toy_results(out: Path, test_pairs: list[tuple[str, str]]) -> None:
 
 @contextlib.contextmanager
 def output_stream(path: str | None):
-    """``--output FILE`` opened for writing (closed afterwards, also on an error), or stdout."""
+    """``--output FILE`` written all or nothing (:func:`qkv.files.atomic_output`), or stdout."""
     if not path:
         yield sys.stdout
         return
-    with open(path, "w", encoding="utf-8") as fh:
+    with atomic_output(path) as fh:
         yield fh
 
 
+def check_output(output: str | None, **inputs: str | None) -> None:
+    """Before anything is loaded: ``--output`` can be written and is none of the input files
+    (``inputs``: flag name -> path, e.g. ``input=args.input``)."""
+    if not output:
+        return
+    for name, path in inputs.items():
+        check_not_input(output, path, ("--output", "--" + name.replace("_", "-")))
+    check_output_file(output)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
+    check_output(args.output, input=args.input)
     model = load_translator(args)
     overrides = flags_for(args, DecodeConfig)
-    dataclasses.replace(model.decode_cfg, **overrides).validate()  # before --output is truncated
+    dataclasses.replace(model.decode_cfg, **overrides).validate()  # a bad flag fails before any decoding
     lines = read_inputs(args)
     nbest = overrides.get("nbest", model.decode_cfg.nbest)
     with output_stream(args.output) as out_fh:
@@ -319,7 +333,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         for start in range(0, len(lines), bs):  # a chunk at a time, so output streams on long inputs
             chunk = lines[start : start + bs]
             keep = [i for i, line in enumerate(chunk) if line.strip()]  # empty lines stay empty
-            scored = model.translate_scored([chunk[i] for i in keep], **overrides) if keep else []
+            warn = truncation_warning("translate", args, [start + i + 1 for i in keep], "translated")
+            scored = model.translate_scored([chunk[i] for i in keep], on_truncate=warn, **overrides) if keep else []
             results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in chunk]  # N rows each
             for i, s in zip(keep, scored):
                 results[i] = s
@@ -337,6 +352,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from qkv.data.corpus import read_lines
     from qkv.metrics import bleu, bleu_tok_lc, chrf
 
+    check_output(args.output, src=args.src, ref=args.ref, hyp=args.hyp, test=args.test)
     if args.test:
         if args.ensemble:
             raise QkvError("--ensemble is for translation (MODEL with --src and --ref), not for --test")
@@ -356,7 +372,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         model = load_translator(args)
         hyps = model.translate(src, **flags_for(args, DecodeConfig))
         if args.output:
-            Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            write_lines(args.output, hyps)
     elif args.int8:
         raise QkvError("--int8 quantises a MODEL: give a MODEL with --src (not --hyp)")
     elif args.ensemble:
@@ -376,6 +392,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print("(give --lang to also report BLEU on lowercased, Moses-tokenized text)")
     print(chrf(hyps, refs).text())
     return 0
+
+
+def write_lines(path: str, lines: list[str]) -> None:
+    """One line per item, all or nothing."""
+    with atomic_output(path) as fh:
+        fh.write("".join(line + "\n" for line in lines))
 
 
 def checkpoint_task(path: str) -> str | None:
@@ -411,6 +433,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import qkv
     from qkv.tasks.lm import LanguageModel
 
+    check_option_bounds(seed=args.seed, temperature=args.temperature, top_p=args.top_p)
     model = qkv.load(args.model)
     if not isinstance(model, LanguageModel):
         raise QkvError(f"{args.model} is not a language model (--task lm); translate with 'qkv translate'")
@@ -423,6 +446,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out.flush()  # streamed: each piece as it is produced
     out.write("\n")
     return 0
+
+
+def check_option_bounds(seed: int | None = None, threads: int = 0, **floats: float) -> None:
+    """The bounds TrainConfig.validate sets, for commands that take --seed, --threads or float
+    options as plain flags: torch overflows on a seed beyond 64 bits and crashes on thousands of
+    threads; inf and nan are refused by name."""
+    from qkv.config import MAX_SEED, MAX_THREADS
+
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise QkvError(f"--seed must be in [0, 2**63 - 1], got {seed}")
+    if not 0 <= threads <= MAX_THREADS:
+        raise QkvError(f"--threads must be in [0, {MAX_THREADS}] (0: torch's default), got {threads}")
+    for name, value in floats.items():
+        if not math.isfinite(value):
+            raise QkvError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
 
 def load_translator(args: argparse.Namespace):
@@ -477,7 +515,7 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     preds = model.probabilities(data.texts).argmax(dim=-1).tolist()
     matrix = confusion_matrix(golds, preds, len(model.labels))
     if args.output:
-        Path(args.output).write_text("".join(model.labels[p] + "\n" for p in preds), encoding="utf-8")
+        write_lines(args.output, [model.labels[p] for p in preds])
     print(f"{args.test}: {len(golds)} examples")
     print(f"accuracy {accuracy(golds, preds):.4f}")
     print(f"macro-F1 {macro_f1(matrix):.4f}  (per class: "
@@ -485,6 +523,20 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     print("confusion matrix (rows: true label, columns: predicted):")
     print(format_confusion(matrix, model.labels))
     return 0
+
+
+def truncation_warning(command: str, args: argparse.Namespace, lines: list[int], done: str):
+    """A handler for the inputs a model cuts to its length (``lines``: the 1-based line number of
+    each input passed): one warning on stderr naming the file and lines, and the length kept."""
+    source = "<arguments>" if args.text else args.input if args.input and args.input != "-" else "<stdin>"
+
+    def warn(indices: list[int], kept: int) -> None:
+        numbers = [lines[i] for i in indices]
+        where = f"{source}:{numbers[0]}" if len(numbers) == 1 else f"{source}: lines " + ", ".join(
+            map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+        log(f"qkv {command}: warning: {where}: longer than the {kept} tokens the model reads; "
+            f"{done} from the first {kept}")
+    return warn
 
 
 def read_inputs(args: argparse.Namespace) -> list[str]:
@@ -513,13 +565,15 @@ def load_encoder(path: str, needs: str):
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
+    check_output(args.output, input=args.input)
     model = load_encoder(args.model, "classify")
     lines = read_inputs(args)
     with output_stream(args.output) as out_fh:
         for start in range(0, len(lines), 512):  # a chunk at a time: output streams on long inputs
             chunk = lines[start:start + 512]
             keep = [i for i, line in enumerate(chunk) if line.strip()]
-            rows = dict(zip(keep, model.probabilities([chunk[i] for i in keep]))) if keep else {}
+            warn = truncation_warning("classify", args, [start + i + 1 for i in keep], "classified")
+            rows = dict(zip(keep, model.probabilities([chunk[i] for i in keep], on_truncate=warn))) if keep else {}
             for i in range(len(chunk)):
                 if i not in rows:
                     out_fh.write("\n")  # an empty input line stays an empty output line
@@ -550,16 +604,18 @@ def cmd_embed(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.suffix not in (".npy", ".tsv"):
         raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
+    check_output(args.output, input=args.input)
     model = load_encoder(args.model, "encoder")
     lines = read_lines(args.input)
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             raise QkvError(f"{args.input}:{i}: empty line (every line is one text to embed)")
     vectors = model.embed(lines, args.pooling).numpy()
-    if out.suffix == ".npy":
-        np.save(out, vectors)
-    else:
-        out.write_text("".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in vectors), encoding="utf-8")
+    with atomic_output(out, binary=out.suffix == ".npy") as fh:
+        if out.suffix == ".npy":
+            np.save(fh, vectors)
+        else:
+            fh.write("".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in vectors))
     pooling = args.pooling or "the model's"
     log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings ({pooling} pooling) to {out}")
     return 0
@@ -770,7 +826,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("model", help="checkpoint directory, e.g. runs/default/best")
     tr.add_argument("text", nargs="*", help="sentences to translate (else --input or stdin)")
     tr.add_argument("--input", "-i", help="file to translate, plain or gzip ('-' = stdin)")
-    tr.add_argument("--output", "-o", help="write translations here instead of stdout")
+    tr.add_argument("--output", "-o", help="write translations here instead of stdout (all or nothing: the file is "
+                                           "replaced only when every line is translated)")
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
     tr.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
@@ -876,7 +933,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "training with --keep-last N).")
     a.add_argument("inputs", nargs="+", help="checkpoint directories, or one run directory with --last")
     a.add_argument("--last", type=int, help="average the newest N step_N/ checkpoints of the run directory")
-    a.add_argument("--out", required=True, help="where to write the averaged checkpoint")
+    a.add_argument("--out", required=True, help="where to write the averaged checkpoint: a new directory, not one "
+                                                "of the checkpoints averaged nor the run's last/, best/, step_N/")
     a.set_defaults(func=cmd_average)
 
     i = sub.add_parser("info", help="parameter count and training FLOPs",
@@ -933,6 +991,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    check_option_bounds(threads=args.threads, seed=getattr(args, "seed", None))
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.what == "layers":
@@ -1039,6 +1098,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # e.g. `qkv translate ... | head`
         return 0
+    except OSError as e:  # the last resort: a file the command did not expect to fail (disk full, ...)
+        print(f"qkv {args.command}: error: {os_error_message(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

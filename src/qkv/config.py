@@ -11,6 +11,7 @@ checked by ``validate()``, which names the field at fault in a :class:`~qkv.erro
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -34,6 +35,11 @@ ARCHS = ("transformer",) + RNN_ARCHS
 ATTENTION_SCORES = ("none", "dot", "scaled_dot", "general", "additive", "cosine", "location")
 SCHEDULES = ("noam", "constant", "inverse_sqrt")
 DEFAULT_LR = 1e-3  # the rate of the constant and inverse_sqrt schedules when TrainConfig.lr = 0
+# Bounds beyond which torch fails outright: a position table of 10**9 rows exhausts memory; thousands
+# of OpenMP threads fail to start (about 31,000 segfaulted a 2-core machine, at its memory-map limit).
+MAX_POSITIONS = 65536
+MAX_THREADS = 1024
+MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; the trainer adds 1_000_003 * rank + step to the seed
 
 
 def _check(cond: bool, field: str, msg: str) -> None:
@@ -75,6 +81,11 @@ class ModelConfig:
         return self.arch in RNN_ARCHS
 
     def validate(self) -> "ModelConfig":
+        for f in fields(self):  # inf and nan pass every comparison below, or fail it obscurely
+            v = getattr(self, f.name)
+            _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
+        _check(self.max_positions <= MAX_POSITIONS, "max_positions",
+               f"must be at most {MAX_POSITIONS}, got {self.max_positions}")
         _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}; choose one of {', '.join(ARCHS)}")
         _check(self.task in TASKS, "task", f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         _check(self.pooling in POOLINGS, "pooling", f"must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
@@ -172,6 +183,12 @@ class TrainConfig:
     fused_loss: bool = True  # output projection + loss chunk by chunk, never making the (tokens, V) logits
 
     def validate(self) -> "TrainConfig":
+        for f in fields(self):  # inf and nan pass every comparison below, or fail it obscurely
+            v = getattr(self, f.name)
+            _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
+        _check(0 <= self.seed <= MAX_SEED, "seed", f"must be in [0, 2**63 - 1], got {self.seed}")
+        _check(self.threads <= MAX_THREADS, "threads", f"must be at most {MAX_THREADS} (0: torch's default), "
+               f"got {self.threads}")
         _check(self.tokenizer in ("bpe", "unigram", "char"), "tokenizer", "must be bpe, unigram or char")
         for name in ("vocab_size", "max_len", "max_tokens", "warmup_steps", "update_freq", "max_steps", "eval_every"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
@@ -220,10 +237,14 @@ class DecodeConfig:
     batch_size: int = 64  # sentences per decoding batch
 
     def validate(self) -> "DecodeConfig":
+        for f in fields(self):  # inf and nan pass every comparison below, or fail it obscurely
+            v = getattr(self, f.name)
+            _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
         _check(self.beam_size >= 1, "beam_size", "must be >= 1")
         _check(self.length_penalty >= 0, "length_penalty", "must be >= 0")
         _check(self.length_norm in ("gnmt", "length"), "length_norm", f"must be gnmt or length, got {self.length_norm!r}")
-        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "max_len_b", "must be >= 0")
+        _check(self.max_len_a >= 0, "max_len_a", "must be >= 0")
+        _check(self.max_len_b >= 0, "max_len_b", "must be >= 0")
         _check(self.min_len >= 0, "min_len", "must be >= 0")
         _check(1 <= self.nbest <= self.beam_size, "nbest", f"must be in [1, beam_size={self.beam_size}]")
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")

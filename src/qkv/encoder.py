@@ -16,6 +16,8 @@ the valid positions; :meth:`Encoder.search` ranks a corpus by cosine similarity 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -24,6 +26,8 @@ from qkv.data.labelled import clean_text
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.tasks.classify import encoder_input, truncate
+
+TruncationHandler = Callable[[list[int], int], None]  # (indices of the texts cut, tokens kept of each)
 
 
 class Encoder:
@@ -45,15 +49,19 @@ class Encoder:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _ids(self, texts: list[str]) -> list[list[int]]:
+    def _ids(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
+        """Token lists cut to ``max_len``; ``on_truncate(indices, max_len)`` hears which were cut."""
         if isinstance(texts, str):
             raise TypeError("pass a list of texts, not a single string")
         cleaned = [clean_text(t) for t in texts]
         for i, t in enumerate(cleaned):
             if not t:
                 raise QkvError(f"text {i + 1} is empty")
-        ids, _ = truncate(self.tokenizers.src.encode(cleaned), self.max_len)
-        return ids
+        ids = self.tokenizers.src.encode(cleaned)
+        cut = [i for i, row in enumerate(ids) if len(row) > self.max_len]
+        if cut and on_truncate is not None:
+            on_truncate(cut, self.max_len)
+        return truncate(ids, self.max_len)[0]
 
     def _batches(self, ids: list[list[int]]):
         """(indices, (B, T) tokens on the device), similar lengths together."""
@@ -79,12 +87,14 @@ class Encoder:
     # --- classify --------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def probabilities(self, texts: list[str]) -> torch.Tensor:
-        """``(N, C)`` class probabilities, columns in the order of :attr:`labels`."""
+    def probabilities(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> torch.Tensor:
+        """``(N, C)`` class probabilities, columns in the order of :attr:`labels`. A text longer than
+        ``max_len`` tokens is classified by its head, as in training; ``on_truncate(indices, max_len)``
+        hears which texts (0-based) were cut."""
         if self.task != "classify":
             raise QkvError(f"this is a {self.task!r} model, not a classifier (train one with --task classify)")
         self.model.eval()
-        ids = self._ids(texts)
+        ids = self._ids(texts, on_truncate)
         out = torch.zeros(len(ids), len(self.labels))
         for idx, tokens in self._batches(ids):
             out[idx] = torch.softmax(self.model(tokens).float(), dim=-1).cpu()  # (B, C)

@@ -188,13 +188,20 @@ def _translation_data(translator, source: str, target: str | None) -> dict[str, 
     model, tokenizers, device = translator.model, translator.tokenizers, translator.device
     src_ids = tokenizers.src.encode([source])[0]
     src = collate([src_ids], None).src.to(device)  # (1, S): pieces + EOS
+    limit, steps = model.max_source_len(), model.max_steps(torch.tensor([src.size(1)]))
+    if limit is not None and src.size(1) > limit:
+        raise QkvError(f"the source is {src.size(1)} tokens (with EOS); this model reads at most {limit}")
     if target is None:
         cfg = translator.decode_cfg
-        budget = max_output_len(torch.tensor([len(src_ids) + 1]), cfg.max_len_a, cfg.max_len_b)
+        budget = max_output_len(torch.tensor([src.size(1)]), cfg.max_len_a, cfg.max_len_b,
+                                None if steps is None else torch.as_tensor(steps) - 1)
         tgt_ids = greedy(model, src, budget.to(device), cfg.min_len)[0]
         target_text, target_from = tokenizers.tgt.decode([tgt_ids])[0], "greedy"
     else:
         tgt_ids, target_text, target_from = tokenizers.tgt.encode([target])[0], target, "given"
+        if steps is not None and len(tgt_ids) + 1 > int(steps):
+            raise QkvError(f"the target is {len(tgt_ids) + 1} tokens (with BOS); this model's decoder reads at "
+                           f"most {int(steps)}")
     texts = {"source": source, "target": target_text, "target_from": target_from}
     if model.cfg.task == "prefix_lm":
         from qkv.tasks.prefix_lm import prefix_lm_example

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -217,16 +217,26 @@ class TokenizerPair:
             self.tgt.save(d / self.TGT_FILE)
 
     @classmethod
-    def load(cls, directory: str | Path) -> "TokenizerPair":
-        """Read whichever layout :meth:`save` wrote into ``directory``."""
+    def load(cls, directory: str | Path, files: Collection[str] | None = None) -> "TokenizerPair":
+        """Read whichever layout :meth:`save` wrote into ``directory``. ``files``: the names a
+        checkpoint's manifest lists; only those count (a model file copied in beside them is not
+        part of the checkpoint and is never read). None: whatever the directory holds."""
         d = Path(directory)
-        if (d / cls.JOINT_FILE).is_file():
+
+        def present(name: str) -> bool:
+            return (d / name).is_file() and (files is None or name in files)
+
+        if present(cls.JOINT_FILE):
             shared = Tokenizer.from_file(d / cls.JOINT_FILE)
             return cls(shared, shared)
-        if (d / cls.SRC_FILE).is_file() or (d / cls.TGT_FILE).is_file():
+        if present(cls.SRC_FILE) and present(cls.TGT_FILE):
             return cls(Tokenizer.from_file(d / cls.SRC_FILE), Tokenizer.from_file(d / cls.TGT_FILE))
+        if files is None and (present(cls.SRC_FILE) or present(cls.TGT_FILE)):
+            missing = cls.TGT_FILE if present(cls.SRC_FILE) else cls.SRC_FILE
+            raise QkvError(f"tokenizer model not found: {d / missing}")
         raise QkvError(
-            f"{d}: no tokenizer found (expected {cls.JOINT_FILE}, or {cls.SRC_FILE} and {cls.TGT_FILE})"
+            f"{d}: no tokenizer found (expected {cls.JOINT_FILE}, or {cls.SRC_FILE} and {cls.TGT_FILE}"
+            + (", listed in its manifest)" if files is not None else ")")
         )
 
     @classmethod

@@ -4,9 +4,15 @@ A model offers ``start(src) -> state`` and ``step(tokens, state) -> (logits, sta
 the state offers ``reorder(indices)``; both decoders work for any such model. A state may also
 offer ``expand_beams(k)`` (``k`` rows per sentence that share its source side, kept once per
 sentence); beam search uses it when present, else ``k`` copies of each row by ``reorder``.
+
+A model also states its limits: ``max_source_len()``, the longest source row ``start`` reads, and
+``max_steps(src_lengths)``, how many ``step`` calls a state takes (None: no limit; learned
+positions end at ``max_positions``). :func:`max_output_len` caps every budget at
+``MAX_OUTPUT_LEN`` and, given ``limit``, at what the model can take; the front-ends
+(:class:`qkv.api.Translator`, the language model) pass it.
 """
 
 from qkv.decoding.beam_search import Hypothesis, beam_search, length_penalty
-from qkv.decoding.greedy import greedy, max_output_len
+from qkv.decoding.greedy import MAX_OUTPUT_LEN, greedy, max_output_len
 
-__all__ = ["greedy", "beam_search", "Hypothesis", "length_penalty", "max_output_len"]
+__all__ = ["greedy", "beam_search", "Hypothesis", "length_penalty", "max_output_len", "MAX_OUTPUT_LEN"]

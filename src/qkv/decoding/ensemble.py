@@ -65,6 +65,16 @@ class Ensemble(nn.Module):
     def start(self, src: Tensor) -> EnsembleState:
         return EnsembleState([m.start(src) for m in self.members], src.size(0), src.device)
 
+    def max_source_len(self) -> int | None:
+        """The longest source every member reads (None: any length)."""
+        limits = [m.max_source_len() for m in self.members]
+        return min((n for n in limits if n is not None), default=None)
+
+    def max_steps(self, src_lengths: Tensor) -> Tensor | None:
+        """The steps every member takes, per row (None: no limit)."""
+        limits = [torch.as_tensor(n) for m in self.members if (n := m.max_steps(src_lengths)) is not None]
+        return torch.stack(torch.broadcast_tensors(*limits)).amin(dim=0) if limits else None
+
     def step(self, tokens: Tensor, state: EnsembleState) -> tuple[Tensor, EnsembleState]:
         logps, states = [], []
         for m, s in zip(self.members, state.states):

@@ -51,14 +51,24 @@ class IncrementalDecoder(Protocol):
         ...
 
 
-def max_output_len(src_lengths: Tensor, a: float, b: int) -> Tensor:
-    """Per-sentence output budget ``floor(a * |x| + b)`` (the paper: ``|x| + 50``, a=1, b=50).
+MAX_OUTPUT_LEN = 1024  # tokens: the absolute cap on a decoding budget, whatever a and b say
+
+
+def max_output_len(src_lengths: Tensor, a: float, b: int, limit: Tensor | int | None = None) -> Tensor:
+    """Per-sentence output budget ``min(floor(a * |x| + b), MAX_OUTPUT_LEN, limit)`` (the paper:
+    ``|x| + 50``, a=1, b=50).
 
     ``src_lengths`` is a LongTensor (B,) of source lengths in tokens (the caller chooses what
-    it counts, e.g. the non-PAD tokens of ``src``). Returns a LongTensor (B,) for ``max_len``.
+    it counts, e.g. the non-PAD tokens of ``src``). ``limit`` (an int or a LongTensor (B,)) is
+    what the model can emit at all: what its learned position table leaves (``model.max_steps``
+    less the step that emits EOS). Returns a LongTensor (B,) for ``max_len``.
     """
     src_lengths = torch.as_tensor(src_lengths)
-    return torch.floor(a * src_lengths.double() + b).clamp(min=0).long()
+    # in float64 and capped before the cast: a huge a or b (1e300, 10**30) cannot overflow
+    budget = torch.floor(float(a) * src_lengths.double() + float(b)).clamp(0, MAX_OUTPUT_LEN).long()
+    if limit is not None:
+        budget = torch.minimum(budget, torch.as_tensor(limit, device=budget.device).clamp(min=0))
+    return budget
 
 
 def log_probs(logits: Tensor) -> Tensor:

@@ -189,6 +189,21 @@ class DecoderOnlyTransformer(nn.Module):
             kv.append(cache)
         return DecoderOnlyState(kv, real, real.sum(dim=1))
 
+    def max_source_len(self) -> int | None:
+        """The longest prefix row :meth:`start` should read, None with sinusoidal positions (any
+        length). With learned positions a language model may fill all but one (for a :meth:`step`);
+        a prefix LM keeps half of them for the target, after the source and the separator."""
+        if self.cfg.positional != "learned":
+            return None
+        return self.cfg.max_positions - 1 if self.sep_id is None else (self.cfg.max_positions - 1) // 2
+
+    def max_steps(self, src_lengths: torch.Tensor) -> torch.Tensor | int | None:
+        """How many :meth:`step` calls the state of ``start(prefix)`` takes, per row: the learned
+        positions the prefix (``src_lengths`` real tokens, then the separator) leaves; None: no limit."""
+        if self.cfg.positional != "learned":
+            return None
+        return self.cfg.max_positions - torch.as_tensor(src_lengths) - int(self.sep_id is not None)
+
     def step(self, tokens: torch.Tensor, state: DecoderOnlyState) -> tuple[torch.Tensor, DecoderOnlyState]:
         """Feed one token per row ``(B,)`` -> next-token logits ``(B, V)`` and the grown state."""
         x = self._embed(tokens[:, None], state.positions[:, None])  # (B, 1, d)

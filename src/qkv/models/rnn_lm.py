@@ -72,6 +72,14 @@ class RNNLanguageModel(nn.Module):
         c = None if final.c is None else torch.where(empty, state.c, final.c)
         return RNNState(h, c)
 
+    def max_source_len(self) -> None:
+        """A recurrent model reads prefixes of any length."""
+        return None
+
+    def max_steps(self, src_lengths: torch.Tensor) -> None:
+        """A recurrent model steps on without limit."""
+        return None
+
     def step(self, tokens: torch.Tensor, state: RNNState) -> tuple[torch.Tensor, RNNState]:
         """Feed one token per row ``(B,)`` -> next-token logits ``(B, V)`` and the new state."""
         logits, state = self(tokens[:, None], state)

@@ -213,6 +213,15 @@ class RNNSeq2Seq(nn.Module):
         h_tilde, new, a = self._attend_step(tokens, state)
         return self._logits(h_tilde)[:, 0], new, a
 
+    def max_source_len(self) -> int | None:
+        """The longest ``src`` row (EOS included) :meth:`start` reads: location-based attention has a
+        weight row per source position, ``max_positions`` of them; any length otherwise (None)."""
+        return self.cfg.max_positions if self.cfg.attention == "location" else None
+
+    def max_steps(self, src_lengths: Tensor) -> None:
+        """A recurrent decoder steps on without limit."""
+        return None
+
     def step(self, tokens: Tensor, state: RNNSeq2SeqState) -> tuple[Tensor, RNNSeq2SeqState]:
         """One decoding step: the last tokens ``(B,)`` -> next-token logits ``(B, V)``."""
         logits, state, _ = self._step(tokens, state)

@@ -176,6 +176,16 @@ class Transformer(nn.Module):
         self_kv = [KVCache(empty, empty) for _ in self.decoder_layers]
         return TransformerState(mask, cross, self_kv, 0)
 
+    def max_source_len(self) -> int | None:
+        """The longest ``src`` row (EOS included) :meth:`start` reads: ``max_positions`` with learned
+        positions; None (any length) with sinusoidal ones, whose table grows."""
+        return self.cfg.max_positions if self.cfg.positional == "learned" else None
+
+    def max_steps(self, src_lengths: torch.Tensor) -> torch.Tensor | int | None:
+        """How many :meth:`step` calls the state of ``start(src)`` takes (a position each, from 0):
+        ``max_positions`` with learned positions, whatever the source; None: no limit."""
+        return self.cfg.max_positions if self.cfg.positional == "learned" else None
+
     def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
         """One decoding step: the last tokens ``(B,)`` -> next-token logits ``(B, V)``
         (``B = N * state.beam`` rows for ``N`` sentences)."""

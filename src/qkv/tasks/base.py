@@ -10,7 +10,7 @@ import torch
 
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig
 from qkv.data.tokenizer import TokenizerPair
-from qkv.errors import QkvError
+from qkv.errors import ConfigError, QkvError
 from qkv.training.distributed import unwrap
 from qkv.training.loss import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
 
@@ -69,7 +69,7 @@ class Task:
 
     def train_tokenizers(self, train_data, train_cfg: TrainConfig) -> TokenizerPair:
         if train_cfg.init_from:  # the start checkpoint's own vocabulary: its embeddings index it
-            return TokenizerPair.load(train_cfg.init_from)
+            return checkpoint_tokenizers(train_cfg.init_from)
         texts = self.training_texts(train_data)
         return TokenizerPair.train(texts, texts, train_cfg.vocab_size, train_cfg.tokenizer, True, specials=self.specials)
 
@@ -77,6 +77,19 @@ class Task:
         v = tokenizers.src.vocab_size
         return replace(model_cfg, src_vocab_size=v, tgt_vocab_size=tokenizers.tgt.vocab_size,
                        share_embeddings=model_cfg.share_embeddings and tokenizers.joint)
+
+    def positions_needed(self, train_cfg: TrainConfig) -> int:
+        """The longest sequence one training example puts through the model, in positions: a
+        ``max_len`` text (or side) and the special token this task adds to it (EOS after a source,
+        BOS before a target, ``<cls>`` before a text)."""
+        return train_cfg.max_len + 1
+
+    def check_positions(self, model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
+        """Learned positions end at ``max_positions``, which must cover :meth:`positions_needed`
+        (sinusoidal ones and recurrent models have no such end)."""
+        if model_cfg.positional == "learned" and not model_cfg.is_recurrent:
+            require_positions(model_cfg, train_cfg, self.positions_needed(train_cfg),
+                              f"learned positions end at max_positions={model_cfg.max_positions}")
 
     def state(self) -> dict[str, Any]:
         return {}
@@ -115,19 +128,32 @@ def token_loss(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, tra
     return label_smoothed_nll_loss(module(*inputs), target, train_cfg.label_smoothing)
 
 
+def require_positions(model_cfg: ModelConfig, train_cfg: TrainConfig, need: int, why: str) -> None:
+    """A ConfigError naming max_positions and max_len when ``max_positions < need``."""
+    if model_cfg.max_positions < need:
+        raise ConfigError(f"invalid config field 'max_positions': {why}, but a {model_cfg.task} example of "
+                          f"max_len={train_cfg.max_len} tokens takes {need} positions: set max_positions to at "
+                          f"least {need}, or lower max_len")
+
+
 # --- starting from another checkpoint ------------------------------------------------------------------
 
 ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "positional",
                "max_positions", "norm_first", "share_embeddings", "tie_output")
 
 
+def checkpoint_tokenizers(path: str | Path) -> TokenizerPair:
+    """The tokenizer of the checkpoint at ``path``: the model files its manifest lists, no other."""
+    from qkv.training.checkpoint import listed_files
+
+    return TokenizerPair.load(path, listed_files(path))
+
+
 def init_model_config(model_cfg: ModelConfig, path: str | Path, log: Callable[[str], None]) -> ModelConfig:
     """The architecture of the checkpoint at ``path`` (its weights must fit), this run's task and the rest."""
-    from qkv.config import from_dict
-    from qkv.training.checkpoint import read_checkpoint
+    from qkv.training.checkpoint import read_checkpoint, read_config
 
-    ckpt = read_checkpoint(Path(path))
-    saved = from_dict(ModelConfig, ckpt.config["model"], f"{path}/config.json")
+    saved = read_config(read_checkpoint(Path(path)), "model")
     changed = {k: getattr(saved, k) for k in ARCH_FIELDS if getattr(saved, k) != getattr(model_cfg, k)}
     if changed:
         log(f"init_from {path}: its architecture wins over this run's: "

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -146,6 +147,10 @@ class LmTask(Task):
                            "batches: run it in one process (not under torchrun)")
         return super().model_config(model_cfg, tokenizers)
 
+    def positions_needed(self, train_cfg: TrainConfig) -> int:
+        """A window of max_len tokens, no specials added."""
+        return train_cfg.max_len
+
     def encode(self, data: TextData, tokenizers: TokenizerPair, train_cfg: TrainConfig, log, train: bool) -> StreamSplit:
         self.window = train_cfg.max_len  # the Transformer's context and the RNN's bptt, in training and validation
         stream = token_stream(data.texts, tokenizers.tgt.encode)
@@ -215,6 +220,23 @@ class LanguageModel:
         lines = prefix.split("\n")
         return token_stream(lines[:-1], self.tokenizer.encode) + self.tokenizer.encode([lines[-1]])[0]
 
+    def fit_positions(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], int]:
+        """A learned position table ends at ``max_positions``: a prompt longer than the model reads
+        keeps its last half-table of tokens, and generation stops where the table ends; a warning
+        says which. Unchanged for sinusoidal positions and recurrent models."""
+        limit = self.model.max_source_len()
+        if limit is None:
+            return ids, max_new_tokens
+        if len(ids) - 1 > limit:  # sample() starts on all but the last prompt token
+            warnings.warn(f"the prompt is {len(ids)} tokens, more than the model reads: continuing its last "
+                          f"{limit // 2 + 1} tokens", stacklevel=3)
+            ids = ids[-(limit // 2 + 1):]
+        room = int(self.model.max_steps(torch.tensor(max(len(ids) - 1, 0))))
+        if max_new_tokens > room:
+            warnings.warn(f"the model's learned positions end at max_positions={self.model.cfg.max_positions}: "
+                          f"generating {room} tokens, not {max_new_tokens}", stacklevel=3)
+        return ids, min(max_new_tokens, room)
+
     def generate(self, prefix: str, max_new_tokens: int = 200, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
         """Continue ``prefix``; yields the text as it is produced (EOS is a line break). The
@@ -223,7 +245,7 @@ class LanguageModel:
         model rarely saw in that place."""
         from qkv.decoding.sampling import sample
 
-        ids = self.prompt_ids(prefix)
+        ids, max_new_tokens = self.fit_positions(self.prompt_ids(prefix), max_new_tokens)
         lines = prefix.split("\n")
         line = self.tokenizer.encode([lines[-1]])[0]  # the tokens of the line being written
         shown = self.tokenizer.decode([line])[0]

@@ -27,7 +27,7 @@ from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.tasks.lm import LMBatch
 from qkv.tasks.translate import ParallelData, TranslateTask
-from qkv.tasks.base import token_loss
+from qkv.tasks.base import checkpoint_tokenizers, token_loss
 
 
 def prefix_lm_example(src: list[int], tgt: list[int]) -> tuple[list[int], list[int]]:
@@ -74,7 +74,7 @@ class PrefixLmTask(TranslateTask):
 
     def train_tokenizers(self, train_data: ParallelData, train_cfg: TrainConfig) -> TokenizerPair:
         if train_cfg.init_from:
-            return TokenizerPair.load(train_cfg.init_from)
+            return checkpoint_tokenizers(train_cfg.init_from)
         # one vocabulary: source and target tokens share the one embedding of the one stack
         return TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size, train_cfg.tokenizer,
                                    True, specials=True)
@@ -84,6 +84,10 @@ class PrefixLmTask(TranslateTask):
             raise QkvError(f"invalid config field 'arch': the prefix LM is a decoder-only Transformer, "
                            f"got {model_cfg.arch!r}")
         return super().model_config(model_cfg, tokenizers)
+
+    def positions_needed(self, train_cfg: TrainConfig) -> int:
+        """``src EOS <sep> BOS tgt``: two sides of up to max_len tokens and three specials."""
+        return 2 * train_cfg.max_len + 3
 
     def encode(self, data: ParallelData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> PrefixLMSplit:
         pairs = super().encode(data, tokenizers, train_cfg, log, train)  # over-long training pairs skipped

@@ -19,7 +19,7 @@ from qkv.data.corpus import CorpusReport, filter_by_length, read_parallel
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.metrics import bleu, chrf, exact_match
-from qkv.tasks.base import DataPaths, Task, token_loss
+from qkv.tasks.base import DataPaths, Task, checkpoint_tokenizers, require_positions, token_loss
 
 
 @dataclass
@@ -101,9 +101,16 @@ class TranslateTask(Task):
 
     def train_tokenizers(self, train_data: ParallelData, train_cfg: TrainConfig) -> TokenizerPair:
         if train_cfg.init_from:
-            return TokenizerPair.load(train_cfg.init_from)
+            return checkpoint_tokenizers(train_cfg.init_from)
         return TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size, train_cfg.tokenizer,
                                    train_cfg.joint_vocab)
+
+    def check_positions(self, model_cfg, train_cfg: TrainConfig) -> None:
+        """Learned positions, and recurrent location-based attention (a weight row per source position)."""
+        super().check_positions(model_cfg, train_cfg)
+        if model_cfg.is_recurrent and model_cfg.attention == "location":
+            require_positions(model_cfg, train_cfg, self.positions_needed(train_cfg),
+                              f"location-based attention covers max_positions={model_cfg.max_positions} source positions")
 
     def encode(self, data: ParallelData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> EncodedSplit:
         split = encode_split(data, tokenizers, train_cfg.max_len if train else None, log)

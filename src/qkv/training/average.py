@@ -11,15 +11,16 @@ checkpoint directory (without trainer state: it is for decoding, not for resumin
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 
-from qkv.config import ModelConfig, from_dict
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import CheckpointError
 from qkv.models import build_model
-from qkv.training.checkpoint import Checkpoint, list_checkpoints, load_into, read_checkpoint, save_checkpoint
+from qkv.training.checkpoint import (Checkpoint, list_checkpoints, load_into, read_checkpoint, read_config,
+                                     save_checkpoint)
 
 
 def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]], names: list[str]) -> dict[str, torch.Tensor]:
@@ -61,31 +62,44 @@ def resolve_inputs(inputs: list[str | Path], last: int | None) -> list[Path]:
     return paths
 
 
-def _model_config(ckpt):
-    from qkv.config import ModelConfig, from_dict
+def _run_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is named as a run's own checkpoint: ``last``, ``best`` or ``step_N``."""
+    return path.name in ("last", "best") or re.fullmatch(r"step_\d+", path.name) is not None
 
-    raw = ckpt.config.get("model")
-    try:
-        return from_dict(ModelConfig, raw, f"{ckpt.path}/config.json")
-    except Exception:  # unreadable: compare the raw dicts (read_checkpoint has checked the files)
-        return raw
+
+def check_out(inputs: list[str | Path], used: list[Path], out: str | Path, last: int | None) -> None:
+    """Refuse an ``out`` that would overwrite what is being averaged: an input, a path inside one
+    of the checkpoints, or a checkpoint of the run being averaged (``RUN/last``, ``RUN/best``,
+    ``RUN/step_N``), which training and resuming rely on. A new name inside the run directory
+    (``RUN/avg10``) is fine."""
+    target = Path(out).resolve()
+    runs = {Path(p).resolve() for p in inputs} if last is not None else set()
+    runs |= {p.resolve().parent for p in used if _run_checkpoint(p.resolve())}
+    if target.parent in runs and _run_checkpoint(target):
+        raise CheckpointError(f"--out {out} is a checkpoint of the run being averaged ({target.parent}): "
+                              "write the average to a new directory, e.g. RUN/avgN")
+    for p in [*map(Path, inputs), *used]:
+        r = p.resolve()
+        if target == r or (r in target.parents and r not in runs):
+            where = "is" if target == r else "is inside"
+            raise CheckpointError(f"--out {out} {where} {p}, which is being averaged: "
+                                  "write the average to a new directory")
 
 
 def average_checkpoints(inputs: list[str | Path], out: str | Path, last: int | None = None) -> list[Path]:
     """Average the checkpoints and write the result to ``out``; returns the checkpoints used."""
     paths = resolve_inputs(inputs, last)
+    check_out(inputs, paths, out, last)
     ckpts = [read_checkpoint(p) for p in paths]
     # compared as ModelConfig, so that a field added by a later version (at its default) is no difference
-    model_cfgs = [_model_config(c) for c in ckpts]
+    model_cfgs = [read_config(c, "model") for c in ckpts]
     for c, cfg in zip(ckpts[1:], model_cfgs[1:]):
         if cfg != model_cfgs[0]:
             raise CheckpointError(f"{c.path}: model config differs from {paths[0]}: not the same architecture")
     averaged = average_state_dicts([c.state_dict for c in ckpts], [str(p) for p in paths])
-    cfg = model_cfgs[0] if isinstance(model_cfgs[0], ModelConfig) else from_dict(ModelConfig, model_cfgs[0],
-                                                                                 f"{paths[0]}/config.json")
-    model = build_model(cfg)
+    model = build_model(model_cfgs[0])
     load_into(model, Checkpoint(paths[0], ckpts[0].config, averaged))
-    tokenizers = TokenizerPair.load(paths[-1])
+    tokenizers = TokenizerPair.load(paths[-1], ckpts[-1].files)
     config = dict(ckpts[-1].config)
     config["averaged_from"] = [str(p) for p in paths]
     save_checkpoint(Path(out), model, config, write_extra=tokenizers.save)

@@ -52,6 +52,7 @@ class Checkpoint:
     state_dict: dict[str, torch.Tensor]  # complete: tied names point to the same tensor
     trainer_state: dict[str, Any] | None = None
     qkv_version: str = "unknown"
+    files: tuple[str, ...] = ()  # what its manifest lists: files beside these are not part of it
 
 
 def _qkv_version() -> str:
@@ -261,7 +262,7 @@ def read_checkpoint(path: str | os.PathLike, need_trainer_state: bool = False) -
     naming the path and the file, for anything missing, corrupt or unreadable.
     """
     path = Path(path)
-    _verify(path)
+    files = tuple(_verify(path))
     try:
         config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -281,16 +282,46 @@ def read_checkpoint(path: str | os.PathLike, need_trainer_state: bool = False) -
             trainer_state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
         except Exception as e:  # unpickling errors come in many types
             raise CheckpointError(f"corrupt checkpoint {path}: cannot read {TRAINER_STATE}: {e}") from None
-    return Checkpoint(path, config, state_dict, trainer_state, version)
+    return Checkpoint(path, config, state_dict, trainer_state, version, files)
 
 
-def _verify(path: Path) -> None:
+def listed_files(path: str | os.PathLike) -> list[str]:
+    """The files of the checkpoint at ``path``, as its manifest lists them (after checking each
+    against its size and checksum); whatever else lies in the directory is not part of it."""
+    return _verify(Path(path))
+
+
+def read_config(ckpt: Checkpoint, section: str):
+    """The ``section`` of a checkpoint's config.json as its config class: "model" ->
+    :class:`~qkv.config.ModelConfig`, "train" -> ``TrainConfig``, "decode" -> ``DecodeConfig``
+    (not yet validated). Every reader of a checkpoint's settings goes through here, so a section
+    that is missing, not a JSON object, or has unknown or mistyped fields is a CheckpointError
+    naming the file and the section."""
+    from qkv.config import DecodeConfig, ModelConfig, TrainConfig, from_dict
+    from qkv.errors import QkvError
+
+    cls = {"model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig}[section]
+    source = str(ckpt.path / CONFIG)
+    raw = ckpt.config.get(section)
+    if raw is None:
+        raise CheckpointError(f"corrupt checkpoint {ckpt.path}: {CONFIG} has no '{section}' section")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"corrupt checkpoint {ckpt.path}: the '{section}' section of {CONFIG} must be a JSON "
+                              f"object of settings, got {type(raw).__name__} {str(raw)[:40]}")
+    try:
+        return from_dict(cls, raw, f"{source} [{section}]")
+    except QkvError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _verify(path: Path) -> list[str]:
+    """Check every file the manifest lists (present, size, sha256); return their names."""
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
     if not path.is_dir():
         raise CheckpointError(f"not a checkpoint directory: {path}")
     if not (path / MANIFEST).is_file():
-        raise CheckpointError(f"incomplete checkpoint {path} (no {MANIFEST}): was the save interrupted?")
+        raise CheckpointError(_no_manifest(path))
     try:
         files = json.loads((path / MANIFEST).read_text(encoding="utf-8"))["files"]
         entries = [(name, int(e["size"]), str(e["sha256"])) for name, e in files.items()]
@@ -308,6 +339,19 @@ def _verify(path: Path) -> None:
             raise CheckpointError(f"incomplete checkpoint {path}: {name} is missing")
         if f.stat().st_size != size or _sha256(f) != sha256:
             raise CheckpointError(f"corrupt checkpoint {path}: {name} does not match its checksum")
+    return [name for name, _, _ in entries]
+
+
+def _no_manifest(path: Path) -> str:
+    """Why ``path`` (a directory without a manifest) is no checkpoint: a run directory (the --out of
+    training) points to its checkpoints; anything else is a checkpoint whose save was cut short."""
+    subdirs = [path / "best", path / "last", *list_checkpoints(path)[::-1]]
+    if not any(d.is_dir() for d in subdirs) and not (path / "metrics.jsonl").is_file():
+        return f"incomplete checkpoint {path} (no {MANIFEST}): was the save interrupted?"
+    found = [d for d in subdirs if (d / MANIFEST).is_file()]
+    if not found:
+        return f"{path} is a run directory that holds no checkpoint yet (no complete best/, last/ or step_N/)"
+    return f"{path} is a run directory, not a checkpoint: give one of its checkpoints, e.g. {found[0]}"
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -151,6 +151,7 @@ class Trainer:
         self.train_cfg, self.decode_cfg = train_cfg, decode_cfg
         self.task = task or get_task(model_cfg.task)
         self.model_cfg = self.task.model_config(model_cfg, tokenizers).validate()
+        self.task.check_positions(self.model_cfg, train_cfg)
         self.tokenizers = tokenizers
         self.train_split, self.valid_split = train_split, valid_split
         self.out_dir, self.log = out_dir, log
