@@ -527,8 +527,10 @@ class Trainer:
     def _on_skipped(self, stats: dict) -> None:
         """Warn about an update skipped for a non-finite loss or gradient; stop after too many in a row."""
         limit = self.train_cfg.nonfinite_limit
-        self.log(f"warning: step {self.step + 1}: non-finite loss ({stats['loss']:.4g}) or gradient norm "
-                 f"({stats['grad_norm']:.4g}): update skipped ({self.nonfinite} in a row; training stops at {limit})")
+        what = " and ".join(f"{name} {stats[key]:.4g}" for name, key in (("loss", "loss"), ("gradient norm", "grad_norm"))
+                            if not math.isfinite(stats[key]))
+        self.log(f"warning: step {self.step + 1}: non-finite {what}: update skipped "
+                 f"({self.nonfinite} in a row; training stops at {limit})")
         if self.nonfinite >= limit:
             kept = f"{self.out_dir / 'last'} holds step {self.saved_last}" if self.saved_last >= 0 else \
                 "no checkpoint was written"
@@ -788,6 +790,15 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
         if dropped:
             log(f"{trainer.metrics_path}: dropped {dropped} record(s) after step {trainer.step}, written before "
                 "the run stopped (they are written again)")
+        # step_N/ checkpoints beyond the commit point belong to steps that are trained again; those before
+        # it are pruned now, as the save that a crash interrupted would have done
+        for ckpt in list_checkpoints(out_dir) if resume else []:
+            if int(ckpt.name.split("_")[1]) > trainer.step:
+                log(f"removing {ckpt}: written after {last} was last committed (step {trainer.step}); "
+                    "it is written again")
+                shutil.rmtree(ckpt)
+        if resume:
+            trainer.prune_numbered()
     n_params = sum(p.numel() for p in trainer.model.parameters())
     unit = "pairs" if task.data_kind == "parallel" else "examples"
     log(f"model: {trainer.model_cfg.arch} ({task.name}), {n_params:,} parameters; "
