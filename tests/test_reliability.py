@@ -307,13 +307,15 @@ def cli_reference(cli_files):
     return out
 
 
-@pytest.mark.parametrize("fault", ["saved:best@2", "saved:step@2", "swap:best@1", "swap:last@1", "saved:last@2",
-                                   "swap:last@2"])
-def test_a_kill_at_each_checkpoint_writing_stage_resumes_exactly(fault, cli_files, cli_reference, tmp_path):
-    """SIGKILL at the second validation's saves (step 6): after best/, after step_6/, between the two
-    renames of best/ or of last/ (the first save of each is a plain rename), after last/ (before the
-    oldest step_N/ is pruned); and between the renames of the final last/ (step 9). The resumed run
-    ends with the reference's last/, best/, step_N/ and metrics, bit for bit."""
+@pytest.mark.parametrize("fault, committed", [("saved:start@1", 0), ("saved:best@2", 3), ("saved:step@2", 3),
+                                              ("swap:best@1", 3), ("swap:last@2", 6), ("saved:last@2", 6),
+                                              ("swap:last@3", 9)])
+def test_a_kill_at_each_checkpoint_writing_stage_resumes_exactly(fault, committed, cli_files, cli_reference, tmp_path):
+    """SIGKILL right after the start is committed (last/ at step 0); at the second validation's saves
+    (step 6): after best/, after step_6/, between the two renames of best/ or of last/ (the first save
+    of each is a plain rename), after last/ (before the oldest step_N/ is pruned); and between the
+    renames of the final last/ (step 9). The resumed run ends with the reference's last/, best/,
+    step_N/ and metrics, bit for bit."""
     _, files = cli_files
     out = tmp_path / "run"
     env = {**os.environ, FAULT_ENV: fault, "OMP_NUM_THREADS": "1"}
@@ -322,6 +324,8 @@ def test_a_kill_at_each_checkpoint_writing_stage_resumes_exactly(fault, cli_file
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     if fault.startswith("swap:last"):
         assert not (out / "last").exists()  # killed between the renames: no last/ until recovered
+    recover(out, QUIET)  # as the next start does: a swap cut short is finished
+    assert read_checkpoint(out / "last", need_trainer_state=True).trainer_state["step"] == committed
     assert main(cli_argv(files, out, "--resume")) == 0
     assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]  # no leftovers
     assert_same_run(cli_reference, out)

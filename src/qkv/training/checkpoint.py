@@ -239,7 +239,7 @@ _fault_hits: dict[str, int] = {}
 
 def fault_point(name: str) -> None:
     """A place where a crash is tested (``swap:last``: between the two renames of a save of ``last/``;
-    the trainer's ``saved:best``, ``saved:step``, ``saved:last``). Does nothing unless ``QKV_FAULT``
+    the trainer's ``saved:start`` (last/ at step 0), ``saved:best``, ``saved:step``, ``saved:last``). Does nothing unless ``QKV_FAULT``
     names it: the tests kill a training process exactly there and check that it resumes exactly."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:

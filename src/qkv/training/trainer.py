@@ -550,6 +550,11 @@ class Trainer:
         window_tokens, window_start = 0, time.perf_counter()
         last_record: dict = {}
         self._shrink_on_plateau()  # a run resumed with more shrinks allowed than it had when it stopped
+        if self.step == 0 and self.saved_last < 0:  # a new run commits its start: a kill before the first
+            rank_rng = self.gather_rng()            # validation resumes from here, never starts over a run dir
+            if main:
+                self.save("last", rank_rng)
+                fault_point("saved:start")
         reason = self._stop_reason(started)
         try:
             for group in self._groups() if reason is None else ():
