@@ -8,7 +8,10 @@ with `qkv train` in a subprocess, as a user would:
 1. the reference: one uninterrupted run;
 2. the killed run: started, then sent SIGKILL or SIGTERM (chosen at random) after a random delay,
    restarted with `--resume` (or afresh, if it was killed before its first `last/` existed), and
-   so on for `--kills` kills; then left to finish.
+   so on for `--kills` kills; between them, `--injected` starts kill themselves (SIGKILL) at a
+   checkpoint-writing stage chosen at random (`QKV_FAULT`: after best/, after step_N/, after
+   last/, between the two renames of a save of last/ or best/), where a random kill rarely lands;
+   then the run is left to finish.
 
 After every kill it opens every checkpoint in the run directory (`last/`, `best/`, `step_N/`,
 checksums verified, trainer state read), and counts those that do not load. At the end it compares
@@ -34,6 +37,9 @@ from pathlib import Path
 FLAGS = ["--preset", "tiny", "--tokenizer", "char", "--vocab-size", "60", "--max-tokens", "512",
          "--dropout", "0.1", "--attention-dropout", "0.1", "--eval-every", "10", "--keep-last", "3",
          "--eval-bleu-samples", "0", "--threads", "1", "--seed", "11"]
+
+
+POINTS = ["saved:best", "saved:step", "saved:last", "swap:last", "swap:best"]
 
 
 def write_data(d: Path, n_train: int) -> list[str]:
@@ -107,10 +113,12 @@ def commit() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=30, help="kills before the run is left to finish (default 30)")
-    ap.add_argument("--max-steps", type=int, default=600, help="length of the run (default 600)")
+    ap.add_argument("--max-steps", type=int, default=3000, help="length of the run (default 3000)")
     ap.add_argument("--train-pairs", type=int, default=4000, help="training pairs (default 4000)")
     ap.add_argument("--max-delay", type=float, default=6.0,
                     help="a kill comes 0.2..MAX_DELAY seconds after a start (default 6; start-up takes ~2)")
+    ap.add_argument("--injected", type=int, default=10,
+                    help="starts that kill themselves at a checkpoint-writing stage (default 10)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill times and signals")
     ap.add_argument("--out", default="runs/bench-faults", help="working directory (replaced)")
     args = ap.parse_args()
@@ -132,6 +140,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     run = work / "killed"
     kills = {"SIGKILL": 0, "SIGTERM": 0}
+    injected: dict[str, int] = {}
     exits: dict[str, int] = {}
     bad: list[str] = []
     errors: list[str] = []
@@ -142,10 +151,15 @@ def main() -> int:
         resume = (run / "last").is_dir() or any(p.name.startswith(".last.tmp-") for p in run.glob(".*"))
         if not resume:
             fresh_starts += 1
-        proc = subprocess.Popen(command(data, run, args.max_steps, resume), env=env, stdout=subprocess.DEVNULL,
+        left_random, left_injected = args.kills - sum(kills.values()), args.injected - sum(injected.values())
+        fault = None
+        if left_injected > 0 and rng.random() < left_injected / (left_random + left_injected):
+            fault = f"{rng.choice(POINTS)}@{rng.randint(1, 3)}"
+        proc = subprocess.Popen(command(data, run, args.max_steps, resume),
+                                env={**env, "QKV_FAULT": fault} if fault else env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         attempt += 1
-        killing = sum(kills.values()) < args.kills
+        killing = fault is None and left_random > 0
         if killing:
             time.sleep(rng.uniform(0.2, args.max_delay))
             sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
@@ -156,19 +170,21 @@ def main() -> int:
         _, err = proc.communicate()
         recovered += err.count("recovered ")
         code = proc.returncode
+        if fault and code == -9:
+            point = fault.split("@")[0]
+            injected[point] = injected.get(point, 0) + 1
         label = {0: "finished", 130: "stopped cleanly (130)", -9: "killed (-9)", -15: "killed before its handler (-15)"}
         exits[label.get(code, str(code))] = exits.get(label.get(code, str(code)), 0) + 1
         if code not in label:
             errors.append(f"attempt {attempt}: exit {code}: {err.strip().splitlines()[-1] if err.strip() else ''}")
         if run.is_dir():
             bad += [f"after attempt {attempt}: {b}" for b in unloadable(run)]
-        print(f"attempt {attempt}: {'resume' if resume else 'fresh'}, exit {code}; kills so far {sum(kills.values())}",
-              flush=True)
+        print(f"attempt {attempt}: {'resume' if resume else 'fresh'}{', ' + fault if fault else ''}, exit {code}; "
+              f"kills so far {sum(kills.values())} random, {sum(injected.values())} injected", flush=True)
         if code == 0:
             finished = True
-            if not killing:
-                break
-        if errors or attempt > 4 * args.kills + 10:
+            break  # finished (before all kills were made, if the run was too short: reported below)
+        if errors or attempt > 4 * (args.kills + args.injected) + 10:
             break
     diffs = compare(work / "reference", run) if finished else ["the killed run never finished"]
     n_kills = sum(kills.values())
@@ -177,6 +193,8 @@ def main() -> int:
     print(f"kills: {n_kills} ({kills['SIGKILL']} SIGKILL, {kills['SIGTERM']} SIGTERM); {mid_save} landed while a "
           f"checkpoint was being written; {recovered} half-done saves recovered on the next start; "
           f"{fresh_starts} fresh start(s)")
+    print(f"injected kills at a checkpoint-writing stage: {sum(injected.values())} "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(injected.items()))})")
     print(f"exits: {exits}")
     print(f"starts that failed: {len(errors)}" + "".join(f"\n  {e}" for e in errors))
     print(f"checkpoints unloadable after a kill: {len(bad)}" + "".join(f"\n  {b}" for b in bad))
@@ -185,9 +203,11 @@ def main() -> int:
     date = datetime.date.today().isoformat()
     machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU, 1 thread"
     survived = n_kills - len(errors)
-    print(f"\n| {n_kills} ({kills['SIGKILL']} SIGKILL, {kills['SIGTERM']} SIGTERM) | {survived} | {mid_save} | "
-          f"{recovered} | {len(bad)} | {'yes' if equal else 'no'} | {machine} | {date} | {commit()} |")
-    return 0 if (equal and not bad and not errors and n_kills >= args.kills) else 1
+    n_injected = sum(injected.values())
+    print(f"\n| {n_kills} ({kills['SIGKILL']} SIGKILL, {kills['SIGTERM']} SIGTERM) + {n_injected} injected | "
+          f"{survived + n_injected} | {mid_save} | {recovered} | {len(bad)} | {'yes' if equal else 'no'} | {machine} | "
+          f"{date} | {commit()} |")
+    return 0 if (equal and not bad and not errors and n_kills >= args.kills and n_injected >= args.injected) else 1
 
 
 if __name__ == "__main__":
