@@ -391,3 +391,19 @@ def test_resume_on_other_training_data_is_refused(tmp_path):
         train(MODEL, dataclasses.replace(TRAIN, max_steps=4), DecodeConfig(), numbers(1, 300, 3), None, out,
               resume=True, log=QUIET)
     assert read_checkpoint(out / "last", need_trainer_state=True).trainer_state["step"] == 2
+
+
+def test_resume_reads_only_the_tokenizer_the_manifest_lists(tmp_path):
+    """A joint model file copied into last/ beside a run's separate source and target models is not
+    part of the checkpoint: the resumed run ends as the uninterrupted one."""
+    from qkv.data.tokenizer import TokenizerPair
+
+    cfg = dataclasses.replace(TRAIN, joint_vocab=False, max_steps=4, eval_every=2, keep_last=0)
+    train(MODEL, cfg, DecodeConfig(), DATA, None, tmp_path / "full", log=QUIET)
+    part = tmp_path / "part"
+    train(MODEL, dataclasses.replace(cfg, max_steps=2), DecodeConfig(), DATA, None, part, log=QUIET)
+    stray = (part / "last" / TokenizerPair.TGT_FILE).read_bytes()  # the target side's pieces, for both sides
+    (part / "last" / TokenizerPair.JOINT_FILE).write_bytes(stray)
+    train(MODEL, cfg, DecodeConfig(), DATA, None, part, resume=True, log=QUIET)
+    a, b = weights(tmp_path / "full" / "last"), weights(part / "last")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -59,11 +59,11 @@ from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError, TrainingDiverged
 from qkv.models import build_model
 from qkv.tasks import get_task
-from qkv.tasks.base import Task, init_model_config, init_weights
+from qkv.tasks.base import Task, checkpoint_tokenizers, init_model_config, init_weights
 from qkv.tasks.translate import EncodedSplit, ParallelData, encode_split  # noqa: F401  (public here too)
 from qkv.training import distributed
-from qkv.training.checkpoint import (fault_point, list_checkpoints, load_into, read_checkpoint, save_checkpoint,
-                                     step_path)
+from qkv.training.checkpoint import (MANIFEST, fault_point, list_checkpoints, load_into, read_checkpoint,
+                                     save_checkpoint, step_path)
 from qkv.training.distributed import DistInfo
 from qkv.training.rundir import RunLock, holds_checkpoints, missing_last_message, recover, truncate_metrics
 from qkv.training.schedule import learning_rate
@@ -750,7 +750,7 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
     if resume:
         if not last.exists():
             raise QkvError(missing_last_message(out_dir))
-        tokenizers = TokenizerPair.load(last)
+        tokenizers = checkpoint_tokenizers(last)  # the files its manifest lists, no stray copy beside them
     else:
         if last.exists():
             raise QkvError(f"{out_dir} already holds a run ({last}); pass --resume to continue it or choose another --out")
@@ -759,7 +759,9 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
                            f"a new run there would replace them; choose another --out (or delete {out_dir})")
         shared_tokenizer = out_dir / "tokenizer"  # where the other ranks find rank 0's tokenizer
         if train_cfg.tokenizer_from:  # every rank reads the same files
-            tokenizers = TokenizerPair.from_path(train_cfg.tokenizer_from)
+            source = Path(train_cfg.tokenizer_from)
+            tokenizers = checkpoint_tokenizers(source) if (source / MANIFEST).is_file() else \
+                TokenizerPair.from_path(source)
             log(f"reusing the tokenizer of {train_cfg.tokenizer_from} ({tokenizers!r}); "
                 f"the tokenizer and vocab_size settings are not used")
         elif info.is_main:
