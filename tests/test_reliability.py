@@ -407,3 +407,40 @@ def test_resume_reads_only_the_tokenizer_the_manifest_lists(tmp_path):
     train(MODEL, cfg, DecodeConfig(), DATA, None, part, resume=True, log=QUIET)
     a, b = weights(tmp_path / "full" / "last"), weights(part / "last")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_full_disk_during_a_save_is_named_and_keeps_the_previous_checkpoints(cli_files, tmp_path, monkeypatch,
+                                                                                capsys):
+    """safetensors reports a full disk as its own error type: the message still says so, names the
+    checkpoint, exits 2, and last/ keeps its previous commit; --resume then goes on."""
+    from safetensors import SafetensorError
+
+    from qkv.training import checkpoint
+
+    _, files = cli_files
+    real, calls = checkpoint.save_file, [0]
+
+    def save_file(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:  # last/ at step 0, best/ at step 3, then step_000003/
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_file", save_file)
+    out = tmp_path / "run"
+    rc = main(cli_argv(files, out))
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    assert f"cannot write the checkpoint {out / 'step_000003'}: no space left on device" in err
+    assert read_checkpoint(out / "last", need_trainer_state=True).trainer_state["step"] == 0
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+    monkeypatch.undo()
+    assert main(cli_argv(files, out, "--resume")) == 0
+
+
+def test_an_unwritable_metrics_file_is_named(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").mkdir()  # cannot be opened for appending
+    with pytest.raises(QkvError, match="cannot write .*metrics.jsonl"):
+        train(MODEL, dataclasses.replace(TRAIN, max_steps=2), DecodeConfig(), DATA, None, out, log=QUIET)

@@ -18,6 +18,7 @@ has a manifest that matches its files, or it is the previous checkpoint, untouch
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from qkv.errors import CheckpointError
@@ -116,10 +117,30 @@ def save_checkpoint(
             _fsync(p)
         fsync_dir(tmp)
         _swap_into_place(tmp, path)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (OSError, RuntimeError, SafetensorError)):  # a full disk, a read-only mount, ...
+            raise CheckpointError(_write_failure(path, e)) from e
         raise
     return path
+
+
+def _write_failure(path: Path, e: BaseException) -> str:
+    """Why a checkpoint could not be written, in words: a full disk is said so (safetensors and torch
+    report it in their own words, or not at all), and what is left in place."""
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    code = getattr(e, "errno", None)
+    if code == errno.ENOSPC or "No space left" in str(e) or (free is not None and free < (1 << 20)):
+        reason = "no space left on device" + (f" ({free:,} bytes free)" if free is not None else "")
+    elif isinstance(e, OSError):
+        reason = e.strerror or str(e)
+    else:
+        reason = str(e)
+    kept = f"the previous {path.name} is unchanged" if (path / MANIFEST).is_file() else "nothing was written there"
+    return f"cannot write the checkpoint {path}: {reason}; {kept}"
 
 
 def _dedupe(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

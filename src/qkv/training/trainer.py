@@ -57,6 +57,7 @@ from tqdm import tqdm
 from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError, TrainingDiverged
+from qkv.files import os_error_reason
 from qkv.models import build_model
 from qkv.tasks import get_task
 from qkv.tasks.base import Task, checkpoint_tokenizers, init_model_config, init_weights
@@ -308,8 +309,12 @@ class Trainer:
     def record(self, entry: dict) -> None:
         if not self.dist.is_main:
             return
-        with self.metrics_path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry) + "\n")
+        try:
+            with self.metrics_path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(entry) + "\n")
+        except OSError as e:
+            raise QkvError(f"cannot write {self.metrics_path}: {os_error_reason(e)} (the checkpoints in "
+                           f"{self.out_dir} are as the last save left them)") from None
 
     # --- the loop ------------------------------------------------------------------------------------
 
