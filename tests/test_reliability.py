@@ -4,13 +4,12 @@ very weights of an uninterrupted run."""
 
 import dataclasses
 import json
-import math
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -444,3 +443,20 @@ def test_an_unwritable_metrics_file_is_named(tmp_path):
     (out / "metrics.jsonl").mkdir()  # cannot be opened for appending
     with pytest.raises(QkvError, match="cannot write .*metrics.jsonl"):
         train(MODEL, dataclasses.replace(TRAIN, max_steps=2), DecodeConfig(), DATA, None, out, log=QUIET)
+
+
+def test_a_run_directory_without_last_is_never_started_over(tmp_path):
+    """best/ and step_N/ without last/ (deleted by hand, or left by an older qkv): neither a new run
+    nor --resume replaces them, and the message does not advise what would."""
+    out = tmp_path / "run"
+    train(MODEL, dataclasses.replace(TRAIN, max_steps=4), DecodeConfig(), DATA, VALID, out, log=QUIET)
+    before = {p.name: weights(p) for p in out.iterdir() if p.is_dir() and p.name != "last"}
+    shutil.rmtree(out / "last")
+    with pytest.raises(QkvError, match="holds checkpoints .*best.* of a run that has no last/"):
+        train(MODEL, TRAIN, DecodeConfig(), DATA, VALID, out, log=QUIET)
+    with pytest.raises(QkvError, match="cannot resume") as e:
+        train(MODEL, TRAIN, DecodeConfig(), DATA, VALID, out, resume=True, log=QUIET)
+    assert "another --out" in str(e.value) and "without --resume first" not in str(e.value)
+    after = {p.name: weights(p) for p in out.iterdir() if p.is_dir()}
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[n][k], after[n][k]) for n in before for k in before[n])
