@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from qkv.errors import CheckpointError
-from qkv.training.checkpoint import (
+from qkv.checkpoint import (
     Checkpoint,
     list_checkpoints,
     load_into,
@@ -164,7 +164,7 @@ def test_atomic_replace_and_failed_save_leaves_old(tmp_path):
 
 
 def test_failure_during_swap_restores_old(tmp_path, monkeypatch):
-    import qkv.training.checkpoint as ckpt_module
+    import qkv.checkpoint as ckpt_module
 
     path = tmp_path / "last"
     save_checkpoint(path, nn.Linear(2, 2), {"v": 1})

@@ -20,7 +20,7 @@ from qkv.config import DecodeConfig, ModelConfig, TrainConfig
 from qkv.data import toy
 from qkv.errors import QkvError, TrainingDiverged
 from qkv.training import trainer as trainer_mod
-from qkv.training.checkpoint import FAULT_ENV, list_checkpoints, read_checkpoint, save_checkpoint
+from qkv.checkpoint import FAULT_ENV, list_checkpoints, read_checkpoint, save_checkpoint
 from qkv.training.rundir import RunLock, recover, truncate_metrics
 from qkv.training.trainer import ParallelData, Trainer, train
 
@@ -414,7 +414,7 @@ def test_a_full_disk_during_a_save_is_named_and_keeps_the_previous_checkpoints(c
     checkpoint, exits 2, and last/ keeps its previous commit; --resume then goes on."""
     from safetensors import SafetensorError
 
-    from qkv.training import checkpoint
+    from qkv import checkpoint
 
     _, files = cli_files
     real, calls = checkpoint.save_file, [0]

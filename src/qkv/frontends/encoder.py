@@ -16,7 +16,8 @@ the valid positions; :meth:`Encoder.search` ranks a corpus by cosine similarity 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,29 +26,26 @@ from qkv.config import MASK, TrainConfig
 from qkv.data.labelled import clean_text
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
+from qkv.frontends.base import Frontend, TruncationHandler
+from qkv.metrics import accuracy, confusion_matrix, f1_per_class, format_confusion, macro_f1
 from qkv.tasks.classify import encoder_input, truncate
 
-TruncationHandler = Callable[[list[int], int], None]  # (indices of the texts cut, tokens kept of each)
 
-
-class Encoder:
+class Encoder(Frontend):
     """A trained encoder-only (or recurrent) model with its tokenizer and, for a classifier, its labels."""
+
+    tasks = ("classify", "mlm")
 
     def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, labels: list[str] | None = None,
                  train_cfg: TrainConfig | None = None, batch_size: int = 64):
-        self.model = model
-        self.tokenizers = tokenizers
+        super().__init__(model, tokenizers, train_cfg)
         self.labels = list(labels) if labels else None
-        self.max_len = min((train_cfg or TrainConfig()).max_len, getattr(model.cfg, "max_positions", 10**9) - 1)
+        self.max_len = min(self.train_cfg.max_len, getattr(model.cfg, "max_positions", 10**9) - 1)
         self.batch_size = batch_size
 
-    @property
-    def task(self) -> str:
-        return self.model.cfg.task
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+    @classmethod
+    def from_checkpoint(cls, model, tokenizers, config, decode_cfg, train_cfg) -> "Encoder":
+        return cls(model, tokenizers, config.get("labels") if model.cfg.task == "classify" else None, train_cfg)
 
     def _ids(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
         """Token lists cut to ``max_len``; ``on_truncate(indices, max_len)`` hears which were cut."""
@@ -99,6 +97,32 @@ class Encoder:
         for idx, tokens in self._batches(ids):
             out[idx] = torch.softmax(self.model(tokens).float(), dim=-1).cpu()  # (B, C)
         return out
+
+    def classify_lines(self, lines: list[str], on_truncate: TruncationHandler | None = None,
+                       chunk: int = 512) -> Iterator[torch.Tensor | None]:
+        """The class probabilities of each line (None for an empty line), in order, ``chunk`` lines at
+        a time so that output streams; ``on_truncate(indices, kept)`` hears indices into ``lines``."""
+        for start in range(0, len(lines), chunk):
+            part = lines[start : start + chunk]
+            keep = [i for i, line in enumerate(part) if line.strip()]
+            warn = None if on_truncate is None else \
+                (lambda idx, kept, keep=keep, start=start: on_truncate([start + keep[i] for i in idx], kept))
+            rows = dict(zip(keep, self.probabilities([part[i] for i in keep], on_truncate=warn))) if keep else {}
+            for i in range(len(part)):
+                yield rows.get(i)
+
+    def evaluate(self, texts: list[str], labels: list[str], where: Callable[[int], str] | None = None,
+                 ) -> "ClassifierReport":
+        """Accuracy, macro-F1 and the confusion matrix on labelled texts; a label the model does not
+        know is an error naming ``where(i)`` (e.g. the file and line of example ``i``)."""
+        index = {label: i for i, label in enumerate(self.labels or [])}
+        for i, label in enumerate(labels):
+            if label not in index:
+                raise QkvError(f"{where(i) if where else f'example {i + 1}'}: label {label!r} is not one of the "
+                               f"model's labels ({', '.join(self.labels or [])})")
+        golds = [index[label] for label in labels]
+        preds = self.probabilities(texts).argmax(dim=-1).tolist()
+        return ClassifierReport(list(self.labels), golds, preds)
 
     def classify(self, texts: list[str]) -> list[tuple[str, float]]:
         """The most probable label of each text and its probability."""
@@ -152,3 +176,32 @@ class Encoder:
         sims = F.cosine_similarity(q, docs, dim=-1)  # (N,)
         top = sims.topk(min(k, sims.numel()))
         return [(float(s), int(i)) for s, i in zip(top.values, top.indices)]
+
+
+@dataclass
+class ClassifierReport:
+    """A classifier's results on labelled data (class ids in the order of ``labels``)."""
+
+    labels: list[str]
+    golds: list[int]
+    preds: list[int]
+
+    @property
+    def matrix(self) -> list[list[int]]:
+        return confusion_matrix(self.golds, self.preds, len(self.labels))
+
+    @property
+    def accuracy(self) -> float:
+        return accuracy(self.golds, self.preds)
+
+    @property
+    def macro_f1(self) -> float:
+        return macro_f1(self.matrix)
+
+    def text(self, name: str) -> str:
+        """The report as ``qkv evaluate --test`` prints it."""
+        per_class = ", ".join(f"{lab} {f:.4f}" for lab, f in zip(self.labels, f1_per_class(self.matrix)))
+        return (f"{name}: {len(self.golds)} examples\naccuracy {self.accuracy:.4f}\n"
+                f"macro-F1 {self.macro_f1:.4f}  (per class: {per_class})\n"
+                f"confusion matrix (rows: true label, columns: predicted):\n"
+                + format_confusion(self.matrix, self.labels))
