@@ -511,7 +511,7 @@ def test_resume_accepts_unchanged_flags(run, capsys, tmp_path):
 
 
 def test_resume_without_data_refused(run, capsys, tmp_path, monkeypatch):
-    import qkv.training.trainer as trainer
+    import qkv.training.run as run_module
 
     called = []
 
@@ -519,8 +519,7 @@ def test_resume_without_data_refused(run, capsys, tmp_path, monkeypatch):
         called.append(train_data.name)
         return None
 
-    monkeypatch.setattr(trainer, "train", fake_train)
-    monkeypatch.setattr("qkv.cli.show_toy_results", lambda *a: None)
+    monkeypatch.setattr(run_module, "train", fake_train)
     rc, _, err = cli(capsys, "train", "--out", run.out, "--resume", "--max-steps", "40")
     assert called == []  # never trained on something else than the run's data
     assert_user_error(rc, err, "train", "--src-train")

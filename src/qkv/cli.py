@@ -28,95 +28,9 @@ import math
 import sys
 from pathlib import Path
 
-from qkv.config import DecodeConfig, ModelConfig, TrainConfig, load_toml, override, preset, PRESETS
+from qkv.config import SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml, override, preset, PRESETS
 from qkv.errors import QkvError
 from qkv.files import atomic_output, check_not_input, check_output_dir, check_output_file, os_error_message
-
-HIDDEN_FIELDS = {"src_vocab_size", "tgt_vocab_size", "n_classes"}
-
-FIELD_HELP = {
-    "task": "translate | classify (labelled text -> label) | mlm (masked-LM pretraining of an encoder) "
-            "| lm | prefix_lm",
-    "pooling": "classify: cls (the <cls> token's state) | mean (over non-padding positions) | last (RNN final states)",
-    "mask_prob": "mlm: share of tokens chosen for prediction (of those 80%% -> [MASK], 10%% random, 10%% kept)",
-    "init_from": "start from this checkpoint's weights where names and shapes match (e.g. a classifier "
-                 "from an mlm run's encoder; its tokenizer and architecture are used)",
-    "arch": "architecture: transformer | lstm | gru | rnn (a recurrent encoder-decoder, see --attention; "
-            "with --task lm a recurrent language model, with --task classify a recurrent classifier)",
-    "rnn_nonlinearity": "f of the vanilla RNN h_t = f(V·h_{t-1} + U·x_t + b) (--arch rnn): tanh | relu",
-    "bidirectional": "recurrent models: bidirectional encoder, states [h→; h←]",
-    "attention": "recurrent models: alignment score of the decoder's attention over the encoder states: "
-                 "none (context vector only) | dot | scaled_dot | general | additive | cosine | location",
-    "input_feeding": "recurrent models with attention: feed h~_{t-1} into the decoder input (Luong et al.; "
-                     "slower training: the decoder then runs step by step)",
-    "schedule": "learning-rate schedule: noam (the paper's warmup + inverse sqrt, see --lr-scale) | "
-                "constant (--lr) | inverse_sqrt (linear warmup to --lr, then lr·sqrt(warmup/step))",
-    "lr": "rate of the constant and inverse_sqrt schedules (0: 1e-3); noam ignores it",
-    "tokenizer_from": "reuse the tokenizer of this checkpoint directory (or a SentencePiece .model) "
-                      "instead of training one, e.g. to compare models on one subword vocabulary",
-    "d_model": "model width d_model (recurrent models: embedding and hidden size)",
-    "n_heads": "attention heads h (d_k = d_v = d_model / h)",
-    "d_ff": "inner width of the position-wise FFN",
-    "n_encoder_layers": "encoder layers N (stacked recurrent layers for lstm/gru/rnn)",
-    "n_decoder_layers": "decoder layers N (stacked recurrent layers for lstm/gru/rnn)",
-    "dropout": "P_drop on embedding sums and sublayer outputs (recurrent: embeddings, between layers, h~)",
-    "attention_dropout": "dropout on attention weights",
-    "positional": "sinusoidal | learned",
-    "max_positions": "positions in the (learned or initial sinusoidal) table, at most 65536; learned positions "
-                     "must cover max_len and the task's special tokens",
-    "norm_first": "pre-norm residual blocks instead of the paper's post-norm",
-    "share_embeddings": "share source/target/output embeddings (needs a joint vocabulary)",
-    "tie_output": "share the target embedding with the pre-softmax projection",
-    "tokenizer": "SentencePiece model type: bpe | unigram | char",
-    "vocab_size": "SentencePiece vocabulary size (a cap for char)",
-    "joint_vocab": "one vocabulary for source and target",
-    "max_len": "translate: skip (and count) training pairs longer than this many tokens; classify/mlm: "
-               "keep the first max_len tokens of each text",
-    "max_tokens": "token budget per batch (padded), as fairseq's --max-tokens",
-    "lr_scale": "factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)",
-    "warmup_steps": "linear warmup steps of the schedule",
-    "optimizer": "adam (the paper's, with adam_beta1/2 and adam_eps) | nag: SGD with Nesterov momentum, fairseq "
-                 "0.9's default optimizer (torch.optim.SGD(nesterov=True); the same update as fairseq's NAG)",
-    "momentum": "momentum of nag (fairseq's default 0.99)",
-    "adam_beta1": "Adam β1", "adam_beta2": "Adam β2", "adam_eps": "Adam ε",
-    "weight_decay": "L2 weight decay (the paper uses none)",
-    "label_smoothing": "ε_ls of the label-smoothed cross-entropy",
-    "clip_norm": "clip the gradient norm to this (0: off)",
-    "nonfinite_limit": "an update whose loss or gradient norm is not finite (NaN/inf) is skipped with a warning; this "
-                       "many in a row stop training with exit status 3 (non-finite weights are never saved)",
-    "update_freq": "accumulate gradients over this many batches per update",
-    "max_steps": "stop after this many updates",
-    "max_epochs": "stop after this many epochs (0: no limit)",
-    "max_time": "stop after this many seconds of training (0: no limit)",
-    "patience": "early stopping: stop once this many validations in a row bring no new best of the selection "
-                "metric (translation: validation loss; 0: never)",
-    "lr_shrink": "reduce on plateau: when patience runs out, multiply the learning rate by this and go on (fairseq's "
-                 "--lr-shrink), up to max_lr_shrinks times; then stop",
-    "max_lr_shrinks": "how many times the rate may shrink before patience stops training (0: stop at once)",
-    "eval_every": "validate and checkpoint every this many updates",
-    "eval_bleu_samples": "validation sentences decoded greedily for BLEU",
-    "keep_last": "also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)",
-    "seed": "random seed",
-    "threads": "torch CPU threads (0: torch's default; at most 1024)",
-    "device": "auto (CUDA when available) | cpu | cuda; under torchrun each process takes the GPU of its LOCAL_RANK",
-    "amp": "mixed precision of the training forward: none | bf16 | fp16 (CUDA only, with a gradient scaler)",
-    "compile": "torch.compile the model for the training forward (slow first steps, faster later ones)",
-    "fused_loss": "compute the output projection and the label-smoothed loss together, chunk by chunk, without "
-                  "the full (tokens x vocabulary) logits (same values; faster; Transformers and recurrent seq2seq)",
-    "beam_size": "beam size (1: greedy)",
-    "length_penalty": "α of the length penalty: beam search ranks log P(Y|x) / lp(Y), lp = ((5+|Y|)/6)^α (gnmt) "
-                      "or |Y|^α (length)",
-    "length_norm": "gnmt: lp = ((5+|Y|)/6)^α (Wu et al., 2016; the paper) | length: lp = |Y|^α (fairseq's "
-                   "--lenpen, Hugging Face's length_penalty)",
-    "early_stopping": "end a sentence's search as soon as beam_size hypotheses have ended (fairseq's rule; "
-                      "favours short outputs) instead of when no live one can beat them",
-    "max_len_a": "max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)",
-    "max_len_b": "max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)",
-    "min_len": "no EOS before this many output tokens",
-    "nbest": "hypotheses to output per sentence",
-    "batch_size": "sentences per decoding batch",
-}
-
 
 # --- flags from dataclasses --------------------------------------------------------------------------
 
@@ -124,10 +38,11 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> 
     group = parser.add_argument_group(title)
     defaults = cls()
     for f in dataclasses.fields(cls):
-        if f.name in HIDDEN_FIELDS:
+        if f.metadata.get("hidden"):
             continue
         flag = "--" + f.name.replace("_", "-")
-        helptext = f"{FIELD_HELP.get(f.name, f.name)} (default: {getattr(defaults, f.name)!r}, or the preset's)"
+        helptext = f"{f.metadata.get('help', f.name)} (default: {getattr(defaults, f.name)!r}, or the preset's)"
+        helptext = helptext.replace("%", "%%")  # argparse formats help with %
         if f.type in (bool, "bool"):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=helptext)
         else:
@@ -137,23 +52,36 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> 
 
 def flags_for(args: argparse.Namespace, cls: type) -> dict:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-            if f.name not in HIDDEN_FIELDS and getattr(args, f.name, None) is not None}
+            if not f.metadata.get("hidden") and getattr(args, f.name, None) is not None}
 
 
-def resolve_configs(args: argparse.Namespace, default_preset: str = "small") -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
-    """preset < --config file < flags."""
-    file = load_toml(args.config) if getattr(args, "config", None) else {}
-    name = args.preset or file.get("preset") or default_preset
-    model_cfg, train_cfg = preset(name)
-    decode_cfg = DecodeConfig()
-    src = str(args.config) if getattr(args, "config", None) else "config"
-    model_cfg = override(model_cfg, file.get("model", {}), src)
-    train_cfg = override(train_cfg, file.get("train", {}), src)
-    decode_cfg = override(decode_cfg, file.get("decode", {}), src)
-    model_cfg = override(model_cfg, flags_for(args, ModelConfig), "flags")
-    train_cfg = override(train_cfg, flags_for(args, TrainConfig), "flags")
-    decode_cfg = override(decode_cfg, flags_for(args, DecodeConfig), "flags")
-    return model_cfg.validate(), train_cfg.validate(), decode_cfg.validate()
+def resolve_configs(args: argparse.Namespace, default_preset: str = "small", resume_from: Path | None = None,
+                    embedded: bool = False) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
+    """The preset (``embedded``: the embedded task's recipe; ``resume_from``: the run's own settings)
+    < the --config file < flags (:func:`qkv.config.layered`)."""
+    flags = {s: flags_for(args, cls) for s, cls in zip(SECTIONS, (ModelConfig, TrainConfig, DecodeConfig))}
+    config = getattr(args, "config", None)
+    file = load_toml(config) if config else {}
+    if resume_from is not None:
+        return layered(saved_configs(resume_from), file, str(config), flags, resumed=True)
+    if embedded and not (args.preset or config):
+        from qkv.data import toy
+
+        model = override(toy.MODEL, flags["model"], "flags")
+        base = (toy.MODEL, toy.RNN_TRAIN if model.is_recurrent else toy.TRAIN, DecodeConfig())
+    else:
+        base = (*preset(args.preset or file.get("preset") or default_preset), DecodeConfig())
+    return layered(base, file, str(config or "config"), flags)
+
+
+def saved_configs(last: Path) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
+    """The settings of the run whose commit point is ``last``."""
+    from qkv.checkpoint import read_config
+    from qkv.training.rundir import missing_last_message
+
+    if not last.exists():
+        raise QkvError(missing_last_message(last.parent))
+    return tuple(read_config(last, section) for section in SECTIONS)  # type: ignore[return-value]
 
 
 # --- commands ----------------------------------------------------------------------------------------
@@ -172,133 +100,22 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from qkv.data import toy
-    from qkv.tasks import DataPaths, get_task
-    from qkv.training.trainer import ParallelData, train
+    from qkv.tasks import DataPaths
+    from qkv.training.run import check_paths, run_training
 
-    data_files = [args.src_train, args.tgt_train]
-    if any(data_files) and not all(data_files):
-        raise QkvError("give both --src-train and --tgt-train (or neither, for the embedded default task)")
-    if bool(args.src_valid) != bool(args.tgt_valid):
-        raise QkvError("give both --src-valid and --tgt-valid (or neither)")
-    if args.valid and not args.train:
-        raise QkvError("--valid needs --train")
+    paths = DataPaths(args.train, args.valid, args.src_train, args.tgt_train, args.src_valid, args.tgt_valid,
+                      args.text_field, args.label_field, args.strip_gutenberg, args.valid_fraction)
+    check_paths(paths)
     out = Path(args.out)
-    has_data = bool(args.src_train or args.train)
-    if args.resume:
-        model_cfg, train_cfg, decode_cfg = resumed_configs(out / "last", args)
-        saved = resumed_data(out / "last")  # None: a checkpoint from before the data was recorded
-        if saved not in (None, "toy/train") and not has_data:
-            flags = "--src-train and --tgt-train" if model_cfg.task in ("translate", "prefix_lm") else "--train"
-            raise QkvError(f"{out} was trained on {saved}: give the same {flags} to resume it")
-        if saved == "toy/train" and has_data:
-            raise QkvError(f"{out} was trained on the embedded default task: resume it without --src-train")
-    elif has_data:
-        model_cfg, train_cfg, decode_cfg = resolve_configs(args, default_preset="small")
-    else:
-        model_cfg, train_cfg, decode_cfg = resolve_configs_toy(args)
-        if model_cfg.task not in ("translate", "prefix_lm"):
-            raise QkvError(f"--task {model_cfg.task} needs data: --train FILE (and --valid FILE); the embedded "
-                           "default task is translation (translate or prefix_lm)")
+    embedded = not (args.src_train or args.train)
+    configs = resolve_configs(args, resume_from=out / "last" if args.resume else None, embedded=embedded)
+    result = run_training(*configs, paths, out, args.resume, log)
+    if embedded and result.is_main:  # under torchrun, rank 0 alone
+        from qkv.data.toy import held_out_report
+        from qkv.frontends import load
 
-    task = get_task(model_cfg.task)
-    if not (args.resume or train_cfg.init_from):  # else the architecture is a checkpoint's
-        task.check_positions(model_cfg, train_cfg)  # before any data are read
-    test_pairs = None
-    if has_data:
-        paths = DataPaths(args.train, args.valid, args.src_train, args.tgt_train, args.src_valid, args.tgt_valid,
-                          args.text_field, args.label_field, args.strip_gutenberg, args.valid_fraction)
-        if task.data_kind == "parallel" and args.train:
-            raise QkvError(f"--task {task.name} reads parallel files: --src-train/--tgt-train (and --src-valid/"
-                           f"--tgt-valid); --train/--valid are for one-sided tasks (classify, mlm, lm)")
-        train_data, valid_data = task.read_data(paths, log)
-    else:
-        log("no data given: training on the embedded default task, English number words -> German number words")
-        splits = toy.default_splits()
-        train_data = ParallelData(*zip(*splits["train"]), name="toy/train")
-        train_data.src, train_data.tgt = list(train_data.src), list(train_data.tgt)
-        valid_data = ParallelData([s for s, _ in splits["valid"]], [t for _, t in splits["valid"]], name="toy/valid")
-        test_pairs = splits["test"]
-
-    result = train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out, resume=args.resume, log=log)
-    if test_pairs is not None and result.is_main:  # under torchrun, rank 0 alone
-        show_toy_results(out, test_pairs)
+        print(held_out_report(load(out / "best"), out))
     return 0
-
-
-def resolve_configs_toy(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
-    from qkv.data import toy
-
-    if args.preset or args.config:
-        return resolve_configs(args)
-    model_cfg = override(toy.MODEL, flags_for(args, ModelConfig), "flags")
-    train_cfg = override(toy.RNN_TRAIN if model_cfg.is_recurrent else toy.TRAIN, flags_for(args, TrainConfig), "flags")
-    decode_cfg = override(DecodeConfig(), flags_for(args, DecodeConfig), "flags")
-    return model_cfg.validate(), train_cfg.validate(), decode_cfg.validate()
-
-
-def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
-    """Resuming keeps the run's own settings; flags may change only limits and evaluation cadence."""
-    from qkv.checkpoint import read_checkpoint, read_config
-    from qkv.training.rundir import missing_last_message
-
-    if not last.exists():
-        raise QkvError(missing_last_message(last.parent))
-    ckpt = read_checkpoint(last)
-    model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
-    changeable = {"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks", "eval_every",
-                  "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile", "fused_loss",
-                  "nonfinite_limit"}
-    if getattr(args, "config", None):  # an edited config file may raise the limits of a run it started
-        file = load_toml(args.config)
-        file_train = file.get("train", {})
-        file_model = file.get("model", {})
-        changed = sorted(f"[train] {k}" for k, v in file_train.items()
-                         if k not in changeable and hasattr(train_cfg, k) and v != getattr(train_cfg, k))
-        changed += sorted(f"[model] {k}" for k, v in file_model.items()
-                          if hasattr(model_cfg, k) and v != getattr(model_cfg, k))
-        if changed:
-            raise QkvError(f"--resume continues the run as configured; {args.config} changes settings that cannot "
-                           f"change now: {', '.join(changed)} (only {', '.join(sorted(changeable))} can)")
-        train_cfg = override(train_cfg, {k: v for k, v in file_train.items() if k in changeable}, str(args.config))
-    asked = flags_for(args, TrainConfig)
-    asked_model = flags_for(args, ModelConfig)
-    refused = sorted(k for k, v in asked.items() if k not in changeable and v != getattr(train_cfg, k))
-    refused += sorted(k for k, v in asked_model.items() if v != getattr(model_cfg, k))
-    if refused:
-        raise QkvError(f"--resume continues the run as configured; these flags cannot change now: "
-                       f"{', '.join('--' + r.replace('_', '-') for r in refused)}")
-    train_cfg = override(train_cfg, asked, "flags")
-    decode_cfg = override(decode_cfg, flags_for(args, DecodeConfig), "flags")
-    return model_cfg, train_cfg, decode_cfg
-
-
-def resumed_data(last: Path) -> str | None:
-    """What the run in ``last`` was trained on ("toy/train" for the embedded task), if recorded."""
-    import json
-
-    try:
-        return json.loads((last / "config.json").read_text(encoding="utf-8")).get("data", {}).get("train")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def show_toy_results(out: Path, test_pairs: list[tuple[str, str]]) -> None:
-    """After training on the embedded default: held-out exact match and a few translations."""
-    import qkv
-    from qkv.metrics import exact_match
-
-    model = qkv.load(out / "best")
-    src = [s for s, _ in test_pairs]
-    refs = [t for _, t in test_pairs]
-    hyps = model.translate(src)
-    em = exact_match(hyps, refs)
-    print(f"held-out test: {100 * em:.1f}% exact match on {len(src)} numbers never seen in training "
-          f"(beam {model.decode_cfg.beam_size})")
-    for s, h, r in list(zip(src, hyps, refs))[:8]:
-        mark = "ok " if h == r else "ERR"
-        print(f"  {mark} {s:<55} -> {h}" + ("" if h == r else f"   (expected {r})"))
-    print(f"try it: qkv translate {out}/best \"four thousand three hundred twenty-one\"")
 
 
 @contextlib.contextmanager
@@ -357,48 +174,50 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from qkv.data.corpus import read_lines
-    from qkv.metrics import bleu, bleu_tok_lc, chrf
+    from qkv.metrics import language_of, translation_report
 
     check_output(args.output, src=args.src, ref=args.ref, hyp=args.hyp, test=args.test)
+    if args.test and args.ensemble:
+        raise QkvError("--ensemble is for translation (MODEL with --src and --ref), not for --test")
     if args.test:
-        if args.ensemble:
-            raise QkvError("--ensemble is for translation (MODEL with --src and --ref), not for --test")
-        if args.model and checkpoint_task(args.model) == "lm":
-            return evaluate_lm(args)
-        return evaluate_classifier(args)
+        return evaluate_lm(args) if args.model and checkpoint_task(args.model) == "lm" else evaluate_classifier(args)
     if not args.ref:
         raise QkvError("give --ref (references, for a translation) or --test (labelled data for a classifier, "
                        "plain text for a language model)")
     refs = read_lines(args.ref)
-    if args.model:
-        if not args.src:
-            raise QkvError("evaluating a model needs --src (the source sentences to translate)")
-        src = read_lines(args.src)
-        if len(src) != len(refs):
-            raise QkvError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
-        model = load_translator(args)
-        hyps = model.translate(src, **flags_for(args, DecodeConfig))
-        if args.output:
-            write_lines(args.output, hyps)
-    elif args.int8:
-        raise QkvError("--int8 quantises a MODEL: give a MODEL with --src (not --hyp)")
-    elif args.ensemble:
-        raise QkvError("--ensemble decodes with MODEL and more checkpoints: give a MODEL with --src (not --hyp)")
-    elif args.hyp:
-        hyps = read_lines(args.hyp)
-        if len(hyps) != len(refs):
-            raise QkvError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
-    else:
-        raise QkvError("give a MODEL with --src, or --hyp, to evaluate against --ref")
-    print("sacreBLEU (cased, detokenized): " + bleu(hyps, refs).text())
-    lang = args.lang or language_of(args.ref)
-    if lang:
-        print(f"Multi30k convention (lowercased, punctuation-normalized, Moses-tokenized -l {lang}): "
-              + bleu_tok_lc(hyps, refs, lang).text())
-    else:
-        print("(give --lang to also report BLEU on lowercased, Moses-tokenized text)")
-    print(chrf(hyps, refs).text())
+    hyps = translate_for_evaluation(args, len(refs)) if args.model else read_hypotheses(args, len(refs))
+    print(translation_report(hyps, refs, args.lang or language_of(args.ref)))
     return 0
+
+
+def translate_for_evaluation(args: argparse.Namespace, n_refs: int) -> list[str]:
+    """MODEL's translations of --src (also written to --output when given)."""
+    from qkv.data.corpus import read_lines
+
+    if not args.src:
+        raise QkvError("evaluating a model needs --src (the source sentences to translate)")
+    src = read_lines(args.src)
+    if len(src) != n_refs:
+        raise QkvError(f"{args.src} has {len(src)} lines but {args.ref} has {n_refs}")
+    hyps = load_translator(args).translate(src, **flags_for(args, DecodeConfig))
+    if args.output:
+        write_lines(args.output, hyps)
+    return hyps
+
+
+def read_hypotheses(args: argparse.Namespace, n_refs: int) -> list[str]:
+    """The --hyp file, with the options that need a MODEL refused by name."""
+    from qkv.data.corpus import read_lines
+
+    if args.int8 or args.ensemble:
+        what = "--int8 quantises a MODEL" if args.int8 else "--ensemble decodes with MODEL and more checkpoints"
+        raise QkvError(f"{what}: give a MODEL with --src (not --hyp)")
+    if not args.hyp:
+        raise QkvError("give a MODEL with --src, or --hyp, to evaluate against --ref")
+    hyps = read_lines(args.hyp)
+    if len(hyps) != n_refs:
+        raise QkvError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {n_refs}")
+    return hyps
 
 
 def write_lines(path: str, lines: list[str]) -> None:
@@ -531,27 +350,21 @@ def cmd_fill(args: argparse.Namespace) -> int:
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from qkv.data.corpus import read_lines
+    from qkv.frontends.encoder import write_vectors
 
-    out = Path(args.output)
-    if out.suffix not in (".npy", ".tsv"):
-        raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
+    if Path(args.output).suffix not in (".npy", ".tsv"):
+        raise QkvError(f"--output {args.output}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
     check_output(args.output, input=args.input)
     model = open_model(args.model, "embed")
     lines = read_lines(args.input)
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise QkvError(f"{args.input}:{i}: empty line (every line is one text to embed)")
-    vectors = model.embed(lines, args.pooling).numpy()
-    with atomic_output(out, binary=out.suffix == ".npy") as fh:
-        if out.suffix == ".npy":
-            np.save(fh, vectors)
-        else:
-            fh.write("".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in vectors))
+    empty = next((i for i, line in enumerate(lines, start=1) if not line.strip()), None)
+    if empty:
+        raise QkvError(f"{args.input}:{empty}: empty line (every line is one text to embed)")
+    vectors = model.embed(lines, args.pooling)
+    write_vectors(vectors, args.output)
     pooling = args.pooling or "the model's"
-    log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings ({pooling} pooling) to {out}")
+    log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings ({pooling} pooling) to {args.output}")
     return 0
 
 
@@ -573,14 +386,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def language_of(path: str) -> str | None:
-    """The language code of a file named like ``test.de`` or ``test_2016_flickr.de.gz``."""
-    import re
-
-    m = re.search(r"\.([a-z]{2})(\.gz)?$", Path(path).name)  # ISO 639-1, as Moses uses
-    return m.group(1) if m else None
-
-
 def cmd_average(args: argparse.Namespace) -> int:
     from qkv.training.average import average_checkpoints
 
@@ -592,41 +397,19 @@ def cmd_average(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
-    from qkv.info import parameter_breakdown, transformer_flops
+    from qkv.info import describe
     from qkv.models import build_model
 
     if args.model:
-        import qkv
+        from qkv.frontends import load
 
-        model = qkv.load(args.model).model
-        cfg = model.cfg
+        model = load(args.model).model
     else:
         model_cfg, _, _ = resolve_configs(args, default_preset="base")
         v = args.vocab_size or 37000
-        cfg = dataclasses.replace(model_cfg, src_vocab_size=v, tgt_vocab_size=v)
         with torch.device("meta"):  # shapes only: no memory, no time
-            model = build_model(cfg)
-    parts = parameter_breakdown(model)
-    if cfg.is_recurrent:
-        print(f"{cfg.arch}: hidden={cfg.d_model} layers={cfg.n_encoder_layers}/{cfg.n_decoder_layers} "
-              f"vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
-              f"{'bidirectional' if cfg.bidirectional else 'unidirectional'} encoder, attention {cfg.attention}"
-              + (", input feeding" if cfg.input_feeding else "")
-              + (f", f={cfg.rnn_nonlinearity}" if cfg.arch == "rnn" else ""))
-    else:
-        print(f"{cfg.arch} ({cfg.task}): d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
-              f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
-              f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions")
-    width = max(len(k) for k in parts)
-    for k, n in parts.items():
-        print(f"  {k:<{width}}  {n:>13,}  ({n / 1e6:.1f}M)")
-    if cfg.is_recurrent or cfg.task != "translate":
-        print(f"(the FLOPs formula is the encoder-decoder Transformer's; not computed for a {cfg.task} "
-              f"{cfg.arch} model)")
-        return 0
-    fl = transformer_flops(cfg, args.src_len, args.tgt_len)
-    print(f"FLOPs per target token (matmuls, source {args.src_len} / target {args.tgt_len} tokens): "
-          f"forward {fl.forward / 1e6:.1f} MFLOP, training (3x) {fl.training / 1e6:.1f} MFLOP")
+            model = build_model(dataclasses.replace(model_cfg, src_vocab_size=v, tgt_vocab_size=v))
+    print(describe(model, args.src_len, args.tgt_len))
     return 0
 
 
@@ -657,8 +440,7 @@ def cmd_viz(args: argparse.Namespace) -> int:
         data = viz.attention_data(open_model(args.model, "viz"), args.text, args.target)
         if data["target_from"] == "greedy":
             print(f"target: the model's own greedy translation (give --target to choose): {data['target']}")
-        prefix = args.out[: -len(Path(args.out).suffix)] if Path(args.out).suffix in (".png", ".html") else args.out
-        written = [viz.write_attention_html(data, prefix + ".html"), viz.write_attention_png(data, prefix + ".png")]
+        written = viz.write_attention(data, args.out)
     elif args.what == "positional":
         written = [viz.positional_png(args.positions, args.dim, args.out)]
     elif args.what == "schedule":
@@ -926,33 +708,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_option_bounds(threads=args.threads, seed=getattr(args, "seed", None))
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.what == "layers":
-        from qkv.complexity import bench_layers
-
-        if args.quick:
-            args.d, args.n_min, args.n_max, args.r, args.repeats = 64, 16, 256, 8, 1
-        kinds = [s.strip() for s in args.layers.split(",")] if args.layers else None
-        try:
-            text, written = bench_layers(args.out, args.d, args.n_min, args.n_max, args.r, args.k, args.heads,
-                                         args.batch, args.repeats, kinds, log=log)
-        except ValueError as e:
-            raise QkvError(str(e)) from None
-    else:
-        from qkv.long_range import bench_long_range
-
-        try:
-            distances = [int(s) for s in args.distances.split(",")]
-        except ValueError:
-            raise QkvError(f"--distances: give comma-separated whole numbers, got {args.distances!r}") from None
-        try:
-            text, written = bench_long_range(args.out, distances, args.models.split(","), args.steps, args.hidden,
-                                             args.symbols, args.batch, args.lr, args.seed, args.quick, log=log)
-        except ValueError as e:
-            raise QkvError(str(e)) from None
+    try:
+        text, written = bench_layers(args) if args.what == "layers" else bench_long_range(args)
+    except ValueError as e:
+        raise QkvError(str(e)) from None
     print(text)
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def bench_layers(args: argparse.Namespace) -> tuple[str, list[str]]:
+    from qkv.complexity import bench_layers as bench
+
+    if args.quick:
+        args.d, args.n_min, args.n_max, args.r, args.repeats = 64, 16, 256, 8, 1
+    kinds = [s.strip() for s in args.layers.split(",")] if args.layers else None
+    return bench(args.out, args.d, args.n_min, args.n_max, args.r, args.k, args.heads, args.batch, args.repeats,
+                 kinds, log=log)
+
+
+def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
+    from qkv.long_range import bench_long_range as bench
+
+    try:
+        distances = [int(s) for s in args.distances.split(",")]
+    except ValueError:
+        raise QkvError(f"--distances: give comma-separated whole numbers, got {args.distances!r}") from None
+    return bench(args.out, distances, args.models.split(","), args.steps, args.hidden, args.symbols, args.batch,
+                 args.lr, args.seed, args.quick, log=log)
 
 
 def add_bench_parser(sub) -> None:

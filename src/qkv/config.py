@@ -42,6 +42,11 @@ MAX_THREADS = 1024
 MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; the trainer adds 1_000_003 * rank + step to the seed
 
 
+def setting(default: Any, help: str, hidden: bool = False) -> Any:
+    """A config field with its help text (``--help`` shows it; ``hidden``: filled in by qkv, no flag)."""
+    return dataclasses.field(default=default, metadata={"help": help, "hidden": hidden})
+
+
 def _check(cond: bool, field: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"invalid config field '{field}': {msg}")
@@ -51,30 +56,56 @@ def _check(cond: bool, field: str, msg: str) -> None:
 class ModelConfig:
     """The network. Defaults are the paper's base model (Table 3, row "base")."""
 
-    task: str = "translate"  # translate | classify | mlm | lm | prefix_lm (see qkv.tasks)
-    arch: str = "transformer"
-    d_model: int = 512
-    n_heads: int = 8
-    d_ff: int = 2048
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    dropout: float = 0.1  # P_drop: embedding sums and sublayer outputs
-    attention_dropout: float = 0.1  # on the attention weights
-    positional: str = "sinusoidal"  # or "learned"
-    max_positions: int = 1024
-    norm_first: bool = False  # False: post-norm, LayerNorm(x + Dropout(Sublayer(x))), as the paper
-    share_embeddings: bool = True  # source/target/pre-softmax share one matrix (joint vocabulary)
-    tie_output: bool = True  # target embedding and pre-softmax linear share weights
-    src_vocab_size: int = 0  # filled in from the tokenizer
-    tgt_vocab_size: int = 0
-    pooling: str = "cls"  # classify: cls (the <cls> token) | mean (over valid positions) | last (RNN last state)
-    n_classes: int = 0  # classify: filled in from the training labels
-    # recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
+    # every model: its task and architecture, width, depth and dropout
+    task: str = setting(
+        "translate",
+        'translate | classify (labelled text -> label) | mlm (masked-LM pretraining of an encoder) | lm | '
+        'prefix_lm')
+    arch: str = setting(
+        "transformer",
+        'architecture: transformer | lstm | gru | rnn (a recurrent encoder-decoder, see --attention; with '
+        '--task lm a recurrent language model, with --task classify a recurrent classifier)')
+    d_model: int = setting(512, 'model width d_model (recurrent models: embedding and hidden size)')
+    n_encoder_layers: int = setting(6, 'encoder layers N (stacked recurrent layers for lstm/gru/rnn)')
+    n_decoder_layers: int = setting(6, 'decoder layers N (stacked recurrent layers for lstm/gru/rnn)')
+    dropout: float = setting(
+        0.1,
+        'P_drop on embedding sums and sublayer outputs (recurrent: embeddings, between layers, h~)')
+    # the Transformers (arch transformer): attention, FFN, positions, normalisation, shared embeddings
+    n_heads: int = setting(8, 'attention heads h (d_k = d_v = d_model / h)')
+    d_ff: int = setting(2048, 'inner width of the position-wise FFN')
+    attention_dropout: float = setting(0.1, 'dropout on attention weights')
+    positional: str = setting("sinusoidal", 'sinusoidal | learned')
+    max_positions: int = setting(
+        1024,
+        'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
+        "max_len and the task's special tokens")
+    norm_first: bool = setting(False, "pre-norm residual blocks instead of the paper's post-norm")
+    share_embeddings: bool = setting(True, 'share source/target/output embeddings (needs a joint vocabulary)')
+    tie_output: bool = setting(True, 'share the target embedding with the pre-softmax projection')
+    # the recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
     # n_encoder_layers / n_decoder_layers the stacked layers, dropout between layers and on embeddings
-    rnn_nonlinearity: str = "tanh"  # f of the vanilla RNN (arch rnn): tanh | relu
-    bidirectional: bool = True  # bidirectional encoder
-    attention: str = "additive"  # none (context vector only) | dot | scaled_dot | general | additive | cosine | location
-    input_feeding: bool = False  # feed the attentional state h~_{t-1} into the decoder input (Luong et al., 2015)
+    rnn_nonlinearity: str = setting(
+        "tanh",
+        'f of the vanilla RNN h_t = f(V·h_{t-1} + U·x_t + b) (--arch rnn): tanh | relu')
+    bidirectional: bool = setting(True, 'recurrent models: bidirectional encoder, states [h→; h←]')
+    attention: str = setting(
+        "additive",
+        "recurrent models: alignment score of the decoder's attention over the encoder states: none (context "
+        'vector only) | dot | scaled_dot | general | additive | cosine | location')
+    input_feeding: bool = setting(
+        False,
+        'recurrent models with attention: feed h~_{t-1} into the decoder input (Luong et al.; slower '
+        'training: the decoder then runs step by step)')
+    # the classifier's head (task classify)
+    pooling: str = setting(
+        "cls",
+        "classify: cls (the <cls> token's state) | mean (over non-padding positions) | last (RNN final "
+        'states)')
+    n_classes: int = setting(0, 'classify: filled in from the training labels', hidden=True)
+    # filled in from the tokenizer
+    src_vocab_size: int = setting(0, 'filled in from the tokenizer', hidden=True)
+    tgt_vocab_size: int = setting(0, 'filled in from the tokenizer', hidden=True)
 
     @property
     def is_recurrent(self) -> bool:
@@ -141,46 +172,85 @@ class TrainConfig:
     """Optimisation and data. Defaults follow the paper's setup (section 5)."""
 
     # data
-    tokenizer: str = "bpe"  # bpe | unigram | char
-    tokenizer_from: str = ""  # reuse the tokenizer of this checkpoint directory (or .model file) instead of training one
-    vocab_size: int = 8000
-    joint_vocab: bool = True
-    max_len: int = 256  # tokens; longer training pairs are skipped and counted (classify/mlm: truncated to the head)
-    max_tokens: int = 4096  # token budget per batch (source or target side, padded)
+    tokenizer: str = setting("bpe", 'SentencePiece model type: bpe | unigram | char')
+    tokenizer_from: str = setting(
+        "",
+        'reuse the tokenizer of this checkpoint directory (or a SentencePiece .model) instead of training '
+        'one, e.g. to compare models on one subword vocabulary')
+    vocab_size: int = setting(8000, 'SentencePiece vocabulary size (a cap for char)')
+    joint_vocab: bool = setting(True, 'one vocabulary for source and target')
+    max_len: int = setting(
+        256,
+        'translate: skip (and count) training pairs longer than this many tokens; classify/mlm: keep the '
+        'first max_len tokens of each text')
+    max_tokens: int = setting(4096, "token budget per batch (padded), as fairseq's --max-tokens")
     # optimisation
-    schedule: str = "noam"  # noam (the paper's) | constant | inverse_sqrt
-    lr: float = 0.0  # peak (inverse_sqrt) or constant rate; 0: DEFAULT_LR = 1e-3 (not used by noam)
-    lr_scale: float = 1.0  # the noam schedule's overall factor
-    warmup_steps: int = 4000
-    optimizer: str = "adam"  # adam (the paper's) | nag (SGD with Nesterov momentum: fairseq 0.9's default optimizer)
-    momentum: float = 0.99  # nag only (fairseq's --momentum default)
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0  # 0 disables clipping
-    nonfinite_limit: int = 10  # updates in a row with a non-finite loss or gradient norm (each skipped) before stopping
-    update_freq: int = 1  # gradient accumulation
-    max_steps: int = 100_000
-    max_epochs: int = 0  # 0: no epoch limit
-    max_time: float = 0.0  # seconds of training, 0: no limit
-    patience: int = 0  # stop after this many validations in a row without a new best (0: never)
-    lr_shrink: float = 1.0  # with patience: multiply the rate by this instead of stopping (reduce on plateau)
-    max_lr_shrinks: int = 0  # ... this many times; the next time patience runs out, training stops
+    schedule: str = setting(
+        "noam",
+        "learning-rate schedule: noam (the paper's warmup + inverse sqrt, see --lr-scale) | constant (--lr) |"
+        ' inverse_sqrt (linear warmup to --lr, then lr·sqrt(warmup/step))')
+    lr: float = setting(0.0, 'rate of the constant and inverse_sqrt schedules (0: 1e-3); noam ignores it')
+    lr_scale: float = setting(1.0, 'factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)')
+    warmup_steps: int = setting(4000, 'linear warmup steps of the schedule')
+    optimizer: str = setting(
+        "adam",
+        "adam (the paper's, with adam_beta1/2 and adam_eps) | nag: SGD with Nesterov momentum, fairseq 0.9's "
+        "default optimizer (torch.optim.SGD(nesterov=True); the same update as fairseq's NAG)")
+    momentum: float = setting(0.99, "momentum of nag (fairseq's default 0.99)")
+    adam_beta1: float = setting(0.9, 'Adam β1')
+    adam_beta2: float = setting(0.98, 'Adam β2')
+    adam_eps: float = setting(1e-9, 'Adam ε')
+    weight_decay: float = setting(0.0, 'L2 weight decay (the paper uses none)')
+    label_smoothing: float = setting(0.1, 'ε_ls of the label-smoothed cross-entropy')
+    clip_norm: float = setting(1.0, 'clip the gradient norm to this (0: off)')
+    nonfinite_limit: int = setting(
+        10,
+        'an update whose loss or gradient norm is not finite (NaN/inf) is skipped with a warning; this many '
+        'in a row stop training with exit status 3 (non-finite weights are never saved)')
+    update_freq: int = setting(1, 'accumulate gradients over this many batches per update')
+    max_steps: int = setting(100_000, 'stop after this many updates')
+    max_epochs: int = setting(0, 'stop after this many epochs (0: no limit)')
+    max_time: float = setting(0.0, 'stop after this many seconds of training (0: no limit)')
+    patience: int = setting(
+        0,
+        'early stopping: stop once this many validations in a row bring no new best of the selection metric '
+        '(translation: validation loss; 0: never)')
+    lr_shrink: float = setting(
+        1.0,
+        "reduce on plateau: when patience runs out, multiply the learning rate by this and go on (fairseq's "
+        '--lr-shrink), up to max_lr_shrinks times; then stop')
+    max_lr_shrinks: int = setting(
+        0,
+        'how many times the rate may shrink before patience stops training (0: stop at once)')
     # evaluation and checkpoints
-    eval_every: int = 1000
-    eval_bleu_samples: int = 200  # validation sentences decoded greedily for BLEU
-    mask_prob: float = 0.15  # mlm: share of tokens chosen for prediction (80% [MASK], 10% random, 10% kept)
-    init_from: str = ""  # checkpoint whose encoder weights start the model (e.g. a classifier from an mlm run)
-    keep_last: int = 0  # numbered step_N/ checkpoints kept besides last/ and best/ (for averaging)
-    seed: int = 1
-    threads: int = 0  # torch intra-op threads; 0: torch's default
+    eval_every: int = setting(1000, 'validate and checkpoint every this many updates')
+    eval_bleu_samples: int = setting(200, 'validation sentences decoded greedily for BLEU')
+    mask_prob: float = setting(
+        0.15,
+        'mlm: share of tokens chosen for prediction (of those 80% -> [MASK], 10% random, 10% kept)')
+    init_from: str = setting(
+        "",
+        "start from this checkpoint's weights where names and shapes match (e.g. a classifier from an mlm "
+        "run's encoder; its tokenizer and architecture are used)")
+    keep_last: int = setting(
+        0,
+        'also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)')
+    seed: int = setting(1, 'random seed')
+    threads: int = setting(0, "torch CPU threads (0: torch's default; at most 1024)")
     # hardware (any of these may change on --resume; checkpoints are device-independent)
-    device: str = "auto"  # auto (CUDA when available) | cpu | cuda
-    amp: str = "none"  # mixed precision of the training forward: none | bf16 | fp16 (CUDA, with a GradScaler)
-    compile: bool = False  # torch.compile the model for the training forward
-    fused_loss: bool = True  # output projection + loss chunk by chunk, never making the (tokens, V) logits
+    device: str = setting(
+        "auto",
+        'auto (CUDA when available) | cpu | cuda; under torchrun each process takes the GPU of its LOCAL_RANK')
+    amp: str = setting(
+        "none",
+        'mixed precision of the training forward: none | bf16 | fp16 (CUDA only, with a gradient scaler)')
+    compile: bool = setting(
+        False,
+        'torch.compile the model for the training forward (slow first steps, faster later ones)')
+    fused_loss: bool = setting(
+        True,
+        'compute the output projection and the label-smoothed loss together, chunk by chunk, without the full'
+        ' (tokens x vocabulary) logits (same values; faster; Transformers and recurrent seq2seq)')
 
     def validate(self) -> "TrainConfig":
         for f in fields(self):  # inf and nan pass every comparison below, or fail it obscurely
@@ -226,15 +296,28 @@ class TrainConfig:
 class DecodeConfig:
     """Search. Defaults are the paper's: beam 4, length penalty alpha 0.6, max length = input + 50."""
 
-    beam_size: int = 4
-    length_penalty: float = 0.6  # alpha in ((5 + |Y|) / 6) ** alpha (Wu et al., 2016)
-    length_norm: str = "gnmt"  # "gnmt": ((5 + |Y|) / 6) ** alpha; "length": |Y| ** alpha (fairseq's --lenpen)
-    early_stopping: bool = False  # True: a sentence is done once beam_size hypotheses end (fairseq's rule)
-    max_len_a: float = 1.0  # maximum output length = a * source length + b
-    max_len_b: int = 50
-    min_len: int = 0  # EOS is not allowed before this many output tokens
-    nbest: int = 1
-    batch_size: int = 64  # sentences per decoding batch
+    beam_size: int = setting(4, 'beam size (1: greedy)')
+    length_penalty: float = setting(
+        0.6,
+        'α of the length penalty: beam search ranks log P(Y|x) / lp(Y), lp = ((5+|Y|)/6)^α (gnmt) or |Y|^α '
+        '(length)')
+    length_norm: str = setting(
+        "gnmt",
+        "gnmt: lp = ((5+|Y|)/6)^α (Wu et al., 2016; the paper) | length: lp = |Y|^α (fairseq's --lenpen, "
+        "Hugging Face's length_penalty)")
+    early_stopping: bool = setting(
+        False,
+        "end a sentence's search as soon as beam_size hypotheses have ended (fairseq's rule; favours short "
+        'outputs) instead of when no live one can beat them')
+    max_len_a: float = setting(
+        1.0,
+        'max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)')
+    max_len_b: int = setting(
+        50,
+        'max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)')
+    min_len: int = setting(0, 'no EOS before this many output tokens')
+    nbest: int = setting(1, 'hypotheses to output per sentence')
+    batch_size: int = setting(64, 'sentences per decoding batch')
 
     def validate(self) -> "DecodeConfig":
         for f in fields(self):  # inf and nan pass every comparison below, or fail it obscurely
@@ -282,6 +365,40 @@ def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
     if name not in MODEL_PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return MODEL_PRESETS[name], TRAIN_PRESETS[name]
+
+
+# --- layering: preset < config file < flags, and what a resumed run may change ---------------------
+
+# TrainConfig fields a resumed run may change: limits, evaluation cadence, hardware. Everything else
+# (the model, the data, the optimisation) continues as the run was started; the search may change.
+RESUMABLE = frozenset({"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks",
+                       "eval_every", "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile",
+                       "fused_loss", "nonfinite_limit"})
+SECTIONS = ("model", "train", "decode")
+
+
+def layered(base: tuple[ModelConfig, TrainConfig, DecodeConfig], file: dict[str, Any], file_src: str,
+            flags: dict[str, dict[str, Any]], resumed: bool = False) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
+    """``base`` (a preset's configs, or a resumed run's) overridden by a config ``file``'s sections,
+    then by command-line ``flags`` ({"model": {...}, "train": {...}, "decode": {...}}), validated.
+
+    ``resumed``: the run continues as configured, so a file or flag that changes a model setting, or
+    a train setting outside :data:`RESUMABLE`, is refused by name (equal values are allowed)."""
+    layers = [(file.get(s, {}) for s in SECTIONS), (flags.get(s, {}) for s in SECTIONS)]
+    out = list(base)
+    for (model, train, decode), source in zip(layers, (file_src, "flags")):
+        if resumed:
+            name = (lambda sec, k: "--" + k.replace("_", "-")) if source == "flags" else (lambda sec, k: f"[{sec}] {k}")
+            fixed = [name("model", k) for k, v in model.items() if hasattr(out[0], k) and v != getattr(out[0], k)]
+            fixed += [name("train", k) for k, v in train.items()
+                      if k not in RESUMABLE and hasattr(out[1], k) and v != getattr(out[1], k)]
+            if fixed:
+                raise ConfigError(f"--resume continues the run as configured; {source} may not change "
+                                  f"{', '.join(sorted(fixed))}: these settings cannot change now (only "
+                                  f"{', '.join(sorted(RESUMABLE))} can)")
+        out = [override(cfg, data, source) for cfg, data in zip(out, (model, train, decode))]
+    model_cfg, train_cfg, decode_cfg = out
+    return model_cfg.validate(), train_cfg.validate(), decode_cfg.validate()
 
 
 # --- files and overrides ---------------------------------------------------------------------------

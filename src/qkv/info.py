@@ -84,3 +84,32 @@ def transformer_flops(cfg: ModelConfig, src_len: int, tgt_len: int, vocab_size: 
     out = 2 * d * v * t
     forward = (enc + dec + out) / t
     return Flops(forward=forward, training=3 * forward)
+
+
+def describe(model: nn.Module, src_len: int = 25, tgt_len: int = 25) -> str:
+    """What ``qkv info`` prints: the architecture in a line, the parameters by component, and for an
+    encoder-decoder Transformer the training FLOPs per target token."""
+    from qkv.tasks import get_task
+
+    cfg = model.cfg
+    if cfg.is_recurrent:
+        lines = [f"{cfg.arch}: hidden={cfg.d_model} layers={cfg.n_encoder_layers}/{cfg.n_decoder_layers} "
+                 f"vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
+                 f"{'bidirectional' if cfg.bidirectional else 'unidirectional'} encoder, attention {cfg.attention}"
+                 + (", input feeding" if cfg.input_feeding else "")
+                 + (f", f={cfg.rnn_nonlinearity}" if cfg.arch == "rnn" else "")]
+    else:
+        lines = [f"{cfg.arch} ({cfg.task}): d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
+                 f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
+                 f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions"]
+    parts = parameter_breakdown(model)
+    width = max(len(k) for k in parts)
+    lines += [f"  {k:<{width}}  {n:>13,}  ({n / 1e6:.1f}M)" for k, n in parts.items()]
+    if cfg.is_recurrent or get_task(cfg.task).stack != "encoder-decoder":
+        lines.append(f"(the FLOPs formula is the encoder-decoder Transformer's; not computed for a {cfg.task} "
+                     f"{cfg.arch} model)")
+    else:
+        fl = transformer_flops(cfg, src_len, tgt_len)
+        lines.append(f"FLOPs per target token (matmuls, source {src_len} / target {tgt_len} tokens): "
+                     f"forward {fl.forward / 1e6:.1f} MFLOP, training (3x) {fl.training / 1e6:.1f} MFLOP")
+    return "\n".join(lines)

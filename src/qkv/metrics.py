@@ -175,3 +175,25 @@ def format_confusion(matrix: list[list[int]], labels: list[str]) -> str:
     for label, row in zip(labels, matrix):
         lines.append(" ".join([label.rjust(width), *(str(v).rjust(width) for v in row)]))
     return "\n".join(lines)
+
+
+def language_of(path: str) -> str | None:
+    """The language code of a file named like ``test.de`` or ``test_2016_flickr.de.gz`` (ISO 639-1, as Moses uses)."""
+    import re
+    from pathlib import Path
+
+    m = re.search(r"\.([a-z]{2})(\.gz)?$", Path(path).name)
+    return m.group(1) if m else None
+
+
+def translation_report(hyps: list[str], refs: list[str], lang: str | None) -> str:
+    """sacreBLEU, the Multi30k convention's BLEU (given the target language) and chrF, each with its
+    signature: what ``qkv evaluate`` prints."""
+    lines = ["sacreBLEU (cased, detokenized): " + bleu(hyps, refs).text()]
+    if lang:
+        lines.append(f"Multi30k convention (lowercased, punctuation-normalized, Moses-tokenized -l {lang}): "
+                     + bleu_tok_lc(hyps, refs, lang).text())
+    else:
+        lines.append("(give --lang to also report BLEU on lowercased, Moses-tokenized text)")
+    lines.append(chrf(hyps, refs).text())
+    return "\n".join(lines)

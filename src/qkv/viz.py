@@ -536,6 +536,12 @@ def _json_for_script(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def write_attention(data: dict, out: str) -> list[str]:
+    """OUT.html and OUT.png of :func:`attention_data` (a .png or .html suffix of ``out`` is dropped)."""
+    prefix = out[: -len(Path(out).suffix)] if Path(out).suffix in (".png", ".html") else out
+    return [write_attention_html(data, prefix + ".html"), write_attention_png(data, prefix + ".png")]
+
+
 def write_attention_html(data: dict[str, Any], path: str | Path) -> Path:
     """One self-contained HTML page (the data and the script inline, nothing fetched): choose the
     attention kind, layer and head (each choice one of :func:`panels`); hovering a cell shows

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -205,3 +206,20 @@ class ClassifierReport:
                 f"macro-F1 {self.macro_f1:.4f}  (per class: {per_class})\n"
                 f"confusion matrix (rows: true label, columns: predicted):\n"
                 + format_confusion(self.matrix, self.labels))
+
+
+def write_vectors(vectors: torch.Tensor, path: str) -> None:
+    """An ``(N, d)`` array to ``path``, all or nothing: ``.npy`` (NumPy) or ``.tsv`` (one vector a line)."""
+    import numpy as np
+
+    from qkv.files import atomic_output
+
+    suffix = Path(path).suffix
+    if suffix not in (".npy", ".tsv"):
+        raise QkvError(f"--output {path}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
+    array = vectors.numpy()
+    with atomic_output(path, binary=suffix == ".npy") as fh:
+        if suffix == ".npy":
+            np.save(fh, array)
+        else:
+            fh.write("".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in array))

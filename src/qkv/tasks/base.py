@@ -43,6 +43,7 @@ class Task:
     # generate, viz, ensemble) that take a model of this task; and the model's name in messages.
     offers: frozenset[str] = frozenset()
     kind = "a model"
+    stack = "encoder-decoder"  # the Transformer it trains: encoder-decoder | encoder | decoder
 
     def read_data(self, paths: DataPaths, log: Callable[[str], None]):
         raise NotImplementedError

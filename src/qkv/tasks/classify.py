@@ -110,6 +110,7 @@ class ClassifyTask(Task):
     name = "classify"
     offers = frozenset({"classify", "evaluate", "embed", "search", "viz"})
     kind = "a classifier"
+    stack = "encoder"
     best_metric, best_mode = "valid_accuracy", "max"
     unit = "ex"  # one loss term per example
 

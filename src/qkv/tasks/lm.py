@@ -110,6 +110,7 @@ class LmTask(Task):
     name = "lm"
     offers = frozenset({"generate", "evaluate", "viz"})
     kind = "a language model"
+    stack = "decoder"
     data_kind = "text"
     specials = True  # <sep> etc. at their fixed ids, as every one-sided task
 

@@ -82,6 +82,7 @@ class MlmTask(Task):
     name = "mlm"
     offers = frozenset({"fill", "embed", "search", "viz"})
     kind = "a masked language model"
+    stack = "encoder"
 
     def read_data(self, paths: DataPaths, log):
         return read_text_data(paths, False, log, self.name)

@@ -70,6 +70,7 @@ class PrefixLmTask(TranslateTask):
     """Parallel data and BLEU as :class:`TranslateTask`; a decoder-only model over ``src <sep> tgt``."""
 
     name = "prefix_lm"
+    stack = "decoder"
     specials = True  # <sep> at its fixed id
 
     def train_tokenizers(self, train_data: ParallelData, train_cfg: TrainConfig) -> TokenizerPair:

@@ -1,0 +1,75 @@
+"""``qkv train`` as a library call: read the data a command line names (or take the embedded
+default task), check it against a resumed run, and train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from qkv.checkpoint import read_settings
+from qkv.config import DecodeConfig, ModelConfig, TrainConfig
+from qkv.data import toy
+from qkv.errors import QkvError
+from qkv.tasks import DataPaths, get_task
+from qkv.tasks.translate import ParallelData
+from qkv.training.trainer import TrainResult, train
+
+EMBEDDED = "toy/train"  # the training data name recorded for the embedded default task
+
+
+def trained_on(last: Path) -> str | None:
+    """What the run whose commit point is ``last`` was trained on, if recorded."""
+    data = read_settings(last).get("data")
+    return data.get("train") if isinstance(data, dict) else None
+
+
+def check_paths(paths: DataPaths) -> None:
+    """Pairs of options that go together, before anything is read."""
+    if bool(paths.src_train) != bool(paths.tgt_train):
+        raise QkvError("give both --src-train and --tgt-train (or neither, for the embedded default task)")
+    if bool(paths.src_valid) != bool(paths.tgt_valid):
+        raise QkvError("give both --src-valid and --tgt-valid (or neither)")
+    if paths.valid and not paths.train:
+        raise QkvError("--valid needs --train")
+
+
+def has_data(paths: DataPaths) -> bool:
+    return bool(paths.src_train or paths.train)
+
+
+def check_resume_data(out: Path, paths: DataPaths, model_cfg: ModelConfig) -> None:
+    """A resumed run reads the files it was started on, or the embedded task if it was trained on that."""
+    saved = trained_on(out / "last")  # None: a checkpoint from before the data was recorded
+    if saved not in (None, EMBEDDED) and not has_data(paths):
+        parallel = get_task(model_cfg.task).data_kind == "parallel"
+        raise QkvError(f"{out} was trained on {saved}: give the same "
+                       f"{'--src-train and --tgt-train' if parallel else '--train'} to resume it")
+    if saved == EMBEDDED and has_data(paths):
+        raise QkvError(f"{out} was trained on the embedded default task: resume it without --src-train")
+
+
+def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, decode_cfg: DecodeConfig, paths: DataPaths,
+                 out: Path, resume: bool, log: Callable[[str], None]) -> TrainResult:
+    """Train on the files of ``paths`` (or the embedded default task when none are given) into ``out``."""
+    task = get_task(model_cfg.task)
+    if resume:
+        check_resume_data(out, paths, model_cfg)
+    elif not has_data(paths) and task.data_kind != "parallel":
+        raise QkvError(f"--task {task.name} needs data: --train FILE (and --valid FILE); the embedded default task "
+                       "is translation (translate or prefix_lm)")
+    if not (resume or train_cfg.init_from):  # else the architecture is a checkpoint's
+        task.check_positions(model_cfg, train_cfg)  # before any data are read
+    if has_data(paths):
+        if task.data_kind == "parallel" and paths.train:
+            raise QkvError(f"--task {task.name} reads parallel files: --src-train/--tgt-train (and --src-valid/"
+                           f"--tgt-valid); --train/--valid are for one-sided tasks (classify, mlm, lm)")
+        train_data, valid_data = task.read_data(paths, log)
+    else:
+        log("no data given: training on the embedded default task, English number words -> German number words")
+        splits = toy.default_splits()
+        train_data = ParallelData([s for s, _ in splits["train"]], [t for _, t in splits["train"]], name=EMBEDDED)
+        valid_data = ParallelData([s for s, _ in splits["valid"]], [t for _, t in splits["valid"]], name="toy/valid")
+    return train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out, resume=resume, log=log)
+
+
+__all__ = ["run_training", "check_paths", "check_resume_data", "trained_on"]
