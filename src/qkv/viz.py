@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from qkv.errors import QkvError
+from qkv.tasks import get_task
 
 #: The three attention kinds of the encoder-decoder: (title, query side, key side).
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -104,29 +105,29 @@ def attention_data(frontend, text: str, target: str | None = None) -> dict[str, 
     """
     model = frontend.model
     cfg = model.cfg
-    task = getattr(cfg, "task", "translate")
+    task = get_task(cfg.task)
+    one_text = task.data_kind == "text"
     if not text.strip():
-        raise QkvError("give a non-empty text" if task in ONE_TEXT else "give a non-empty source sentence")
-    if cfg.is_recurrent and task in ("lm", "classify"):
-        what, why = {"lm": ("language model", "it carries the past in its hidden state"),
-                     "classify": ("classifier", f"it pools its hidden states ({cfg.pooling})")}[task]
-        raise QkvError(f"this {cfg.arch} {what} has no attention to draw: {why}, with no weights over positions "
-                       f"(attention maps exist for the Transformer models and for a recurrent encoder-decoder "
-                       f"with attention)")
+        raise QkvError("give a non-empty text" if one_text else "give a non-empty source sentence")
+    if cfg.is_recurrent and one_text:
+        why = "it carries the past in its hidden state" if task.stack == "decoder" else \
+            f"it pools its hidden states ({cfg.pooling})"
+        raise QkvError(f"this {cfg.arch} {task.kind.split(' ', 1)[1]} has no attention to draw: {why}, with no "
+                       f"weights over positions (attention maps exist for the Transformer models and for a recurrent "
+                       f"encoder-decoder with attention)")
     if getattr(model, "has_attention", True) is False:
         raise QkvError(f"this {cfg.arch} encoder-decoder has no attention to draw (attention = 'none': the "
                        f"decoder sees the source only through the last encoder state, the context vector)")
-    if task in ONE_TEXT and target is not None:
-        raise QkvError(f"a {task!r} model reads one text; --target is for translation models (translate, prefix_lm)")
-    if not hasattr(model, "attention_maps"):
-        raise QkvError(f"{type(model).__name__} has no attention maps to draw")
+    if one_text and target is not None:
+        raise QkvError(f"a {task.name!r} model reads one text; --target is for translation models (translate, "
+                       "prefix_lm)")
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            if task in ("classify", "mlm"):
+            if task.stack == "encoder":
                 return _encoder_only_data(frontend, text)
-            if task == "lm":
+            if one_text:
                 return _decoder_only_data(frontend, text)
             return _translation_data(frontend, text, target)
     finally:
@@ -134,7 +135,6 @@ def attention_data(frontend, text: str, target: str | None = None) -> dict[str, 
 
 
 #: Tasks whose models read one text (no --target).
-ONE_TEXT = ("classify", "mlm", "lm")
 
 
 def _maps(weights: list[torch.Tensor]) -> list:
@@ -203,7 +203,7 @@ def _translation_data(translator, source: str, target: str | None) -> dict[str, 
             raise QkvError(f"the target is {len(tgt_ids) + 1} tokens (with BOS); this model's decoder reads at "
                            f"most {int(steps)}")
     texts = {"source": source, "target": target_text, "target_from": target_from}
-    if model.cfg.task == "prefix_lm":
+    if get_task(model.cfg.task).stack == "decoder":  # prefix_lm: one sequence, source and target
         from qkv.tasks.prefix_lm import prefix_lm_example
 
         seq = prefix_lm_example(src_ids, tgt_ids)[0]  # src EOS <sep> BOS tgt: the training input

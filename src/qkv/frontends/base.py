@@ -39,6 +39,13 @@ class Frontend:
         return cfg.task if cfg is not None else self.tasks[0]
 
     @property
+    def offers(self) -> frozenset[str]:
+        """What this model serves (its task's :attr:`~qkv.tasks.base.Task.offers`): "classify", "fill", ..."""
+        from qkv.tasks import get_task
+
+        return get_task(self.task).offers
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 

@@ -46,7 +46,7 @@ class Encoder(Frontend):
 
     @classmethod
     def from_checkpoint(cls, model, tokenizers, config, decode_cfg, train_cfg) -> "Encoder":
-        return cls(model, tokenizers, config.get("labels") if model.cfg.task == "classify" else None, train_cfg)
+        return cls(model, tokenizers, config.get("labels"), train_cfg)
 
     def _ids(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
         """Token lists cut to ``max_len``; ``on_truncate(indices, max_len)`` hears which were cut."""
@@ -76,7 +76,7 @@ class Encoder(Frontend):
         if not cleaned:
             raise QkvError("the text is empty")
         ids = self.tokenizers.src.encode([cleaned])[0]
-        if self.task == "mlm":
+        if "fill" in self.offers:
             # SentencePiece splits " [MASK]" into a lone "▁" and [MASK]; in training a mask replaces a
             # whole piece such as "▁great", so the lone "▁" goes.
             lone = self.tokenizers.src.sp.piece_to_id("▁")
@@ -90,7 +90,7 @@ class Encoder(Frontend):
         """``(N, C)`` class probabilities, columns in the order of :attr:`labels`. A text longer than
         ``max_len`` tokens is classified by its head, as in training; ``on_truncate(indices, max_len)``
         hears which texts (0-based) were cut."""
-        if self.task != "classify":
+        if "classify" not in self.offers:
             raise QkvError(f"this is a {self.task!r} model, not a classifier (train one with --task classify)")
         self.model.eval()
         ids = self._ids(texts, on_truncate)
@@ -136,7 +136,7 @@ class Encoder(Frontend):
     @torch.inference_mode()
     def fill(self, text: str, k: int = 5) -> list[list[tuple[str, float]]]:
         """For each ``[MASK]`` in ``text``, the ``k`` most probable pieces (as text) and their probabilities."""
-        if self.task != "mlm":
+        if "fill" not in self.offers:
             raise QkvError(f"this is a {self.task!r} model: fill needs a masked language model (--task mlm)")
         if "[MASK]" not in text:
             raise QkvError('the text has no [MASK] to fill, e.g. "the movie was [MASK]"')
@@ -159,7 +159,7 @@ class Encoder(Frontend):
         "mean" for an mlm model)."""
         self.model.eval()
         if pooling is None:
-            pooling = self.model.cfg.pooling if self.task == "classify" else "mean"
+            pooling = self.model.cfg.pooling if "classify" in self.offers else "mean"
         ids = self._ids(texts)
         out = None
         for idx, tokens in self._batches(ids):

@@ -50,7 +50,7 @@ class LanguageModel(Frontend):
 
     @property
     def recurrent(self) -> bool:
-        return not hasattr(self.model, "layers")
+        return self.model.cfg.is_recurrent
 
     def prompt_ids(self, prefix: str) -> list[int]:
         """The token ids of a prompt as the model reads it: each line but the last followed by

@@ -56,6 +56,7 @@ accumulation, clipping, DDP, AMP, checkpoints, resume, metrics.jsonl and the pro
 
 from __future__ import annotations
 
+from qkv import config
 from qkv.errors import ConfigError
 from qkv.tasks.base import DataPaths, Task, TextData
 from qkv.tasks.classify import ClassifyTask
@@ -64,8 +65,9 @@ from qkv.tasks.mlm import MlmTask
 from qkv.tasks.prefix_lm import PrefixLmTask
 from qkv.tasks.translate import ParallelData, TranslateTask
 
-TASKS: dict[str, type[Task]] = {"translate": TranslateTask, "classify": ClassifyTask, "mlm": MlmTask,
-                                 "lm": LmTask, "prefix_lm": PrefixLmTask}
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (TranslateTask, ClassifyTask, MlmTask, LmTask, PrefixLmTask)}
+if tuple(TASKS) != config.TASKS:  # the names are declared once, in qkv.config (ModelConfig validates them)
+    raise ImportError(f"qkv.tasks implements {tuple(TASKS)}, but qkv.config.TASKS names {config.TASKS}")
 
 
 def get_task(name: str) -> Task:

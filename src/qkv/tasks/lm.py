@@ -142,7 +142,7 @@ class LmTask(Task):
             raise QkvError(f"{train_data.name}: no text to train on")
 
     def model_config(self, model_cfg, tokenizers):
-        self.recurrent = model_cfg.arch != "transformer"
+        self.recurrent = model_cfg.is_recurrent
         if self.recurrent and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise QkvError("a recurrent LM trains with its state carried from window to window, one stream of "
                            "batches: run it in one process (not under torchrun)")

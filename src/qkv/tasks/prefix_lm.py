@@ -81,7 +81,7 @@ class PrefixLmTask(TranslateTask):
                                    True, specials=True)
 
     def model_config(self, model_cfg, tokenizers):
-        if model_cfg.arch != "transformer":
+        if model_cfg.is_recurrent:
             raise QkvError(f"invalid config field 'arch': the prefix LM is a decoder-only Transformer, "
                            f"got {model_cfg.arch!r}")
         return super().model_config(model_cfg, tokenizers)
