@@ -1,16 +1,19 @@
 """Front-ends: a trained model with its tokenizers, as users call it. ``qkv.load(path)`` opens a
-checkpoint as the front-end of its task (:func:`load`):
+checkpoint as the front-end its task names (``Task.frontend``; :func:`load`):
 
-=================  ======================  ===================================================
-front-end          tasks                   methods
-=================  ======================  ===================================================
-:class:`Translator`     translate, prefix_lm  ``translate``, ``translate_nbest``, ``translate_scored``
-:class:`Encoder`        classify, mlm         ``classify``, ``probabilities``, ``fill``, ``embed``, ``search``
-:class:`LanguageModel`  lm                    ``generate`` (streaming), ``score`` (perplexity, bits/char)
-=================  ======================  ===================================================
+======================  =====================  ======================================================
+front-end               tasks                  methods
+======================  =====================  ======================================================
+:class:`Translator`     translate, prefix_lm   ``translate``, ``translate_nbest``, ``translate_scored``,
+                                               ``translate_lines``
+:class:`Encoder`        classify, mlm          ``classify``, ``probabilities``, ``classify_lines``,
+                                               ``evaluate``, ``fill``, ``embed``, ``search``
+:class:`LanguageModel`  lm                     ``generate`` (streaming), ``score`` (perplexity, bits/char)
+======================  =====================  ======================================================
 
-They share :class:`Frontend` (model, tokenizers, device, eval mode). Front-ends sit above the
-tasks (they may use a task's data code; no task imports them) and never import ``qkv.training``.
+They share :class:`Frontend` (model, tokenizers, device, eval mode, what the model offers).
+Front-ends sit above the tasks (they may use a task's data code; no task imports them) and never
+import ``qkv.training``.
 """
 
 from qkv.frontends.base import Frontend, TruncationHandler

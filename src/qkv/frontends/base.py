@@ -17,11 +17,13 @@ class Frontend:
     """A trained model with its tokenizers: the base of :class:`~qkv.frontends.Translator`,
     :class:`~qkv.frontends.Encoder` and :class:`~qkv.frontends.LanguageModel`.
 
-    ``tasks``: the tasks (``ModelConfig.task``) whose checkpoints :func:`qkv.load` opens as this
-    front-end. ``from_checkpoint`` builds one from what a checkpoint holds.
+    ``name``: what a task names as its front-end (:attr:`qkv.tasks.base.Task.frontend`);
+    :func:`qkv.load` opens a checkpoint as the front-end its task names. ``from_checkpoint`` builds
+    one from what a checkpoint holds.
     """
 
-    tasks: tuple[str, ...] = ()
+    name = "frontend"
+    default_task = "translate"  # the task of a model without a config (an ensemble of translators)
 
     def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, train_cfg: TrainConfig | None = None):
         self.model = model
@@ -36,7 +38,7 @@ class Frontend:
     @property
     def task(self) -> str:
         cfg = getattr(self.model, "cfg", None)
-        return cfg.task if cfg is not None else self.tasks[0]
+        return cfg.task if cfg is not None else self.default_task
 
     @property
     def offers(self) -> frozenset[str]:

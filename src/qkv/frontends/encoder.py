@@ -35,7 +35,7 @@ from qkv.tasks.classify import encoder_input, truncate
 class Encoder(Frontend):
     """A trained encoder-only (or recurrent) model with its tokenizer and, for a classifier, its labels."""
 
-    tasks = ("classify", "mlm")
+    name = "encoder"
 
     def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, labels: list[str] | None = None,
                  train_cfg: TrainConfig | None = None, batch_size: int = 64):

@@ -42,7 +42,7 @@ class Perplexity:
 class LanguageModel(Frontend):
     """A trained language model with its tokenizer: :meth:`generate` (streaming) and :meth:`score`."""
 
-    tasks = ("lm",)
+    name = "language_model"
 
     @property
     def tokenizer(self):

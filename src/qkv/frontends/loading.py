@@ -16,7 +16,7 @@ from qkv.frontends.quantize import QUANTIZE_CHOICES, quantize_int8
 from qkv.frontends.translator import Translator
 from qkv.models import build_model
 
-FRONTENDS: tuple[type[Frontend], ...] = (Translator, Encoder, LanguageModel)
+FRONTENDS: dict[str, type[Frontend]] = {cls.name: cls for cls in (Translator, Encoder, LanguageModel)}
 
 
 def checkpoint_task(path: str | Path) -> str | None:
@@ -51,11 +51,10 @@ def open_model(path: str | Path, command: str, device: str | torch.device = "cpu
 
 
 def frontend_for(task: str) -> type[Frontend]:
-    """The front-end class that serves checkpoints of ``task``."""
-    for cls in FRONTENDS:
-        if task in cls.tasks:
-            return cls
-    raise QkvError(f"no front-end serves task {task!r}")
+    """The front-end class that serves checkpoints of ``task`` (the one the task names)."""
+    from qkv.tasks import get_task
+
+    return FRONTENDS[get_task(task).frontend]
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | None = None):

@@ -28,7 +28,7 @@ from qkv.frontends.base import Frontend, TruncationHandler
 class Translator(Frontend):
     """A trained model with its tokenizers and decoding settings: translation and prefix-LM checkpoints."""
 
-    tasks = ("translate", "prefix_lm")
+    name = "translator"
 
     def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, decode_cfg: DecodeConfig | None = None,
                  train_cfg: TrainConfig | None = None):

@@ -44,6 +44,7 @@ class Task:
     offers: frozenset[str] = frozenset()
     kind = "a model"
     stack = "encoder-decoder"  # the Transformer it trains: encoder-decoder | encoder | decoder
+    frontend = "translator"  # what qkv.load returns for its checkpoints: translator | encoder | language_model
 
     def read_data(self, paths: DataPaths, log: Callable[[str], None]):
         raise NotImplementedError

@@ -111,6 +111,7 @@ class ClassifyTask(Task):
     offers = frozenset({"classify", "evaluate", "embed", "search", "viz"})
     kind = "a classifier"
     stack = "encoder"
+    frontend = "encoder"
     best_metric, best_mode = "valid_accuracy", "max"
     unit = "ex"  # one loss term per example
 

@@ -111,6 +111,7 @@ class LmTask(Task):
     offers = frozenset({"generate", "evaluate", "viz"})
     kind = "a language model"
     stack = "decoder"
+    frontend = "language_model"
     data_kind = "text"
     specials = True  # <sep> etc. at their fixed ids, as every one-sided task
 

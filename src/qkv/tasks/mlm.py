@@ -83,6 +83,7 @@ class MlmTask(Task):
     offers = frozenset({"fill", "embed", "search", "viz"})
     kind = "a masked language model"
     stack = "encoder"
+    frontend = "encoder"
 
     def read_data(self, paths: DataPaths, log):
         return read_text_data(paths, False, log, self.name)
