@@ -367,6 +367,19 @@ def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
     return MODEL_PRESETS[name], TRAIN_PRESETS[name]
 
 
+def check_option_bounds(seed: int | None = None, threads: int = 0, **floats: float) -> None:
+    """The bounds TrainConfig.validate sets, for commands that take --seed, --threads or float
+    options as plain flags: torch overflows on a seed beyond 64 bits and crashes on thousands of
+    threads; inf and nan are refused by name."""
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be in [0, 2**63 - 1], got {seed}")
+    if not 0 <= threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must be in [0, {MAX_THREADS}] (0: torch's default), got {threads}")
+    for name, value in floats.items():
+        if not math.isfinite(value):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+
+
 # --- layering: preset < config file < flags, and what a resumed run may change ---------------------
 
 # TrainConfig fields a resumed run may change: limits, evaluation cadence, hardware. Everything else

@@ -204,5 +204,23 @@ def check_not_input(output: str | os.PathLike, input_path: str | os.PathLike | N
                        f"write the output to another file")
 
 
-__all__ = ["atomic_output", "check_output_file", "check_output_dir", "check_not_input", "is_special",
+@contextlib.contextmanager
+def output_stream(path: str | None):
+    """``--output FILE`` written all or nothing (:func:`qkv.files.atomic_output`), or stdout."""
+    if not path:
+        import sys
+
+        yield sys.stdout
+        return
+    with atomic_output(path) as fh:
+        yield fh
+
+
+def write_lines(path: str, lines: list[str]) -> None:
+    """One line per item, all or nothing."""
+    with atomic_output(path) as fh:
+        fh.write("".join(line + "\n" for line in lines))
+
+
+__all__ = ["output_stream", "write_lines", "atomic_output", "check_output_file", "check_output_dir", "check_not_input", "is_special",
            "os_error_message", "os_error_reason"]

@@ -179,3 +179,14 @@ def filter_by_length(
     if report is not None:
         report.max_len = max_len
     return kept
+
+
+def read_inputs(texts: list[str] | None, path: str | None) -> list[str]:
+    """Texts given as arguments, else the lines of ``path``, else of stdin (``path`` "-" or None)."""
+    import sys
+
+    if texts:
+        return list(texts)
+    if path and path != "-":
+        return read_lines(path)
+    return decode_lines(sys.stdin.buffer.read(), "<stdin>")

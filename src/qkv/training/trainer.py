@@ -184,7 +184,7 @@ class Trainer:
         self.bad_evals = 0  # validations in a row since the last new best (for patience)
         self.lr_shrinks = 0  # times patience ran out and the rate was multiplied by lr_shrink
         self.nonfinite = 0  # updates in a row skipped for a non-finite loss or gradient norm
-        self.elapsed = 0.0  # seconds of training over all sessions of this run
+        self.elapsed = 0.0  # seconds of training of this run, over every resume
         self.metrics_path = out_dir / "metrics.jsonl"
         self.data_name = data_name  # what the run trains on (recorded in the checkpoint's config)
         self.data_fingerprint = ""  # and a digest of its content, checked on --resume

@@ -1,0 +1,342 @@
+"""The options of the ``qkv`` command, declared: every command's flags and help text.
+
+The commands themselves are in :mod:`qkv.cli`. Model, training and decoding flags are generated
+from the fields of ``ModelConfig``, ``TrainConfig`` and ``DecodeConfig`` (their help is each
+field's metadata in :mod:`qkv.config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+
+from qkv.config import DecodeConfig, ModelConfig, PRESETS, TrainConfig
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+    group = parser.add_argument_group(title)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("hidden"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        helptext = f"{f.metadata.get('help', f.name)} (default: {getattr(defaults, f.name)!r}, or the preset's)"
+        helptext = helptext.replace("%", "%%")  # argparse formats help with %
+        if f.type in (bool, "bool"):
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=helptext)
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=f.name.upper(), help=helptext)
+
+
+ENSEMBLE_HELP = ("decode with MODEL and this checkpoint as an ensemble: the mean of their next-token "
+                 "distributions at every step (repeat for more members; they must share MODEL's tokenizer)")
+INT8_HELP = ("dynamic int8 quantisation of the model's linear layers for faster CPU decoding "
+             "(a small BLEU cost: see docs/results.md)")
+
+
+ATTENTION_HELP = """\
+Every attention layer and head of MODEL for one input, tokens on the axes, from one forward pass.
+Writes OUT.png and OUT.html (a self-contained page: choose the attention, layer and head; hover
+over a cell for its weight). Each row (a query) sums to 1 over the keys it may see.
+
+  translate, Transformer       encoder self-, decoder masked self- and cross-attention
+  translate, rnn/lstm/gru      the alignment matrix a_t(s) (with --attention other than none)
+  classify, mlm (Transformer)  encoder self-attention over <cls> + TEXT
+  lm (Transformer)             masked self-attention over TEXT (query i sees keys j <= i)
+  prefix_lm                    masked self-attention over 'source </s> <sep> <s> target'
+  recurrent lm / classifier    no attention: an error, nothing written
+
+A translation model (translate, prefix_lm) reads --target, or without it its own greedy translation.
+
+examples:
+  qkv viz attention runs/default/best "three hundred twenty-one" --target dreihunderteinundzwanzig
+  qkv viz attention runs/imdb/best "a great film" --out imdb      # imdb.png, imdb.html
+"""
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help only where it tells something: not for options whose
+    default is None (their help says what happens without them, e.g. "the preset's"), and not where the
+    help already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is argparse.SUPPRESS or "(default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
+    """The ``qkv`` parser; ``handlers`` maps each command to the function that runs it."""
+    p = argparse.ArgumentParser(
+        prog="qkv",
+        description="The Transformer of 'Attention Is All You Need', trained and used end to end.",
+        epilog="Run 'qkv COMMAND --help' for a command's options. With no data, 'qkv train' learns the "
+               "embedded default task (English number words -> German) in a few minutes on a CPU.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train a model", formatter_class=DefaultsHelpFormatter,
+                       description="Train a model for a task (--task): translate (the default: an encoder-decoder "
+                                   "Transformer, or with --arch lstm|gru|rnn a recurrent encoder-decoder with or "
+                                   "without attention, on parallel text, --src-train/--tgt-train, one sentence a line, plain or gzip), "
+                                   "classify (labelled text, --train/--valid JSONL or TSV), mlm (masked-LM "
+                                   "pretraining of an encoder on plain text, --train/--valid), lm (a language model on plain "
+                                   "text, --train with --valid or --valid-fraction: decoder-only Transformer or "
+                                   "--arch rnn/lstm/gru with truncated BPTT over --max-len steps), prefix_lm (a "
+                                   "decoder-only translator on 'source <sep> target', parallel files). With no data, "
+                                   "trains on the embedded default translation task. Checkpoints go to OUT/last "
+                                   "and OUT/best, metrics to OUT/metrics.jsonl.",
+                       epilog="examples:\n  qkv train --task classify --train train.jsonl --valid valid.jsonl "
+                              "--pooling mean --out runs/clf\n  qkv train --task mlm --train texts.txt --out runs/mlm\n"
+                              "  qkv train --task classify --init-from runs/mlm/best --train train.jsonl --out runs/clf2\n"
+                              "  qkv train --task lm --arch lstm --tokenizer char --train book.txt --strip-gutenberg "
+                              "--valid-fraction 0.1 --out runs/lm\n"
+                              "  qkv train --task prefix_lm --out runs/prefix   (the embedded default task)")
+    t.add_argument("--train", help="one-sided tasks (classify, mlm, lm): training file; classify: JSONL "
+                                   "({\"text\": ..., \"label\": ...} a line) or TSV with a header; mlm/lm: plain "
+                                   "text, one text a line (or JSONL/TSV); plain or gzip")
+    t.add_argument("--valid", help="one-sided tasks: validation file, same format as --train")
+    t.add_argument("--valid-fraction", type=float, default=0.0, metavar="F",
+                   help="lm: no --valid file; hold out the last F of the --train text (e.g. 0.1)")
+    t.add_argument("--strip-gutenberg", action="store_true",
+                   help="lm: keep only the book between the '*** START' and '*** END' lines of a Project "
+                        "Gutenberg text (an error if they are missing)")
+    t.add_argument("--text-field", default="text", help="JSONL key / TSV column of the text")
+    t.add_argument("--label-field", default="label", help="JSONL key / TSV column of the label (classify)")
+    t.add_argument("--src-train", help="training source file")
+    t.add_argument("--tgt-train", help="training target file (same number of lines)")
+    t.add_argument("--src-valid", help="validation source file")
+    t.add_argument("--tgt-valid", help="validation target file")
+    t.add_argument("--out", default="runs/default", help="run directory")
+    t.add_argument("--resume", action="store_true", help="continue the run in OUT from OUT/last exactly where it stopped")
+    t.add_argument("--preset", choices=PRESETS, help="model and training preset (default: small, or the "
+                                                      "embedded task's own recipe when no data is given)")
+    t.add_argument("--config", help="TOML file with [model], [train], [decode] tables (and 'preset')")
+    add_config_flags(t, ModelConfig, "model (ModelConfig)")
+    add_config_flags(t, TrainConfig, "training (TrainConfig)")
+    add_config_flags(t, DecodeConfig, "decoding for validation and the saved model (DecodeConfig)")
+    t.set_defaults(func=handlers["train"])
+
+    tr = sub.add_parser("translate", help="translate with a trained model",
+                        description="Translate sentences given as arguments, a file (--input) or stdin, one "
+                                    "per line, to stdout (or --output). Empty lines stay empty. With --nbest N "
+                                    "each line is 'index<TAB>score<TAB>translation'.")
+    tr.add_argument("model", help="checkpoint directory, e.g. runs/default/best")
+    tr.add_argument("text", nargs="*", help="sentences to translate (else --input or stdin)")
+    tr.add_argument("--input", "-i", help="file to translate, plain or gzip ('-' = stdin)")
+    tr.add_argument("--output", "-o", help="write translations here instead of stdout (all or nothing: the file is "
+                                           "replaced only when every line is translated)")
+    tr.add_argument("--int8", action="store_true", help=INT8_HELP)
+    tr.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
+    add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
+    tr.set_defaults(func=handlers["translate"])
+
+    ev = sub.add_parser("evaluate", help="BLEU and chrF of translations; accuracy, macro-F1 of a classifier",
+                        description="Translation: score detokenized output against raw references with sacreBLEU "
+                                    "(BLEU, cased, 13a tokenization; chrF) and print the signatures. Either score "
+                                    "a hypothesis file (--hyp) or translate --src with MODEL first. "
+                                    "Classification: 'qkv evaluate MODEL --test FILE' (labelled JSONL or TSV) "
+                                    "prints accuracy, macro-F1 (the mean of the per-class F1) and the confusion "
+                                    "matrix.")
+    ev.add_argument("model", nargs="?", help="checkpoint directory (translate --src, then score)")
+    ev.add_argument("--src", help="source file to translate with MODEL")
+    ev.add_argument("--hyp", help="hypothesis file (instead of MODEL)")
+    ev.add_argument("--ref", help="reference file (raw text, one line per sentence)")
+    ev.add_argument("--test", help="classifier: labelled test file (JSONL or TSV, as for training); language "
+                                  "model: plain text, scored as perplexity and bits per character")
+    ev.add_argument("--strip-gutenberg", action="store_true",
+                    help="language model: score only the book between the '*** START' and '*** END' lines")
+    ev.add_argument("--last-fraction", type=float, default=0.0,
+                    help="language model: score only the last F of the text (what --valid-fraction F held out)")
+    ev.add_argument("--text-field", default="text", help="classifier: JSONL key / TSV column of the text")
+    ev.add_argument("--label-field", default="label", help="classifier: JSONL key / TSV column of the label")
+    ev.add_argument("--output", "-o", help="also save MODEL's translations (or predicted labels) here")
+    ev.add_argument("--int8", action="store_true", help=INT8_HELP)
+    ev.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
+    ev.add_argument("--lang", help="target language for the Moses tokenizer of the lowercased BLEU "
+                                   "(default: from the --ref file name, e.g. test.de)")
+    add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
+    ev.set_defaults(func=handlers["evaluate"])
+
+    g = sub.add_parser("generate", help="continue a text with a language model (streamed)",
+                       formatter_class=DefaultsHelpFormatter,
+                       description="Continue --prefix with a language model trained with --task lm, printing "
+                                   "the text as it is produced (each token flushed). Tokens are drawn from the "
+                                   "model's next-token distribution reshaped by --temperature (T<1 sharper, "
+                                   "T>1 flatter), --top-k (keep the k most probable) and --top-p (keep the "
+                                   "smallest set with probability mass >= p); --greedy takes the most probable "
+                                   "token every time. --seed makes a draw repeatable. The Transformer keeps a "
+                                   "key/value cache, the RNNs their state: each new token costs one step.",
+                       epilog='example: qkv generate runs/timemachine/lstm/best --prefix "the time traveller" '
+                              "--temperature 0.8 --top-p 0.95 --seed 1")
+    g.add_argument("model", help="checkpoint directory of a --task lm run, e.g. runs/tm/best")
+    g.add_argument("--prefix", default="", help="the text to continue (may be empty)")
+    g.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
+    g.add_argument("--temperature", type=float, default=1.0, help="divide the logits by T (> 0)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most probable tokens (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (1: all)")
+    g.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh draw each run)")
+    g.add_argument("--greedy", action="store_true", help="always the most probable token (temperature 0)")
+    g.set_defaults(func=handlers["generate"])
+
+    c = sub.add_parser("classify", help="label texts with a trained classifier",
+                       description="Print the most probable label and its probability ('label<TAB>prob') for "
+                                   "each text given as an argument, in a file (--input) or on stdin, one per "
+                                   "line. An empty input line gives an empty output line. Texts are cleaned as "
+                                   "in training (<br /> -> space) and truncated to the model's max_len tokens.",
+                       epilog='example: qkv classify runs/imdb/best "this movie is so great"')
+    c.add_argument("model", help="checkpoint directory of a --task classify run, e.g. runs/imdb/best")
+    c.add_argument("text", nargs="*", help="texts to classify (else --input or stdin)")
+    c.add_argument("--input", "-i", help="file with one text a line, plain or gzip ('-' = stdin)")
+    c.add_argument("--output", "-o", help="write the labels here instead of stdout")
+    c.add_argument("--all", action="store_true", help="also print every label's probability")
+    c.set_defaults(func=handlers["classify"])
+
+    fl = sub.add_parser("fill", help="fill in [MASK] with a masked language model",
+                        description="Show the most probable pieces for each [MASK] in the text, with their "
+                                    "probabilities, from a --task mlm model.",
+                        epilog='example: qkv fill runs/mlm/best "the movie was [MASK]" --top-k 5')
+    fl.add_argument("model", help="checkpoint directory of a --task mlm run")
+    fl.add_argument("text", nargs="+", help="texts with one or more [MASK]")
+    fl.add_argument("--top-k", type=int, default=5, dest="top_k", help="predictions per mask (default: %(default)s)")
+    fl.set_defaults(func=handlers["fill"])
+
+    em = sub.add_parser("embed", help="sentence embeddings from an encoder",
+                        description="Embed every line of --input with a classify or mlm model: the encoder's "
+                                    "states pooled into one vector (mean over the tokens, or the <cls> state). "
+                                    "Writes an N x d_model array: .npy (NumPy) or .tsv (one vector a line).",
+                        epilog="example: qkv embed runs/mlm/best --input sentences.txt --output vectors.npy")
+    em.add_argument("model", help="checkpoint directory of a --task classify or mlm run")
+    em.add_argument("--input", "-i", required=True, help="one text a line (plain or gzip)")
+    em.add_argument("--output", "-o", required=True, help="FILE.npy or FILE.tsv")
+    em.add_argument("--pooling", choices=["mean", "cls"],
+                    help="mean over the tokens or the <cls> state (default: a classifier's own, mean for mlm)")
+    em.set_defaults(func=handlers["embed"])
+
+    se = sub.add_parser("search", help="rank the lines of a corpus by similarity to a query",
+                        description="Embed every line of --corpus and each query (as qkv embed), and print the "
+                                    "top-k lines by cosine similarity q.d / (|q| |d|), with their line numbers.",
+                        epilog='example: qkv search runs/mlm/best --corpus reviews.txt "a funny film" --top-k 5')
+    se.add_argument("model", help="checkpoint directory of a --task classify or mlm run")
+    se.add_argument("query", nargs="+", help="query texts")
+    se.add_argument("--corpus", required=True, help="one text a line (plain or gzip)")
+    se.add_argument("--top-k", type=int, default=5, dest="top_k", help="results per query (default: %(default)s)")
+    se.add_argument("--pooling", choices=["mean", "cls"], help="as for qkv embed")
+    se.set_defaults(func=handlers["search"])
+
+    a = sub.add_parser("average", help="average checkpoints (the paper averages the last 5 or 20)",
+                       description="Average the parameters of several checkpoints of one run into a new "
+                                   "checkpoint for decoding: either list checkpoint directories, or give one run "
+                                   "directory and --last N to take its newest N step_N/ checkpoints (saved during "
+                                   "training with --keep-last N).")
+    a.add_argument("inputs", nargs="+", help="checkpoint directories, or one run directory with --last")
+    a.add_argument("--last", type=int, help="average the newest N step_N/ checkpoints of the run directory")
+    a.add_argument("--out", required=True, help="where to write the averaged checkpoint: a new directory, not one "
+                                                "of the checkpoints averaged nor the run's last/, best/, step_N/")
+    a.set_defaults(func=handlers["average"])
+
+    i = sub.add_parser("info", help="parameter count and training FLOPs",
+                       description="Print the parameter count by component and the training FLOPs per target "
+                                   "token, for a preset (no weights are allocated) or a trained MODEL.")
+    i.add_argument("model", nargs="?", help="checkpoint directory (instead of a preset)")
+    i.add_argument("--preset", choices=PRESETS, help="model preset (default: base)")
+    i.add_argument("--config", help="TOML file with a [model] table")
+    i.add_argument("--vocab-size", type=int, dest="vocab_size", help="shared vocabulary size (default: 37000)")
+    i.add_argument("--src-len", type=int, default=25, help="source tokens per sentence for the FLOPs")
+    i.add_argument("--tgt-len", type=int, default=25, help="target tokens per sentence for the FLOPs")
+    add_config_flags(i, ModelConfig, "model (ModelConfig)")
+    i.set_defaults(func=handlers["info"])
+
+    v = sub.add_parser("viz", help="draw attention maps, the positional encoding, the schedule, a run's curves",
+                       description="Pictures of what the model does and how it trained (needs matplotlib: "
+                                   "pip install 'qkv[viz]').")
+    v.set_defaults(func=handlers["viz"])
+    vs = v.add_subparsers(dest="what", required=True, metavar="WHAT")
+    va = vs.add_parser("attention", help="every layer's and head's attention weights for one input",
+                       description=ATTENTION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    va.add_argument("model", help="checkpoint directory, e.g. runs/default/best")
+    va.add_argument("text", help="the source sentence (translate, prefix_lm) or the text (classify, mlm, lm)")
+    va.add_argument("--target", help="translate, prefix_lm: the target sentence the decoder reads "
+                                     "(default: the model's greedy translation)")
+    va.add_argument("--out", default="attention", help="output prefix: writes OUT.png and OUT.html (default: %(default)s)")
+    vp = vs.add_parser("positional", help="the sinusoidal positional encoding as a heatmap",
+                       description="PE(pos, 2i) = sin(pos/10000^(2i/d)), PE(pos, 2i+1) = cos(...) as a heatmap: "
+                                   "positions down, dimensions across; the low dimensions change fastest.")
+    vp.add_argument("--positions", type=int, default=60, help="positions (rows) (default: %(default)s)")
+    vp.add_argument("--dim", type=int, default=32, help="d_model, even (columns) (default: %(default)s)")
+    vp.add_argument("--out", default="positional.png", help="PNG file to write (default: %(default)s)")
+    vsch = vs.add_parser("schedule", help="the warmup learning-rate schedule",
+                         description="lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) "
+                                     "(section 5.3), its peak at step = warmup marked.")
+    vsch.add_argument("--d-model", type=int, default=512, dest="d_model", help="d_model (default: %(default)s)")
+    vsch.add_argument("--warmup", type=int, default=4000, help="warmup steps (default: %(default)s)")
+    vsch.add_argument("--steps", type=int, default=20000, help="steps to plot (default: %(default)s)")
+    vsch.add_argument("--scale", type=float, default=1.0, help="factor on the rate, as --lr-scale (default: %(default)s)")
+    vsch.add_argument("--out", default="schedule.png", help="PNG file to write (default: %(default)s)")
+    vt = vs.add_parser("training", help="a run's loss, validation scores and learning rate",
+                       description="Training and validation loss, validation BLEU / chrF / exact match "
+                                   "(translate, prefix_lm) or accuracy / macro-F1 (classify), "
+                                   "validation perplexity and the learning rate against the step, from "
+                                   "RUN/metrics.jsonl (written by qkv train; a run still training is fine).")
+    vt.add_argument("run", help="run directory (the --out of qkv train), e.g. runs/default")
+    vt.add_argument("--out", default="training.png", help="PNG file to write (default: %(default)s)")
+    add_bench_parser(sub, handlers)
+    return p
+
+
+def add_bench_parser(sub, handlers: dict) -> None:
+    b = sub.add_parser("bench", help="Table 1 and the long-range argument of section 4, measured",
+                       description="Measure what section 4 ('Why Self-Attention') argues: the cost of one layer "
+                                   "of each type as n grows (layers), and how far back each model can learn "
+                                   "to look (long-range). Writes JSON + PNG (needs matplotlib).")
+    b.set_defaults(func=handlers["bench"])
+    bs = b.add_subparsers(dest="what", required=True, metavar="WHAT")
+    bl = bs.add_parser("layers", formatter_class=DefaultsHelpFormatter,
+                       help="FLOPs, time, memory, sequential steps, path length of each layer type against n",
+                       description="One layer each of self-attention, restricted self-attention (window ±r, "
+                                   "blocked and as a dense band mask), LSTM, vanilla RNN, causal convolution "
+                                   "(kernel k) and dilated convolution, forward + backward, at n = n-min, "
+                                   "2·n-min, ..., n-max. Reports counted FLOPs, wall time, peak tensor memory, "
+                                   "sequential steps (the critical path of dependent kernels) and the maximum "
+                                   "path length (fewest stacked layers after which output n depends on input "
+                                   "1, from gradients), fits each one's growth exponent in n beside Table 1 and "
+                                   "locates where attention costs more than recurrence (the paper: n ≈ d). "
+                                   "Writes OUT/complexity.{json,md,png}. The full default run took 18 minutes "
+                                   "on one thread of a busy 2-core machine.")
+    bl.add_argument("--d", type=int, default=512, help="representation dimension d")
+    bl.add_argument("--n-min", type=int, default=16, dest="n_min", help="shortest sequence length")
+    bl.add_argument("--n-max", type=int, default=4096, dest="n_max", help="longest sequence length")
+    bl.add_argument("--r", type=int, default=64, help="radius of restricted attention: i sees j with |i-j| <= r")
+    bl.add_argument("--k", type=int, default=3, help="convolution kernel width (dilation k^i in layer i)")
+    bl.add_argument("--heads", type=int, default=8, help="attention heads h")
+    bl.add_argument("--batch", type=int, default=1, help="sequences per batch")
+    bl.add_argument("--repeats", type=int, default=3, help="timed runs per point (median), after a warm-up")
+    bl.add_argument("--layers", default="self-attention,attention-core,restricted,restricted-dense,lstm,rnn,conv,"
+                                         "conv-dilated", help="comma-separated layer types to measure")
+    bl.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    bl.add_argument("--out", default="runs/bench", help="output directory")
+    bl.add_argument("--quick", action="store_true",
+                    help="a smoke run in seconds: d=64, n=16..256, r=8, one timed repeat")
+    blr = bs.add_parser("long-range", formatter_class=DefaultsHelpFormatter,
+                        help="accuracy and gradient norm against the distance t to the token that decides the label",
+                        description="A synthetic task: a sequence of random symbols whose label is the symbol t "
+                                    "positions before the end. For each t, train a vanilla RNN, an LSTM and a "
+                                    "Transformer encoder (read at the last position) for a fixed number of steps; "
+                                    "report held-out accuracy (chance = 1/symbols) and the norm of the gradient of "
+                                    "the loss with respect to the input embedding at the deciding position, at "
+                                    "initialisation and after training. Writes OUT/long-range.{json,md} and "
+                                    "OUT/long-range-{accuracy,gradnorm}.png.")
+    blr.add_argument("--distances", default="2,5,10,20,50,100,200,500,1000", help="comma-separated distances t")
+    blr.add_argument("--models", default="rnn,lstm,transformer", help="comma-separated subset of rnn, lstm, transformer")
+    blr.add_argument("--steps", type=int, default=300, help="training steps per model and distance")
+    blr.add_argument("--hidden", type=int, default=64, help="hidden size (RNN, LSTM) and d_model (Transformer)")
+    blr.add_argument("--symbols", type=int, default=8, help="alphabet size K (chance accuracy 1/K)")
+    blr.add_argument("--batch", type=int, default=32, help="sequences per training step")
+    blr.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    blr.add_argument("--seed", type=int, default=0, help="random seed")
+    blr.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    blr.add_argument("--out", default="runs/bench", help="output directory")
+    blr.add_argument("--quick", action="store_true", help="a smoke run in seconds: t = 3, 5; 60 steps")
