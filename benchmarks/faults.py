@@ -66,7 +66,7 @@ def checkpoints(run: Path) -> list[Path]:
 
 
 def unloadable(run: Path) -> list[str]:
-    from qkv.training.checkpoint import read_checkpoint
+    from qkv.checkpoint import read_checkpoint
 
     bad = []
     for ckpt in checkpoints(run):
@@ -81,7 +81,7 @@ def compare(a: Path, b: Path) -> list[str]:
     """Differences between two runs: checkpoint names, tensors bit for bit, metrics records."""
     import torch
 
-    from qkv.training.checkpoint import read_checkpoint
+    from qkv.checkpoint import read_checkpoint
 
     diffs = []
     na, nb = [p.name for p in checkpoints(a)], [p.name for p in checkpoints(b)]

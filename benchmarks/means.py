@@ -82,7 +82,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 import qkv  # noqa: E402
-from qkv.api import quantize_int8  # noqa: E402
+from qkv.frontends import quantize_int8  # noqa: E402
 from qkv.config import BOS, EOS, ModelConfig, TrainConfig  # noqa: E402
 from qkv.data.batching import Batch, collate, padding_fraction, token_budget_batches  # noqa: E402
 from qkv.data.corpus import read_lines  # noqa: E402
@@ -93,7 +93,7 @@ from qkv.models import build_model  # noqa: E402
 from qkv.models.transformer import TransformerState  # noqa: E402
 from qkv.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention  # noqa: E402
 from qkv.tasks.base import token_loss  # noqa: E402
-from qkv.training.loss import label_smoothed_nll_loss, linear_label_smoothed_nll_loss  # noqa: E402
+from qkv.losses import label_smoothed_nll_loss, linear_label_smoothed_nll_loss  # noqa: E402
 
 beam_search_module = importlib.import_module("qkv.decoding.beam_search")  # the name qkv.decoding.beam_search is the function
 
@@ -222,7 +222,7 @@ def train_step_fn(model: nn.Module, batch: Batch, amp: bool = False, fused_loss:
     return step
 
 
-def load_trained(args) -> qkv.api.Translator | None:
+def load_trained(args) -> qkv.frontends.Translator | None:
     if not Path(args.model, "config.json").is_file():
         print(f"  (no trained model at {args.model}: skipped)", file=sys.stderr)
         return None

@@ -24,8 +24,8 @@ Systems (each in its own process, launched round-robin for --rounds rounds, orde
 round; ratios qkv/peer are the median over rounds of the per-round ratios):
 
 * qkv: Trainer.train_step (what `qkv train` runs) and qkv.decoding.greedy / beam_search on token
-  tensors (what qkv.api.Translator calls after tokenizing);
-* qkv-int8: the same decoding with dynamic int8 quantisation (qkv.api.quantize_int8, what
+  tensors (what qkv.frontends.Translator calls after tokenizing);
+* qkv-int8: the same decoding with dynamic int8 quantisation (qkv.frontends.quantize_int8, what
   `qkv translate --int8` runs): a different precision, compared with HF (float32) and CTranslate2
   int8 for information only; the targets are judged on the float32 row;
 * hf: transformers MarianMTModel as the paper's Transformer (post-norm, ReLU, sinusoidal positions,

@@ -8,7 +8,7 @@ from qkv.config import DecodeConfig, ModelConfig, TrainConfig
 from qkv.data import toy
 from qkv.errors import CheckpointError
 from qkv.training.average import average_checkpoints
-from qkv.training.checkpoint import list_checkpoints, read_checkpoint
+from qkv.checkpoint import list_checkpoints, read_checkpoint
 from qkv.training.trainer import ParallelData, train
 
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.nn.recurrent import Recurrent
-from qkv.training.bptt import bptt_windows, carry, train_bptt
+from qkv.bptt import bptt_windows, carry, train_bptt
 
 
 @pytest.mark.parametrize("length,bptt", [(11, 3), (10, 3), (7, 6), (5, 10), (2, 1)])

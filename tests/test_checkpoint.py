@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from qkv.errors import CheckpointError
-from qkv.training.checkpoint import (
+from qkv.checkpoint import (
     Checkpoint,
     list_checkpoints,
     load_into,
@@ -148,7 +148,7 @@ def test_atomic_replace_and_failed_save_leaves_old(tmp_path):
         (directory / "spm.model").write_bytes(b"partial")
         raise RuntimeError("disk full")
 
-    with pytest.raises(RuntimeError, match="disk full"):
+    with pytest.raises(CheckpointError, match="cannot write the checkpoint .*last: disk full; the previous last is unchanged"):
         save_checkpoint(path, nn.Linear(2, 2), {"v": 2}, write_extra=failing_writer)
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before  # untouched
     assert [p.name for p in tmp_path.iterdir()] == ["last"]  # no temp dir left behind
@@ -164,7 +164,7 @@ def test_atomic_replace_and_failed_save_leaves_old(tmp_path):
 
 
 def test_failure_during_swap_restores_old(tmp_path, monkeypatch):
-    import qkv.training.checkpoint as ckpt_module
+    import qkv.checkpoint as ckpt_module
 
     path = tmp_path / "last"
     save_checkpoint(path, nn.Linear(2, 2), {"v": 1})
@@ -176,7 +176,7 @@ def test_failure_during_swap_restores_old(tmp_path, monkeypatch):
         real_replace(src, dst)
 
     monkeypatch.setattr(ckpt_module.os, "replace", replace)
-    with pytest.raises(OSError, match="simulated crash"):
+    with pytest.raises(CheckpointError, match="simulated crash; the previous last is unchanged"):
         save_checkpoint(path, nn.Linear(2, 2), {"v": 2})
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["last"]

@@ -575,7 +575,7 @@ def test_sigterm_saves_last_and_the_run_resumes(run, tmp_path):
     import signal
     import time
 
-    from qkv.training.checkpoint import read_checkpoint
+    from qkv.checkpoint import read_checkpoint
 
     out = tmp_path / "run"
     argv = [str(a) for a in data_argv(run.files, out, "--preset", "tiny", "--tokenizer", "char", "--vocab-size", "60",

@@ -31,7 +31,7 @@ from qkv.data.batching import token_budget_batches
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import ConfigError
 from qkv.training import distributed
-from qkv.training.checkpoint import read_checkpoint
+from qkv.checkpoint import read_checkpoint
 
 WORDS = ["red", "blue", "cat", "dog", "sun", "tree"]
 FLAGS = ["--preset", "tiny", "--tokenizer", "char", "--vocab-size", "60", "--max-len", "40", "--max-tokens", "96",

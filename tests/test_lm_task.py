@@ -15,7 +15,8 @@ from qkv.data.tokenizer import TokenizerPair
 from qkv.models.decoder_only import DecoderOnlyTransformer
 from qkv.models.rnn_lm import RNNLanguageModel
 from qkv.tasks.base import TextData
-from qkv.tasks.lm import LanguageModel, LmTask
+from qkv.frontends import LanguageModel
+from qkv.tasks.lm import LmTask
 
 LINES = ["the cat sat", "on the mat", "", "the end"]
 

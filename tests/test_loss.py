@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.config import PAD
-from qkv.training.loss import label_smoothed_nll_loss
+from qkv.losses import label_smoothed_nll_loss
 
 
 def test_hand_computed_example():
@@ -95,7 +95,7 @@ def test_gradient_flows_and_shape_errors():
 
 # --- the fused output projection + loss --------------------------------------------------------------
 
-from qkv.training.loss import linear_label_smoothed_nll_loss  # noqa: E402
+from qkv.losses import linear_label_smoothed_nll_loss  # noqa: E402
 
 
 def _fused_and_reference(eps: float, chunk: int | None, dtype=torch.float64):

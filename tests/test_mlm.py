@@ -20,7 +20,7 @@ from qkv.data.batching import Batch
 from qkv.models import build_model
 from qkv.config import ModelConfig
 from qkv.tasks.mlm import FIRST_ORDINARY, MlmTask, mask_tokens
-from qkv.training.checkpoint import read_checkpoint
+from qkv.checkpoint import read_checkpoint
 
 WORDS = ["the", "movie", "was", "great", "bad", "plot", "film", "good", "and", "actor", "story", "fun"]
 

@@ -1,4 +1,4 @@
-"""Dynamic int8 quantisation: ``qkv.load(path, quantize="int8")``, ``qkv.api.quantize_int8`` and
+"""Dynamic int8 quantisation: ``qkv.load(path, quantize="int8")``, ``qkv.frontends.quantize_int8`` and
 ``--int8`` on ``qkv translate`` / ``qkv evaluate``.
 
 A tiny Transformer is trained for a few hundred steps on sequence reversal (so that its
@@ -18,14 +18,14 @@ import torch
 from torch import nn
 
 import qkv
-from qkv.api import Int8TiedOutput, quantize_int8
+from qkv.frontends import Int8TiedOutput, quantize_int8
 from qkv.cli import main
 from qkv.config import BOS, EOS, ModelConfig
 from qkv.data.batching import collate
 from qkv.decoding import beam_search, greedy
 from qkv.errors import QkvError
 from qkv.models import build_model
-from qkv.training.loss import label_smoothed_nll_loss
+from qkv.losses import label_smoothed_nll_loss
 
 V, FIRST = 24, 4  # vocabulary; ids 0-3 are PAD UNK BOS EOS
 

@@ -4,13 +4,12 @@ very weights of an uninterrupted run."""
 
 import dataclasses
 import json
-import math
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from qkv.config import DecodeConfig, ModelConfig, TrainConfig
 from qkv.data import toy
 from qkv.errors import QkvError, TrainingDiverged
 from qkv.training import trainer as trainer_mod
-from qkv.training.checkpoint import FAULT_ENV, list_checkpoints, read_checkpoint, save_checkpoint
+from qkv.checkpoint import FAULT_ENV, list_checkpoints, read_checkpoint, save_checkpoint
 from qkv.training.rundir import RunLock, recover, truncate_metrics
 from qkv.training.trainer import ParallelData, Trainer, train
 
@@ -407,3 +406,57 @@ def test_resume_reads_only_the_tokenizer_the_manifest_lists(tmp_path):
     train(MODEL, cfg, DecodeConfig(), DATA, None, part, resume=True, log=QUIET)
     a, b = weights(tmp_path / "full" / "last"), weights(part / "last")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_full_disk_during_a_save_is_named_and_keeps_the_previous_checkpoints(cli_files, tmp_path, monkeypatch,
+                                                                                capsys):
+    """safetensors reports a full disk as its own error type: the message still says so, names the
+    checkpoint, exits 2, and last/ keeps its previous commit; --resume then goes on."""
+    from safetensors import SafetensorError
+
+    from qkv import checkpoint
+
+    _, files = cli_files
+    real, calls = checkpoint.save_file, [0]
+
+    def save_file(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:  # last/ at step 0, best/ at step 3, then step_000003/
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_file", save_file)
+    out = tmp_path / "run"
+    rc = main(cli_argv(files, out))
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    assert f"cannot write the checkpoint {out / 'step_000003'}: no space left on device" in err
+    assert read_checkpoint(out / "last", need_trainer_state=True).trainer_state["step"] == 0
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+    monkeypatch.undo()
+    assert main(cli_argv(files, out, "--resume")) == 0
+
+
+def test_an_unwritable_metrics_file_is_named(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").mkdir()  # cannot be opened for appending
+    with pytest.raises(QkvError, match="cannot write .*metrics.jsonl"):
+        train(MODEL, dataclasses.replace(TRAIN, max_steps=2), DecodeConfig(), DATA, None, out, log=QUIET)
+
+
+def test_a_run_directory_without_last_is_never_started_over(tmp_path):
+    """best/ and step_N/ without last/ (deleted by hand, or left by an older qkv): neither a new run
+    nor --resume replaces them, and the message does not advise what would."""
+    out = tmp_path / "run"
+    train(MODEL, dataclasses.replace(TRAIN, max_steps=4), DecodeConfig(), DATA, VALID, out, log=QUIET)
+    before = {p.name: weights(p) for p in out.iterdir() if p.is_dir() and p.name != "last"}
+    shutil.rmtree(out / "last")
+    with pytest.raises(QkvError, match="holds checkpoints .*best.* of a run that has no last/"):
+        train(MODEL, TRAIN, DecodeConfig(), DATA, VALID, out, log=QUIET)
+    with pytest.raises(QkvError, match="cannot resume") as e:
+        train(MODEL, TRAIN, DecodeConfig(), DATA, VALID, out, resume=True, log=QUIET)
+    assert "another --out" in str(e.value) and "without --resume first" not in str(e.value)
+    after = {p.name: weights(p) for p in out.iterdir() if p.is_dir()}
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[n][k], after[n][k]) for n in before for k in before[n])

@@ -165,7 +165,7 @@ def test_evaluate_output_over_the_references_refused(run, capsys, tmp_path):
 def test_translate_interrupted_keeps_the_previous_output(run, capsys, tmp_path, monkeypatch):
     """The output replaces the old file only once complete: an interrupt in the second chunk of
     a long input leaves the old file (and no temporary file) behind."""
-    from qkv.api import Translator
+    from qkv.frontends import Translator
 
     inp = write_lines(tmp_path / "in.txt", run.src[:2] * 300)  # two chunks of batch_size * 8 lines
     dst = write_lines(tmp_path / "out.txt", ["previous translations"])
@@ -462,7 +462,7 @@ def test_language_model_stops_where_learned_positions_end():
     from qkv.config import MODEL_PRESETS
     from qkv.decoding.sampling import sample
     from qkv.models.decoder_only import DecoderOnlyTransformer
-    from qkv.tasks.lm import LanguageModel
+    from qkv.frontends import LanguageModel
 
     cfg = dataclasses.replace(MODEL_PRESETS["tiny"], task="lm", positional="learned", max_positions=8,
                               src_vocab_size=20, tgt_vocab_size=20)
@@ -484,7 +484,7 @@ def bad_config_checkpoint(path: Path, config: dict) -> Path:
     """A checkpoint whose manifest is valid but whose config.json sections are wrong."""
     import torch
 
-    from qkv.training.checkpoint import save_checkpoint
+    from qkv.checkpoint import save_checkpoint
 
     return save_checkpoint(path, torch.nn.Linear(2, 2), config)
 
@@ -538,7 +538,7 @@ def test_files_the_manifest_does_not_list_are_not_loaded(run, tmp_path):
 
     import qkv as api
     from qkv.data.tokenizer import Tokenizer, TokenizerPair
-    from qkv.training.checkpoint import load_into, read_checkpoint, save_checkpoint
+    from qkv.checkpoint import load_into, read_checkpoint, save_checkpoint
 
     joint = api.load(run.mt)
     stray = (run.clf / "spm.model").read_bytes()  # another run's tokenizer: other pieces, other ids

@@ -8,7 +8,7 @@ import torch
 from qkv.config import EOS
 from qkv.data.text import batchify, holdout_split, lm_windows, read_text, strip_gutenberg, token_stream
 from qkv.errors import CorpusError, QkvError
-from qkv.training.bptt import bptt_windows
+from qkv.bptt import bptt_windows
 
 BOOK = """The Project Gutenberg EBook of A Tiny Book
 Release Date: never

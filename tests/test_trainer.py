@@ -13,7 +13,7 @@ import qkv
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig
 from qkv.data import toy
 from qkv.errors import ConfigError, QkvError
-from qkv.training.checkpoint import read_checkpoint
+from qkv.checkpoint import read_checkpoint
 from qkv.training.trainer import ParallelData, train
 
 QUIET = lambda msg: None  # noqa: E731

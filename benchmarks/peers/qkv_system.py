@@ -1,7 +1,7 @@
 """qkv itself: training through ``qkv.training.trainer.Trainer.train_step`` (the code ``qkv train``
 runs: qkv's label-smoothed loss, gradient clipping at the preset's clip_norm, Adam(0.9, 0.98, 1e-9),
 the noam learning rate), decoding through ``qkv.decoding.greedy`` / ``beam_search`` on token
-tensors (what ``qkv.api.Translator`` calls after tokenizing; tokenization is left out for every
+tensors (what ``qkv.frontends.Translator`` calls after tokenizing; tokenization is left out for every
 system)."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _decode(spec: dict, task: str, int8: bool = False) -> dict:
     torch.manual_seed(0)
     model = build_model(model_config(spec)).eval()
     if int8:  # dynamic int8 quantisation, as `qkv translate --int8`
-        from qkv.api import quantize_int8
+        from qkv.frontends import quantize_int8
 
         model = quantize_int8(model)
     # min_len = max_len = out_len - 1: every sentence emits out_len - 1 tokens, then the forced EOS,

@@ -231,7 +231,7 @@ def main() -> int:
     import qkv as qkv_lib
     from qkv.data.corpus import read_lines
     from qkv.metrics import bleu, bleu_tok_lc, chrf, moses_tokenize
-    from qkv.training.checkpoint import list_checkpoints
+    from qkv.checkpoint import list_checkpoints
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -9,17 +9,18 @@ __version__ = "0.1.0"
 
 
 def load(path, device="cpu", quantize=None):
-    """Load a checkpoint directory as a :class:`qkv.api.Translator` (see :func:`qkv.api.load`);
-    ``quantize="int8"``: dynamic int8 quantisation for CPU decoding."""
-    from qkv.api import load as _load
+    """Load a checkpoint directory as its task's front-end (a :class:`qkv.frontends.Translator`,
+    ``Encoder`` or ``LanguageModel``; see :func:`qkv.frontends.load`); ``quantize="int8"``: dynamic
+    int8 quantisation for CPU decoding."""
+    from qkv.frontends import load as _load
 
     return _load(path, device, quantize)
 
 
 def load_ensemble(paths, device="cpu", quantize=None):
-    """Load translation checkpoints with one vocabulary as one :class:`qkv.api.Translator` that
-    decodes with the mean of their distributions (see :func:`qkv.api.load_ensemble`)."""
-    from qkv.api import load_ensemble as _load_ensemble
+    """Load translation checkpoints with one vocabulary as one :class:`qkv.frontends.Translator` that
+    decodes with the mean of their distributions (see :func:`qkv.frontends.load_ensemble`)."""
+    from qkv.frontends import load_ensemble as _load_ensemble
 
     return _load_ensemble(paths, device, quantize)
 

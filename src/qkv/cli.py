@@ -239,7 +239,7 @@ def resolve_configs_toy(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
 
 def resumed_configs(last: Path, args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
     """Resuming keeps the run's own settings; flags may change only limits and evaluation cadence."""
-    from qkv.training.checkpoint import read_checkpoint, read_config
+    from qkv.checkpoint import read_checkpoint, read_config
     from qkv.training.rundir import missing_last_message
 
     if not last.exists():
@@ -311,6 +311,25 @@ def output_stream(path: str | None):
         yield fh
 
 
+def open_model(path: str, command: str, **kwargs):
+    """:func:`qkv.frontends.open_model`, imported when a command needs it (``--help`` stays fast)."""
+    from qkv.frontends import open_model as open_
+
+    return open_(path, command, **kwargs)
+
+
+def load_ensemble(paths: list[str], **kwargs):
+    from qkv.frontends import load_ensemble as load_
+
+    return load_(paths, **kwargs)
+
+
+def checkpoint_task(path: str) -> str | None:
+    from qkv.frontends import checkpoint_task as task_of
+
+    return task_of(path)
+
+
 def check_output(output: str | None, **inputs: str | None) -> None:
     """Before anything is loaded: ``--output`` can be written and is none of the input files
     (``inputs``: flag name -> path, e.g. ``input=args.input``)."""
@@ -325,25 +344,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
     check_output(args.output, input=args.input)
     model = load_translator(args)
     overrides = flags_for(args, DecodeConfig)
-    dataclasses.replace(model.decode_cfg, **overrides).validate()  # a bad flag fails before any decoding
+    nbest = dataclasses.replace(model.decode_cfg, **overrides).validate().nbest  # a bad flag fails first
     lines = read_inputs(args)
-    nbest = overrides.get("nbest", model.decode_cfg.nbest)
+    warn = truncation_warning("translate", args, "translated")
     with output_stream(args.output) as out_fh:
-        bs = overrides.get("batch_size", model.decode_cfg.batch_size) * 8
-        for start in range(0, len(lines), bs):  # a chunk at a time, so output streams on long inputs
-            chunk = lines[start : start + bs]
-            keep = [i for i, line in enumerate(chunk) if line.strip()]  # empty lines stay empty
-            warn = truncation_warning("translate", args, [start + i + 1 for i in keep], "translated")
-            scored = model.translate_scored([chunk[i] for i in keep], on_truncate=warn, **overrides) if keep else []
-            results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in chunk]  # N rows each
-            for i, s in zip(keep, scored):
-                results[i] = s
-            for k, hyps in enumerate(results):
-                if nbest > 1:
-                    for text, score in hyps:
-                        out_fh.write(f"{start + k}\t{score:.4f}\t{text}\n")
-                else:
-                    out_fh.write(hyps[0][0] + "\n")
+        for k, hyps in enumerate(model.translate_lines(lines, warn, **overrides)):
+            out_fh.write("".join(f"{k}\t{score:.4f}\t{text}\n" for text, score in hyps) if nbest > 1
+                         else hyps[0][0] + "\n")
             out_fh.flush()
     return 0
 
@@ -400,19 +407,8 @@ def write_lines(path: str, lines: list[str]) -> None:
         fh.write("".join(line + "\n" for line in lines))
 
 
-def checkpoint_task(path: str) -> str | None:
-    """The task recorded in a checkpoint's config.json (None if unreadable: loading will say why)."""
-    import json
-
-    try:
-        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))["model"].get("task", "translate")
-    except (OSError, ValueError, KeyError, AttributeError):
-        return None
-
-
 def evaluate_lm(args: argparse.Namespace) -> int:
     """Perplexity per token and bits per character of a language model on plain --test text."""
-    import qkv
     from qkv.data.text import holdout_split, read_text, strip_gutenberg
 
     lines = read_text(args.test)
@@ -422,21 +418,15 @@ def evaluate_lm(args: argparse.Namespace) -> int:
     if args.last_fraction:
         _, lines = holdout_split(lines, args.last_fraction)
         what = f"{args.test} (the last {args.last_fraction:g} of the text, as --valid-fraction holds out)"
-    model = qkv.load(args.model)
-    r = model.score(lines)
+    r = open_model(args.model, "evaluate").score(lines)
     print(f"{what}: perplexity {r.ppl:.4f} per token ({r.tokens} tokens), "
           f"{r.bpc:.4f} bits per character ({r.characters} characters, newlines counted)")
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import qkv
-    from qkv.tasks.lm import LanguageModel
-
     check_option_bounds(seed=args.seed, temperature=args.temperature, top_p=args.top_p)
-    model = qkv.load(args.model)
-    if not isinstance(model, LanguageModel):
-        raise QkvError(f"{args.model} is not a language model (--task lm); translate with 'qkv translate'")
+    model = open_model(args.model, "generate")
     temperature = 0.0 if args.greedy else args.temperature
     out = sys.stdout
     out.write(args.prefix)
@@ -465,73 +455,37 @@ def check_option_bounds(seed: int | None = None, threads: int = 0, **floats: flo
 
 def load_translator(args: argparse.Namespace):
     """MODEL, or MODEL with the --ensemble checkpoints as one ensemble; a clear error if not a translator."""
-    import qkv
-
     quantize = "int8" if args.int8 else None
     if getattr(args, "ensemble", None):
-        for path in [args.model, *args.ensemble]:
-            require_translator_task(path)
-        return qkv.load_ensemble([args.model, *args.ensemble], quantize=quantize)
-    model = qkv.load(args.model, quantize=quantize)
-    require_translator(model, args.model)
-    return model
-
-
-def require_translator_task(path: str) -> None:
-    """Fail before loading anything when ``path`` holds a checkpoint of another task."""
-    task = checkpoint_task(path)
-    if task is not None and task not in ("translate", "prefix_lm"):
-        raise QkvError(f"{path} is a {task!r} model, not a translation model: only translation models "
-                       "decode as an ensemble (--ensemble)")
-
-
-def require_translator(model, path) -> None:
-    if not hasattr(model, "translate"):
-        task = getattr(model, "task", "?")
-        hint = {"classify": "qkv classify / qkv evaluate --test", "mlm": "qkv fill / qkv embed",
-                "lm": "qkv generate / qkv evaluate --test"}.get(task, "")
-        raise QkvError(f"{path} is a {task!r} model, not a translation model" + (f" (use {hint})" if hint else ""))
+        return load_ensemble([args.model, *args.ensemble], quantize=quantize)
+    return open_model(args.model, "translate", quantize=quantize)
 
 
 def evaluate_classifier(args: argparse.Namespace) -> int:
     """Accuracy, macro-F1 and the confusion matrix of a classifier on labelled --test data."""
-    import qkv
     from qkv.data.labelled import read_labelled
-    from qkv.metrics import accuracy, confusion_matrix, f1_per_class, format_confusion, macro_f1
 
     if not args.model:
         raise QkvError("--test needs a MODEL (a classifier checkpoint)")
-    model = qkv.load(args.model)
-    if getattr(model, "task", "translate") != "classify":
-        raise QkvError(f"{args.model} is not a classifier: --test evaluates --task classify models "
+    if checkpoint_task(args.model) not in (None, "classify"):
+        raise QkvError(f"{args.model} is not a classifier: --test evaluates --task classify and --task lm models "
                        "(score translations with --src and --ref)")
+    model = open_model(args.model, "classify")
     data = read_labelled(args.test, args.text_field, args.label_field)
-    index = {label: i for i, label in enumerate(model.labels)}
-    for i, label in enumerate(data.labels):
-        if label not in index:
-            raise QkvError(f"{args.test}:{data.line(i)}: label {label!r} is not one of the model's labels "
-                           f"({', '.join(model.labels)})")
-    golds = [index[label] for label in data.labels]
-    preds = model.probabilities(data.texts).argmax(dim=-1).tolist()
-    matrix = confusion_matrix(golds, preds, len(model.labels))
+    report = model.evaluate(data.texts, data.labels, lambda i: f"{args.test}:{data.line(i)}")
     if args.output:
-        write_lines(args.output, [model.labels[p] for p in preds])
-    print(f"{args.test}: {len(golds)} examples")
-    print(f"accuracy {accuracy(golds, preds):.4f}")
-    print(f"macro-F1 {macro_f1(matrix):.4f}  (per class: "
-          + ", ".join(f"{lab} {f:.4f}" for lab, f in zip(model.labels, f1_per_class(matrix))) + ")")
-    print("confusion matrix (rows: true label, columns: predicted):")
-    print(format_confusion(matrix, model.labels))
+        write_lines(args.output, [model.labels[p] for p in report.preds])
+    print(report.text(args.test))
     return 0
 
 
-def truncation_warning(command: str, args: argparse.Namespace, lines: list[int], done: str):
-    """A handler for the inputs a model cuts to its length (``lines``: the 1-based line number of
-    each input passed): one warning on stderr naming the file and lines, and the length kept."""
+def truncation_warning(command: str, args: argparse.Namespace, done: str):
+    """A handler for the inputs a model cuts to its length (``indices`` into the input lines): one
+    warning on stderr naming the file and lines, and the length kept."""
     source = "<arguments>" if args.text else args.input if args.input and args.input != "-" else "<stdin>"
 
     def warn(indices: list[int], kept: int) -> None:
-        numbers = [lines[i] for i in indices]
+        numbers = [i + 1 for i in indices]
         where = f"{source}:{numbers[0]}" if len(numbers) == 1 else f"{source}: lines " + ", ".join(
             map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
         log(f"qkv {command}: warning: {where}: longer than the {kept} tokens the model reads; "
@@ -550,44 +504,24 @@ def read_inputs(args: argparse.Namespace) -> list[str]:
     return decode_lines(sys.stdin.buffer.read(), "<stdin>")
 
 
-def load_encoder(path: str, needs: str):
-    import qkv
-
-    model = qkv.load(path)
-    task = getattr(model, "task", "translate")
-    if needs == "classify" and task != "classify":
-        raise QkvError(f"{path} is a {task!r} model, not a classifier (train one with --task classify)")
-    if needs == "mlm" and task != "mlm":
-        raise QkvError(f"{path} is a {task!r} model: fill needs a masked language model (--task mlm)")
-    if needs == "encoder" and not hasattr(model, "embed"):
-        raise QkvError(f"{path} is a {task!r} model: embed/search need an encoder (--task classify or mlm)")
-    return model
-
-
 def cmd_classify(args: argparse.Namespace) -> int:
     check_output(args.output, input=args.input)
-    model = load_encoder(args.model, "classify")
-    lines = read_inputs(args)
+    model = open_model(args.model, "classify")
+    warn = truncation_warning("classify", args, "classified")
     with output_stream(args.output) as out_fh:
-        for start in range(0, len(lines), 512):  # a chunk at a time: output streams on long inputs
-            chunk = lines[start:start + 512]
-            keep = [i for i, line in enumerate(chunk) if line.strip()]
-            warn = truncation_warning("classify", args, [start + i + 1 for i in keep], "classified")
-            rows = dict(zip(keep, model.probabilities([chunk[i] for i in keep], on_truncate=warn))) if keep else {}
-            for i in range(len(chunk)):
-                if i not in rows:
-                    out_fh.write("\n")  # an empty input line stays an empty output line
-                    continue
-                p = rows[i]
-                c = int(p.argmax())
-                extra = "\t" + " ".join(f"{lab}={float(v):.4f}" for lab, v in zip(model.labels, p)) if args.all else ""
-                out_fh.write(f"{model.labels[c]}\t{float(p[c]):.4f}{extra}\n")
+        for p in model.classify_lines(read_inputs(args), warn):
+            if p is None:  # an empty input line stays an empty output line
+                out_fh.write("\n")
+                continue
+            c = int(p.argmax())
+            extra = "\t" + " ".join(f"{lab}={float(v):.4f}" for lab, v in zip(model.labels, p)) if args.all else ""
+            out_fh.write(f"{model.labels[c]}\t{float(p[c]):.4f}{extra}\n")
             out_fh.flush()
     return 0
 
 
 def cmd_fill(args: argparse.Namespace) -> int:
-    model = load_encoder(args.model, "mlm")
+    model = open_model(args.model, "fill")
     for text in args.text:
         print(text)
         for m, preds in enumerate(model.fill(text, args.top_k)):
@@ -605,7 +539,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if out.suffix not in (".npy", ".tsv"):
         raise QkvError(f"--output {out}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
     check_output(args.output, input=args.input)
-    model = load_encoder(args.model, "encoder")
+    model = open_model(args.model, "embed")
     lines = read_lines(args.input)
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -624,7 +558,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from qkv.data.corpus import read_lines
 
-    model = load_encoder(args.model, "encoder")
+    model = open_model(args.model, "search")
     corpus = read_lines(args.corpus)
     rows = [i for i, line in enumerate(corpus) if line.strip()]
     if not rows:
@@ -720,9 +654,7 @@ def cmd_viz(args: argparse.Namespace) -> int:
     from qkv import viz
 
     if args.what == "attention":
-        import qkv
-
-        data = viz.attention_data(qkv.load(args.model), args.text, args.target)
+        data = viz.attention_data(open_model(args.model, "viz"), args.text, args.target)
         if data["target_from"] == "greedy":
             print(f"target: the model's own greedy translation (give --target to choose): {data['target']}")
         prefix = args.out[: -len(Path(args.out).suffix)] if Path(args.out).suffix in (".png", ".html") else args.out

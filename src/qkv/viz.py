@@ -149,7 +149,7 @@ def _check_length(n: int, cfg) -> None:
 
 def _encoder_only_data(encoder, text: str) -> dict[str, Any]:
     """classify / mlm: the encoder's self-attention over ``<cls>`` + the text (cleaned and
-    truncated as :class:`qkv.encoder.Encoder` reads it)."""
+    truncated as :class:`qkv.frontends.Encoder` reads it)."""
     tokens = encoder.input_tokens(text)  # (1, T)
     pieces = [encoder.tokenizers.src.id_to_piece(i) for i in tokens[0].tolist()]
     return {

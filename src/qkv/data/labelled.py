@@ -15,6 +15,8 @@ same cleaning is applied to what a trained model reads later.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import json
 import re
 from pathlib import Path
@@ -100,10 +102,25 @@ def _records(path: str | Path, fields: list[str]) -> tuple[list[list[str]], list
     return rows, numbers, fmt
 
 
-def read_labelled(path: str | Path, text_field: str = "text", label_field: str = "label"):
-    """Labelled examples of a JSONL or TSV file -> :class:`qkv.tasks.base.TextData` (texts cleaned)."""
-    from qkv.tasks.base import TextData
+@dataclass
+class TextData:
+    """One-sided examples: texts, with a label each for classification."""
 
+    texts: list[str]
+    labels: list[str] | None = None
+    name: str = "data"
+    line_numbers: list[int] | None = None  # 1-based line of each example in its file
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def line(self, i: int) -> int:
+        return self.line_numbers[i] if self.line_numbers else i + 1
+
+
+
+def read_labelled(path: str | Path, text_field: str = "text", label_field: str = "label"):
+    """Labelled examples of a JSONL or TSV file -> :class:`TextData` (texts cleaned)."""
     rows, numbers, _ = _records(path, [text_field, label_field])
     texts, labels = [], []
     for (text, label), n in zip(rows, numbers):
@@ -121,8 +138,6 @@ def read_labelled(path: str | Path, text_field: str = "text", label_field: str =
 
 def read_texts(path: str | Path, text_field: str = "text"):
     """Unlabelled texts: plain lines, or the ``text_field`` of JSONL/TSV -> TextData (empty ones skipped)."""
-    from qkv.tasks.base import TextData
-
     rows, numbers, fmt = _records(path, [text_field])
     texts, kept = [], []
     for (text,), n in zip(rows, numbers):

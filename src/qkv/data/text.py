@@ -12,7 +12,7 @@ Training cuts the stream two ways:
 
 * Transformer (:func:`lm_windows`): non-overlapping windows of ``n + 1`` tokens, each an input
   ``x_1..x_n`` and its targets ``x_2..x_{n+1}`` (shuffled between batches; no state crosses them);
-* RNN (:func:`batchify`, then :func:`qkv.training.bptt.bptt_windows`): the stream is cut into B
+* RNN (:func:`batchify`, then :func:`qkv.bptt.bptt_windows`): the stream is cut into B
   contiguous rows ``(B, N)``, and consecutive windows ``(B, bptt)`` of those rows follow each other in time,
   so the recurrent state at the end of one window is the right initial state of the next
   (truncated backpropagation through time).

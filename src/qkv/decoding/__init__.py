@@ -9,7 +9,7 @@ A model also states its limits: ``max_source_len()``, the longest source row ``s
 ``max_steps(src_lengths)``, how many ``step`` calls a state takes (None: no limit; learned
 positions end at ``max_positions``). :func:`max_output_len` caps every budget at
 ``MAX_OUTPUT_LEN`` and, given ``limit``, at what the model can take; the front-ends
-(:class:`qkv.api.Translator`, the language model) pass it.
+(:class:`qkv.frontends.Translator`, the language model) pass it.
 """
 
 from qkv.decoding.beam_search import Hypothesis, beam_search, length_penalty

@@ -14,7 +14,7 @@ so the decoders' own normalisation leaves it as it is.
 
 Each member keeps its own decoding state (its own encoder output and caches); a step costs the
 sum of the members' steps. The members must share the vocabulary (the same token ids on both
-sides): :func:`qkv.api.load_ensemble` checks their tokenizers before building one.
+sides): :func:`qkv.frontends.load_ensemble` checks their tokenizers before building one.
 """
 
 from __future__ import annotations

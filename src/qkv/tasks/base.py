@@ -9,10 +9,10 @@ from typing import Any, Callable
 import torch
 
 from qkv.config import DecodeConfig, ModelConfig, TrainConfig
+from qkv.data.labelled import TextData  # noqa: F401  (the tasks' one-sided data; defined with its readers)
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import ConfigError, QkvError
-from qkv.training.distributed import unwrap
-from qkv.training.loss import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
+from qkv.losses import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
 
 
 @dataclass
@@ -31,22 +31,6 @@ class DataPaths:
     valid_fraction: float = 0.0  # lm: without a valid file, hold out this last fraction of the training text
 
 
-@dataclass
-class TextData:
-    """One-sided examples: texts, with a label each for classification."""
-
-    texts: list[str]
-    labels: list[str] | None = None
-    name: str = "data"
-    line_numbers: list[int] | None = None  # 1-based line of each example in its file
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def line(self, i: int) -> int:
-        return self.line_numbers[i] if self.line_numbers else i + 1
-
-
 class Task:
     """Defaults shared by the tasks; each task module overrides what differs."""
 
@@ -55,6 +39,10 @@ class Task:
     specials = True
     best_metric, best_mode = "valid_loss", "min"
     unit = "tok"  # what n_tgt_tokens counts, for the progress line ("tok/s", "ex/s")
+    # What its checkpoints serve: the qkv commands (translate, evaluate, classify, fill, embed, search,
+    # generate, viz, ensemble) that take a model of this task; and the model's name in messages.
+    offers: frozenset[str] = frozenset()
+    kind = "a model"
 
     def read_data(self, paths: DataPaths, log: Callable[[str], None]):
         raise NotImplementedError
@@ -106,10 +94,6 @@ class Task:
     def summary(self, record: dict) -> str:
         return ""
 
-    def frontend(self, model, tokenizers: TokenizerPair, config: dict, decode_cfg: DecodeConfig,
-                 train_cfg: TrainConfig | None):
-        raise NotImplementedError
-
 
 def token_loss(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, train_cfg: TrainConfig,
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,14 +128,14 @@ ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_deco
 
 def checkpoint_tokenizers(path: str | Path) -> TokenizerPair:
     """The tokenizer of the checkpoint at ``path``: the model files its manifest lists, no other."""
-    from qkv.training.checkpoint import listed_files
+    from qkv.checkpoint import listed_files
 
     return TokenizerPair.load(path, listed_files(path))
 
 
 def init_model_config(model_cfg: ModelConfig, path: str | Path, log: Callable[[str], None]) -> ModelConfig:
     """The architecture of the checkpoint at ``path`` (its weights must fit), this run's task and the rest."""
-    from qkv.training.checkpoint import read_checkpoint, read_config
+    from qkv.checkpoint import read_checkpoint, read_config
 
     saved = read_config(read_checkpoint(Path(path)), "model")
     changed = {k: getattr(saved, k) for k in ARCH_FIELDS if getattr(saved, k) != getattr(model_cfg, k)}
@@ -167,7 +151,7 @@ def init_weights(model: torch.nn.Module, path: str | Path, log: Callable[[str], 
     Returns (copied names, names left at their fresh initialisation), e.g. an MLM encoder's
     embeddings and layers copied into a classifier whose head stays new.
     """
-    from qkv.training.checkpoint import read_checkpoint
+    from qkv.checkpoint import read_checkpoint
 
     ckpt = read_checkpoint(Path(path))
     own = model.state_dict()
@@ -184,3 +168,14 @@ def init_weights(model: torch.nn.Module, path: str | Path, log: Callable[[str], 
         raise QkvError(f"init_from {path}: no parameter of that checkpoint fits this model (nothing to start from)")
     log(f"init_from {path}: copied {len(copied)} tensors; new: {', '.join(fresh) if fresh else 'none'}")
     return copied, fresh
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DistributedDataParallel and/or ``torch.compile`` wrapper."""
+    while True:
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            module = module.module
+        elif isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):  # torch.compile's OptimizedModule
+            module = module._orig_mod
+        else:
+            return module

@@ -21,7 +21,7 @@ from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import CorpusError, QkvError
 from qkv.metrics import accuracy, confusion_matrix, macro_f1
 from qkv.tasks.base import DataPaths, Task, TextData
-from qkv.training.loss import label_smoothed_nll_loss
+from qkv.losses import label_smoothed_nll_loss
 
 NO_LABEL = -1  # ignore_index of the loss: no class id is negative
 
@@ -108,6 +108,8 @@ def encode_texts(data: TextData, tokenizers: TokenizerPair, max_len: int | None,
 
 class ClassifyTask(Task):
     name = "classify"
+    offers = frozenset({"classify", "evaluate", "embed", "search", "viz"})
+    kind = "a classifier"
     best_metric, best_mode = "valid_accuracy", "max"
     unit = "ex"  # one loss term per example
 
@@ -171,8 +173,3 @@ class ClassifyTask(Task):
 
     def summary(self, v: dict) -> str:
         return f"  accuracy {100 * v['valid_accuracy']:.2f}%  macro-F1 {100 * v['valid_macro_f1']:.2f}"
-
-    def frontend(self, model, tokenizers, config, decode_cfg, train_cfg):
-        from qkv.encoder import Encoder
-
-        return Encoder(model, tokenizers, config.get("labels"), train_cfg)

@@ -9,7 +9,7 @@ stream is cut depends on the model:
   tokens, ``max_tokens // max_len`` windows per batch, shuffled each epoch; a window sees only
   its own tokens (the context at its start is empty);
 * RNN / LSTM / GRU (``arch = rnn | lstm | gru``): truncated backpropagation through time
-  (:mod:`qkv.training.bptt`). The stream is cut into ``B = max_tokens // max_len`` contiguous
+  (:mod:`qkv.bptt`). The stream is cut into ``B = max_tokens // max_len`` contiguous
   rows; batch k is window k (``max_len`` = bptt positions) of all rows, in order, never shuffled,
   and the recurrent state at the end of window k (detached) starts window k + 1. The task keeps
   that state between batches (one for training, one for evaluation; it restarts at window 0,
@@ -21,7 +21,7 @@ Bits per character = total nll / ln 2 / characters of the text (newlines counted
 
 Data: ``--train FILE`` and ``--valid FILE``, or ``--valid-fraction F`` to hold out the last F of
 the training text; ``--strip-gutenberg`` keeps only the book between the ``*** START`` and
-``*** END`` lines. The front-end :class:`LanguageModel` generates (streaming) and scores text.
+``*** END`` lines. The front-end :class:`qkv.frontends.LanguageModel` generates (streaming) and scores text.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -40,8 +38,8 @@ from qkv.data.text import batchify, holdout_split, lm_windows, read_text, strip_
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
 from qkv.tasks.base import DataPaths, Task, TextData, token_loss
-from qkv.training.bptt import carry
-from qkv.training.loss import label_smoothed_nll_loss
+from qkv.bptt import carry
+from qkv.losses import label_smoothed_nll_loss
 
 
 @dataclass
@@ -110,6 +108,8 @@ def read_text_data(path: str, strip: bool) -> list[str]:
 
 class LmTask(Task):
     name = "lm"
+    offers = frozenset({"generate", "evaluate", "viz"})
+    kind = "a language model"
     data_kind = "text"
     specials = True  # <sep> etc. at their fixed ids, as every one-sided task
 
@@ -173,122 +173,34 @@ class LmTask(Task):
         if first is None:
             return {}
         prompt = first[: max(8, len(first) // 3)]
-        text = "".join(LanguageModel(model, tokenizers, train_cfg).generate(prompt, 60, temperature=0))
-        return {"valid_samples": [[prompt, text.replace("\n", " / "), first]]}
-
-    def frontend(self, model, tokenizers, config, decode_cfg, train_cfg):
-        return LanguageModel(model, tokenizers, train_cfg)
+        return {"valid_samples": [[prompt, greedy_continuation(model, tokenizers.tgt, prompt, 60), first]]}
 
 
-@dataclass
-class Perplexity:
-    """Scores of a text: ``ppl = exp(nll / tokens)``; ``bpc`` = nll / ln 2 / characters."""
+@torch.inference_mode()
+def greedy_continuation(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """The greedy continuation of a one-line ``prompt``, its lines joined by " / " (a sample to watch
+    during validation; :class:`qkv.frontends.LanguageModel` is what users generate with)."""
+    from qkv.decoding.sampling import sample
 
-    nll: float
-    tokens: int
-    characters: int
-
-    @property
-    def ppl(self) -> float:
-        return math.exp(min(self.nll / self.tokens, 700.0))
-
-    @property
-    def bpc(self) -> float:
-        return self.nll / math.log(2) / self.characters
-
-
-class LanguageModel:
-    """A trained language model with its tokenizer: :meth:`generate` (streaming) and :meth:`score`."""
-
-    task = "lm"
-
-    def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, train_cfg: TrainConfig | None = None):
-        self.model, self.tokenizers = model, tokenizers
-        self.train_cfg = train_cfg or TrainConfig()
-
-    @property
-    def tokenizer(self):
-        return self.tokenizers.tgt
-
-    @property
-    def recurrent(self) -> bool:
-        return not hasattr(self.model, "layers")
-
-    def prompt_ids(self, prefix: str) -> list[int]:
-        """The token ids of a prompt as the model reads it: each line but the last followed by
-        EOS (the training stream's layout); the last line open, to be continued."""
-        lines = prefix.split("\n")
-        return token_stream(lines[:-1], self.tokenizer.encode) + self.tokenizer.encode([lines[-1]])[0]
-
-    def fit_positions(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], int]:
-        """A learned position table ends at ``max_positions``: a prompt longer than the model reads
-        keeps its last half-table of tokens, and generation stops where the table ends; a warning
-        says which. Unchanged for sinusoidal positions and recurrent models."""
-        limit = self.model.max_source_len()
-        if limit is None:
-            return ids, max_new_tokens
-        if len(ids) - 1 > limit:  # sample() starts on all but the last prompt token
-            warnings.warn(f"the prompt is {len(ids)} tokens, more than the model reads: continuing its last "
-                          f"{limit // 2 + 1} tokens", stacklevel=3)
-            ids = ids[-(limit // 2 + 1):]
-        room = int(self.model.max_steps(torch.tensor(max(len(ids) - 1, 0))))
-        if max_new_tokens > room:
-            warnings.warn(f"the model's learned positions end at max_positions={self.model.cfg.max_positions}: "
-                          f"generating {room} tokens, not {max_new_tokens}", stacklevel=3)
-        return ids, min(max_new_tokens, room)
-
-    def generate(self, prefix: str, max_new_tokens: int = 200, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
-        """Continue ``prefix``; yields the text as it is produced (EOS is a line break). The
-        prefix's lines end with EOS, except the last, which the model continues. With a subword
-        tokenizer end the prefix at a word boundary: a word cut in two is tokenized into pieces the
-        model rarely saw in that place."""
-        from qkv.decoding.sampling import sample
-
-        ids, max_new_tokens = self.fit_positions(self.prompt_ids(prefix), max_new_tokens)
-        lines = prefix.split("\n")
-        line = self.tokenizer.encode([lines[-1]])[0]  # the tokens of the line being written
-        shown = self.tokenizer.decode([line])[0]
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for t in sample(self.model, ids, max_new_tokens, temperature, top_k, top_p, seed):
-                if t == EOS:
-                    line, shown = [], ""
-                    yield "\n"
-                    continue
-                line.append(t)
-                text = self.tokenizer.decode([line])[0]
-                if text.startswith(shown):
-                    new = text[len(shown) :]
-                else:  # the decoder rewrote the line's end (rare): show the difference from the common start
-                    new = text[len(os.path.commonprefix([text, shown])) :]
-                shown = text
-                if new:
-                    yield new
-        finally:
-            self.model.train(was_training)
-
-    @torch.inference_mode()
-    def score(self, lines: list[str], max_tokens: int | None = None) -> Perplexity:
-        """Perplexity and bits per character of ``lines``, cut as validation cuts it (the training
-        run's ``max_len`` windows; for an RNN, its carried state over ``max_tokens // max_len`` rows)."""
-        task = LmTask()
-        task.recurrent = self.recurrent
-        split = task.encode(TextData(list(lines), name="text"), self.tokenizers, self.train_cfg, None, train=False)
-        was_training = self.model.training
-        self.model.eval()
-        device = next(self.model.parameters()).device
-        nll, n = 0.0, 0
-        try:
-            for ix in split.batches(max_tokens or self.train_cfg.max_tokens, shuffle=False, seed=0, epoch=0):
-                batch = split.collate(ix).to(device)
-                _, nll_sum = task.loss(self.model, batch, TrainConfig(label_smoothing=0.0))
-                nll += float(nll_sum)
-                n += batch.n_tgt_tokens
-        finally:
-            self.model.train(was_training)
-        return Perplexity(nll, n, sum(len(line) + 1 for line in lines))
+    ids = tokenizer.encode([prompt])[0]
+    limit = model.max_source_len()
+    if limit is not None:  # learned positions: the prompt's tail, and no step past the table
+        ids = ids[-(limit // 2 + 1):]
+        max_new_tokens = min(max_new_tokens, int(model.max_steps(torch.tensor(max(len(ids) - 1, 0)))))
+    was_training = model.training
+    model.eval()
+    try:
+        out = list(sample(model, ids, max_new_tokens, 0.0, 0, 1.0, None))
+    finally:
+        model.train(was_training)
+    lines, line = [], []
+    for t in out:
+        if t == EOS:
+            lines.append(line)
+            line = []
+        else:
+            line.append(t)
+    return " / ".join(tokenizer.decode([*lines, line]))
 
 
-__all__ = ["LmTask", "LanguageModel", "LMBatch", "StreamSplit", "Perplexity"]
+__all__ = ["LmTask", "LMBatch", "StreamSplit"]

@@ -23,7 +23,7 @@ from qkv.config import MASK, PAD, SEP, UNK, TrainConfig
 from qkv.data.batching import Batch
 from qkv.tasks.base import DataPaths, Task, TextData
 from qkv.tasks.classify import encode_texts, encoder_input, read_text_data
-from qkv.training.loss import label_smoothed_nll_loss
+from qkv.losses import label_smoothed_nll_loss
 
 FIRST_ORDINARY = SEP + 1  # ids below this are special pieces (UNK excepted)
 P_MASK, P_RANDOM = 0.8, 0.1  # of the chosen tokens; the remaining 0.1 stay unchanged
@@ -80,6 +80,8 @@ class MaskedSplit:
 
 class MlmTask(Task):
     name = "mlm"
+    offers = frozenset({"fill", "embed", "search", "viz"})
+    kind = "a masked language model"
 
     def read_data(self, paths: DataPaths, log):
         return read_text_data(paths, False, log, self.name)
@@ -94,8 +96,3 @@ class MlmTask(Task):
         chosen = batch.tgt_out != PAD  # (B, T)
         logits = module(batch.src, chosen)  # (N, V): the chosen positions only
         return label_smoothed_nll_loss(logits, batch.tgt_out[chosen], train_cfg.label_smoothing)
-
-    def frontend(self, model, tokenizers, config, decode_cfg, train_cfg):
-        from qkv.encoder import Encoder
-
-        return Encoder(model, tokenizers, None, train_cfg)

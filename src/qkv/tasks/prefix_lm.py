@@ -9,7 +9,7 @@ final EOS) only: the targets at source positions are PAD, which the loss ignores
 is not trained to generate sources. ``x EOS`` is exactly the source row of
 :func:`qkv.data.batching.collate`, which decoding reads too: the model's ``start(src)`` appends
 ``<sep>`` and the first ``step`` is fed BOS (:class:`qkv.models.decoder_only.DecoderOnlyTransformer`),
-so greedy and beam search (:mod:`qkv.decoding`) and :class:`qkv.api.Translator` work unchanged.
+so greedy and beam search (:mod:`qkv.decoding`) and :class:`qkv.frontends.Translator` work unchanged.
 
 Validation: loss and perplexity over the target tokens, and BLEU / chrF / exact match of
 greedy output on a sample, as for translation.

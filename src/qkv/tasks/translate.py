@@ -89,6 +89,8 @@ def read_parallel_data(paths: DataPaths, log) -> tuple[ParallelData, ParallelDat
 
 class TranslateTask(Task):
     name = "translate"
+    offers = frozenset({"translate", "evaluate", "viz", "ensemble"})
+    kind = "a translation model"
     data_kind = "parallel"
     specials = False  # translation vocabularies are trained exactly as before the other tasks existed
 
@@ -125,10 +127,11 @@ class TranslateTask(Task):
         n = min(train_cfg.eval_bleu_samples, len(split.raw_src))
         if n <= 0:
             return {}
-        from qkv.api import Translator  # the same decoding code users run
+        from qkv.decoding.batch import decode_sentences  # the decoding loop the Translator front-end runs
 
-        translator = Translator(model, tokenizers, replace(decode_cfg, beam_size=1, nbest=1))
-        hyps = translator.translate(split.raw_src[:n])
+        src_ids = tokenizers.src.encode(split.raw_src[:n])
+        best = decode_sentences(model, src_ids, replace(decode_cfg, beam_size=1, nbest=1))
+        hyps = tokenizers.tgt.decode([nbest[0].tokens for nbest in best])
         refs = split.raw_tgt[:n]  # in the training text's form (perhaps tokenized): a progress signal, quietly
         return {"valid_bleu": bleu(hyps, refs, quiet=True).score, "valid_chrf": chrf(hyps, refs).score,
                 "valid_exact": exact_match(hyps, refs),
@@ -138,8 +141,3 @@ class TranslateTask(Task):
         if "valid_bleu" not in v:
             return ""
         return f"  BLEU {v['valid_bleu']:.2f}  chrF {v['valid_chrf']:.2f}  exact {100 * v['valid_exact']:.1f}%"
-
-    def frontend(self, model, tokenizers, config, decode_cfg, train_cfg):
-        from qkv.api import Translator
-
-        return Translator(model, tokenizers, decode_cfg, train_cfg)

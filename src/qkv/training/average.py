@@ -19,7 +19,7 @@ import torch
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import CheckpointError
 from qkv.models import build_model
-from qkv.training.checkpoint import (Checkpoint, list_checkpoints, load_into, read_checkpoint, read_config,
+from qkv.checkpoint import (Checkpoint, list_checkpoints, load_into, read_checkpoint, read_config,
                                      save_checkpoint)
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from qkv.errors import ConfigError
+from qkv.tasks.base import unwrap  # noqa: F401  (defined with the tasks that call it)
 
 # Rank 0 validates (and decodes a BLEU sample) while the others wait in the next collective:
 # allow it more time than the default before a waiting rank gives up.
@@ -201,14 +202,3 @@ def cleanup(info: DistInfo) -> None:
     """Leave the process group, if :func:`init_from_env` created it."""
     if info.owns_group and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The model inside a DistributedDataParallel and/or ``torch.compile`` wrapper."""
-    while True:
-        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
-            module = module.module
-        elif isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):  # torch.compile's OptimizedModule
-            module = module._orig_mod
-        else:
-            return module

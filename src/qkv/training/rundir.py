@@ -7,7 +7,7 @@ A run directory holds ``last/`` (the commit point of the run: resuming continues
   writes the directory. A second ``qkv train`` on the same directory fails at once, naming the
   holder's pid. The kernel releases the lock when the holder dies, even by ``kill -9``.
 * :func:`recover`, called under the lock before a run starts: a checkpoint save killed between its
-  two renames (see :func:`qkv.training.checkpoint.save_checkpoint`) is finished (the new copy is
+  two renames (see :func:`qkv.checkpoint.save_checkpoint`) is finished (the new copy is
   complete) or rolled back (the previous copy is put back), and temporary directories of saves
   that never completed are removed. ``metrics.jsonl`` is cut back to the step the run resumes
   from (:func:`truncate_metrics`), so a resumed run does not record the same steps twice.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from qkv.errors import QkvError
-from qkv.training.checkpoint import MANIFEST, fsync_dir, is_complete
+from qkv.checkpoint import MANIFEST, fsync_dir, is_complete
 
 try:
     import fcntl

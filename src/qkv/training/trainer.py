@@ -5,7 +5,7 @@ interface in :mod:`qkv.tasks`): reading the data, the tokenizer, encoding and co
 the loss of a batch, extra validation metrics and which of them picks ``best/``. For translation:
 
 * teacher forcing: the decoder reads the target shifted right (BOS + y) and predicts y + EOS;
-* label-smoothed cross-entropy over non-padding target tokens (:mod:`qkv.training.loss`);
+* label-smoothed cross-entropy over non-padding target tokens (:mod:`qkv.losses`);
 
 Everything else is here, the same for every task:
 
@@ -57,12 +57,13 @@ from tqdm import tqdm
 from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError, TrainingDiverged
+from qkv.files import os_error_reason
 from qkv.models import build_model
 from qkv.tasks import get_task
 from qkv.tasks.base import Task, checkpoint_tokenizers, init_model_config, init_weights
 from qkv.tasks.translate import EncodedSplit, ParallelData, encode_split  # noqa: F401  (public here too)
 from qkv.training import distributed
-from qkv.training.checkpoint import (MANIFEST, fault_point, list_checkpoints, load_into, read_checkpoint,
+from qkv.checkpoint import (MANIFEST, fault_point, list_checkpoints, load_into, read_checkpoint,
                                      save_checkpoint, step_path)
 from qkv.training.distributed import DistInfo
 from qkv.training.rundir import RunLock, holds_checkpoints, missing_last_message, recover, truncate_metrics
@@ -308,8 +309,12 @@ class Trainer:
     def record(self, entry: dict) -> None:
         if not self.dist.is_main:
             return
-        with self.metrics_path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry) + "\n")
+        try:
+            with self.metrics_path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(entry) + "\n")
+        except OSError as e:
+            raise QkvError(f"cannot write {self.metrics_path}: {os_error_reason(e)} (the checkpoints in "
+                           f"{self.out_dir} are as the last save left them)") from None
 
     # --- the loop ------------------------------------------------------------------------------------
 

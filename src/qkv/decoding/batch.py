@@ -1,0 +1,50 @@
+"""Decode many source sentences: sorted by length, batched, greedy or beam search.
+
+The loop every translation front-end runs (:class:`qkv.frontends.Translator`, the validation
+BLEU of the translate task): token ids in, hypotheses out, in input order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qkv.config import DecodeConfig
+from qkv.data.batching import collate
+from qkv.decoding.beam_search import Hypothesis, beam_search
+from qkv.decoding.greedy import greedy, max_output_len
+
+
+@torch.inference_mode()
+def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    """The ``cfg.nbest`` best hypotheses of each source (token ids without EOS), best first.
+
+    Greedy when ``beam_size == nbest == 1`` (its score is 0.0), else beam search. Output lengths
+    follow ``max_len_a · src_len + max_len_b``, capped where the model's positions end. The model
+    is put in eval mode for the call and restored after.
+    """
+    device = next(model.parameters()).device
+    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths batch together
+    results: list[list[Hypothesis]] = [[] for _ in src_ids]
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(order), cfg.batch_size):
+            idx = order[start : start + cfg.batch_size]
+            batch = collate([src_ids[i] for i in idx], None).to(device)
+            src_len = (batch.src != 0).sum(dim=1)
+            steps = model.max_steps(src_len)  # the last step emits EOS
+            max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b,
+                                     None if steps is None else torch.as_tensor(steps) - 1)
+            if cfg.beam_size == 1 and cfg.nbest == 1:
+                hyps = [[Hypothesis(t, 0.0, 0.0)] for t in greedy(model, batch.src, max_len, cfg.min_len)]
+            else:
+                hyps = beam_search(model, batch.src, cfg.beam_size, cfg.length_penalty, max_len, cfg.nbest,
+                                   cfg.min_len, length_norm=cfg.length_norm, early_stopping=cfg.early_stopping)
+            for i, nbest in zip(idx, hyps):
+                results[i] = nbest
+    finally:
+        model.train(was_training)
+    return results
+
+
+__all__ = ["decode_sentences"]

@@ -1,0 +1,207 @@
+"""The encoder front-end: what ``qkv.load`` returns for a classify or mlm checkpoint.
+
+    >>> enc = qkv.load("runs/imdb/best")
+    >>> enc.classify(["this movie is so great"])
+    [('pos', 0.97)]
+    >>> qkv.load("runs/imdb-mlm/best").fill("the movie was [MASK]", k=3)
+    [[('great', 0.21), ('good', 0.12), ('bad', 0.08)]]
+
+Texts are cleaned as the training data were (:func:`qkv.data.labelled.clean_text`), tokenized,
+truncated to the model's ``max_len`` (the head is kept) and run in batches of similar length.
+Embeddings (:meth:`Encoder.embed`) pool the encoder states: the ``<cls>`` state or the mean over
+the valid positions; :meth:`Encoder.search` ranks a corpus by cosine similarity to a query,
+
+    cos(q, d) = q·d / (‖q‖ ‖d‖).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from qkv.config import MASK, TrainConfig
+from qkv.data.labelled import clean_text
+from qkv.data.tokenizer import TokenizerPair
+from qkv.errors import QkvError
+from qkv.frontends.base import Frontend, TruncationHandler
+from qkv.metrics import accuracy, confusion_matrix, f1_per_class, format_confusion, macro_f1
+from qkv.tasks.classify import encoder_input, truncate
+
+
+class Encoder(Frontend):
+    """A trained encoder-only (or recurrent) model with its tokenizer and, for a classifier, its labels."""
+
+    tasks = ("classify", "mlm")
+
+    def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, labels: list[str] | None = None,
+                 train_cfg: TrainConfig | None = None, batch_size: int = 64):
+        super().__init__(model, tokenizers, train_cfg)
+        self.labels = list(labels) if labels else None
+        self.max_len = min(self.train_cfg.max_len, getattr(model.cfg, "max_positions", 10**9) - 1)
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_checkpoint(cls, model, tokenizers, config, decode_cfg, train_cfg) -> "Encoder":
+        return cls(model, tokenizers, config.get("labels") if model.cfg.task == "classify" else None, train_cfg)
+
+    def _ids(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
+        """Token lists cut to ``max_len``; ``on_truncate(indices, max_len)`` hears which were cut."""
+        if isinstance(texts, str):
+            raise TypeError("pass a list of texts, not a single string")
+        cleaned = [clean_text(t) for t in texts]
+        for i, t in enumerate(cleaned):
+            if not t:
+                raise QkvError(f"text {i + 1} is empty")
+        ids = self.tokenizers.src.encode(cleaned)
+        cut = [i for i, row in enumerate(ids) if len(row) > self.max_len]
+        if cut and on_truncate is not None:
+            on_truncate(cut, self.max_len)
+        return truncate(ids, self.max_len)[0]
+
+    def _batches(self, ids: list[list[int]]):
+        """(indices, (B, T) tokens on the device), similar lengths together."""
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            yield idx, encoder_input([ids[i] for i in idx]).to(self.device)
+
+    def input_tokens(self, text: str) -> torch.Tensor:
+        """One text as the model reads it: ``(1, T)`` = ``<cls>`` + its pieces, cleaned as the
+        training data were and truncated to ``max_len``, on the model's device."""
+        cleaned = clean_text(text)
+        if not cleaned:
+            raise QkvError("the text is empty")
+        ids = self.tokenizers.src.encode([cleaned])[0]
+        if self.task == "mlm":
+            # SentencePiece splits " [MASK]" into a lone "▁" and [MASK]; in training a mask replaces a
+            # whole piece such as "▁great", so the lone "▁" goes.
+            lone = self.tokenizers.src.sp.piece_to_id("▁")
+            ids = [t for j, t in enumerate(ids) if not (t == lone and j + 1 < len(ids) and ids[j + 1] == MASK)]
+        return encoder_input([ids[: self.max_len]]).to(self.device)  # (1, T)
+
+    # --- classify --------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def probabilities(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> torch.Tensor:
+        """``(N, C)`` class probabilities, columns in the order of :attr:`labels`. A text longer than
+        ``max_len`` tokens is classified by its head, as in training; ``on_truncate(indices, max_len)``
+        hears which texts (0-based) were cut."""
+        if self.task != "classify":
+            raise QkvError(f"this is a {self.task!r} model, not a classifier (train one with --task classify)")
+        self.model.eval()
+        ids = self._ids(texts, on_truncate)
+        out = torch.zeros(len(ids), len(self.labels))
+        for idx, tokens in self._batches(ids):
+            out[idx] = torch.softmax(self.model(tokens).float(), dim=-1).cpu()  # (B, C)
+        return out
+
+    def classify_lines(self, lines: list[str], on_truncate: TruncationHandler | None = None,
+                       chunk: int = 512) -> Iterator[torch.Tensor | None]:
+        """The class probabilities of each line (None for an empty line), in order, ``chunk`` lines at
+        a time so that output streams; ``on_truncate(indices, kept)`` hears indices into ``lines``."""
+        for start in range(0, len(lines), chunk):
+            part = lines[start : start + chunk]
+            keep = [i for i, line in enumerate(part) if line.strip()]
+            warn = None if on_truncate is None else \
+                (lambda idx, kept, keep=keep, start=start: on_truncate([start + keep[i] for i in idx], kept))
+            rows = dict(zip(keep, self.probabilities([part[i] for i in keep], on_truncate=warn))) if keep else {}
+            for i in range(len(part)):
+                yield rows.get(i)
+
+    def evaluate(self, texts: list[str], labels: list[str], where: Callable[[int], str] | None = None,
+                 ) -> "ClassifierReport":
+        """Accuracy, macro-F1 and the confusion matrix on labelled texts; a label the model does not
+        know is an error naming ``where(i)`` (e.g. the file and line of example ``i``)."""
+        index = {label: i for i, label in enumerate(self.labels or [])}
+        for i, label in enumerate(labels):
+            if label not in index:
+                raise QkvError(f"{where(i) if where else f'example {i + 1}'}: label {label!r} is not one of the "
+                               f"model's labels ({', '.join(self.labels or [])})")
+        golds = [index[label] for label in labels]
+        preds = self.probabilities(texts).argmax(dim=-1).tolist()
+        return ClassifierReport(list(self.labels), golds, preds)
+
+    def classify(self, texts: list[str]) -> list[tuple[str, float]]:
+        """The most probable label of each text and its probability."""
+        probs = self.probabilities(texts)
+        best = probs.argmax(dim=-1)
+        return [(self.labels[int(c)], float(probs[i, c])) for i, c in enumerate(best)]
+
+    # --- fill ------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def fill(self, text: str, k: int = 5) -> list[list[tuple[str, float]]]:
+        """For each ``[MASK]`` in ``text``, the ``k`` most probable pieces (as text) and their probabilities."""
+        if self.task != "mlm":
+            raise QkvError(f"this is a {self.task!r} model: fill needs a masked language model (--task mlm)")
+        if "[MASK]" not in text:
+            raise QkvError('the text has no [MASK] to fill, e.g. "the movie was [MASK]"')
+        self.model.eval()
+        tokens = self.input_tokens(text)  # (1, T)
+        where = (tokens[0] == MASK).nonzero().squeeze(1)
+        probs = torch.softmax(self.model(tokens)[0, where].float(), dim=-1)  # (M, V)
+        top = probs.topk(min(k, probs.size(-1)), dim=-1)
+        out = []
+        for values, indices in zip(top.values.tolist(), top.indices.tolist()):
+            out.append([(self.tokenizers.src.sp.decode([i]) or self.tokenizers.src.id_to_piece(i), v)
+                        for i, v in zip(indices, values)])
+        return out
+
+    # --- embed and search ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def embed(self, texts: list[str], pooling: str | None = None) -> torch.Tensor:
+        """``(N, d)`` sentence embeddings: ``pooling`` "mean" or "cls" (default: the model's own,
+        "mean" for an mlm model)."""
+        self.model.eval()
+        if pooling is None:
+            pooling = self.model.cfg.pooling if self.task == "classify" else "mean"
+        ids = self._ids(texts)
+        out = None
+        for idx, tokens in self._batches(ids):
+            vectors = self.model.embed(tokens, pooling).float().cpu()  # (B, d)
+            if out is None:
+                out = torch.zeros(len(ids), vectors.size(-1))
+            out[idx] = vectors
+        return out if out is not None else torch.zeros(0, self.model.cfg.d_model)
+
+    def search(self, query: str, corpus: list[str], k: int = 5, pooling: str | None = None,
+               corpus_vectors: torch.Tensor | None = None) -> list[tuple[float, int]]:
+        """The ``k`` corpus entries most similar to ``query``: (cosine similarity, index), best first."""
+        docs = corpus_vectors if corpus_vectors is not None else self.embed(corpus, pooling)
+        q = self.embed([query], pooling)  # (1, d)
+        sims = F.cosine_similarity(q, docs, dim=-1)  # (N,)
+        top = sims.topk(min(k, sims.numel()))
+        return [(float(s), int(i)) for s, i in zip(top.values, top.indices)]
+
+
+@dataclass
+class ClassifierReport:
+    """A classifier's results on labelled data (class ids in the order of ``labels``)."""
+
+    labels: list[str]
+    golds: list[int]
+    preds: list[int]
+
+    @property
+    def matrix(self) -> list[list[int]]:
+        return confusion_matrix(self.golds, self.preds, len(self.labels))
+
+    @property
+    def accuracy(self) -> float:
+        return accuracy(self.golds, self.preds)
+
+    @property
+    def macro_f1(self) -> float:
+        return macro_f1(self.matrix)
+
+    def text(self, name: str) -> str:
+        """The report as ``qkv evaluate --test`` prints it."""
+        per_class = ", ".join(f"{lab} {f:.4f}" for lab, f in zip(self.labels, f1_per_class(self.matrix)))
+        return (f"{name}: {len(self.golds)} examples\naccuracy {self.accuracy:.4f}\n"
+                f"macro-F1 {self.macro_f1:.4f}  (per class: {per_class})\n"
+                f"confusion matrix (rows: true label, columns: predicted):\n"
+                + format_confusion(self.matrix, self.labels))

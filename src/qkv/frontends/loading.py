@@ -1,0 +1,113 @@
+"""``qkv.load``: a checkpoint directory opened as its task's front-end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from qkv.checkpoint import load_into, read_checkpoint, read_config
+from qkv.data.tokenizer import TokenizerPair
+from qkv.errors import CheckpointError, QkvError
+from qkv.frontends.base import Frontend
+from qkv.frontends.encoder import Encoder
+from qkv.frontends.language_model import LanguageModel
+from qkv.frontends.quantize import QUANTIZE_CHOICES, quantize_int8
+from qkv.frontends.translator import Translator
+from qkv.models import build_model
+
+FRONTENDS: tuple[type[Frontend], ...] = (Translator, Encoder, LanguageModel)
+
+
+def checkpoint_task(path: str | Path) -> str | None:
+    """The task of the checkpoint at ``path``, from its config.json alone (None if that cannot be
+    read: loading it then says why)."""
+    try:
+        return read_config(path, "model").task
+    except QkvError:
+        return None
+
+
+def check_serves(path: str | Path, command: str) -> None:
+    """Refuse, before its weights are read, a checkpoint whose task does not serve ``qkv COMMAND``
+    (:attr:`qkv.tasks.base.Task.offers`), naming what it is and what it serves."""
+    from qkv.tasks import TASKS, get_task
+
+    task = checkpoint_task(path)
+    if task is None or task not in TASKS:
+        return
+    offered = get_task(task).offers
+    if command in offered:
+        return
+    kinds = list(dict.fromkeys(get_task(t).kind for t in TASKS if command in get_task(t).offers))
+    serves = ", ".join(f"qkv {c}" for c in sorted(offered - {"ensemble"}))
+    raise QkvError(f"{path} is a {task!r} model, not {' or '.join(kinds)}: use it with {serves}")
+
+
+def open_model(path: str | Path, command: str, device: str | torch.device = "cpu", quantize: str | None = None):
+    """:func:`load` for ``qkv COMMAND``: a checkpoint of a task that does not serve it is refused first."""
+    check_serves(path, command)
+    return load(path, device, quantize)
+
+
+def frontend_for(task: str) -> type[Frontend]:
+    """The front-end class that serves checkpoints of ``task``."""
+    for cls in FRONTENDS:
+        if task in cls.tasks:
+            return cls
+    raise QkvError(f"no front-end serves task {task!r}")
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | None = None):
+    """Load a checkpoint directory (e.g. ``runs/default/best``) as its task's front-end: a
+    :class:`Translator` for translation, a :class:`qkv.encoder.Encoder` for classify and mlm
+    (``.classify``, ``.fill``, ``.embed``, ``.search``); see :mod:`qkv.tasks`.
+
+    Only data is read: JSON, safetensors, SentencePiece models; never pickled code.
+    ``quantize="int8"``: dynamic int8 quantisation for faster CPU decoding (:func:`quantize_int8`;
+    CPU only).
+    """
+    if quantize not in QUANTIZE_CHOICES:
+        raise QkvError(f"quantize must be None or 'int8', got {quantize!r}")
+    if quantize and torch.device(device).type != "cpu":
+        raise QkvError(f"quantize='int8' runs on the CPU only, not on device {str(device)!r}")
+    ckpt = read_checkpoint(Path(path))
+    model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
+    try:
+        model_cfg, decode_cfg = model_cfg.validate(), decode_cfg.validate()
+    except QkvError as e:
+        raise CheckpointError(f"{path}/config.json: {e}") from None
+    tokenizers = TokenizerPair.load(Path(path), ckpt.files)
+    model = build_model(model_cfg)
+    load_into(model, ckpt)
+    model.to(device).eval()
+    if quantize == "int8":
+        quantize_int8(model)
+    return frontend_for(model_cfg.task).from_checkpoint(model, tokenizers, ckpt.config, decode_cfg, train_cfg)
+
+
+def load_ensemble(paths: list[str | Path], device: str | torch.device = "cpu", quantize: str | None = None) -> Translator:
+    """Load several translation checkpoints as one :class:`Translator` that decodes with the
+    mean of their next-token distributions (:class:`qkv.decoding.ensemble.Ensemble`; fairseq's
+    ``--path a:b``). The members must share the tokenizers (the same SentencePiece models, so the
+    same token ids); the decoding settings are the first checkpoint's.
+    """
+    from qkv.decoding.ensemble import Ensemble
+
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise QkvError("an ensemble needs at least one checkpoint")
+    for path in paths:
+        check_serves(path, "ensemble")
+    members = [load(p, device, quantize) for p in paths]
+    first = members[0]
+    for path, member in zip(paths[1:], members[1:]):
+        for side in ("src", "tgt"):
+            if getattr(member.tokenizers, side).model_bytes != getattr(first.tokenizers, side).model_bytes:
+                raise QkvError(f"{path}: its {side} tokenizer differs from {paths[0]}'s: ensemble members must "
+                               "share the vocabulary (train them with the same SentencePiece model: "
+                               "qkv train --tokenizer-from FIRST_CHECKPOINT)")
+    return Translator(Ensemble([m.model for m in members]).eval(), first.tokenizers, first.decode_cfg, first.train_cfg)
+
+
+__all__ = ["load", "load_ensemble", "open_model", "check_serves", "checkpoint_task", "frontend_for", "FRONTENDS"]
