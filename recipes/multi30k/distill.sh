@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The two En->De distillation rows of docs/results.md in one command each (from nothing, on two CPU threads:
+# The En->De distillation results (docs/results.md, docs/tuning-journal.md) in one command each (from nothing, on two CPU threads:
 # about 10 hours, or 12 with scratch; each finished stage is kept and skipped when the script is run again):
 #   recipes/multi30k/distill.sh            seed 1's model fine-tuned on the distilled data; test decoded (41.49)
 #   recipes/multi30k/distill.sh scratch    a model trained from scratch on the distilled data; val only (42.40)

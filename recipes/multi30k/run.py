@@ -117,7 +117,7 @@ def prepare_lowercase_tokenized(files: dict[str, Path], folder: Path) -> dict[st
 
 
 def run_facts(out: Path, translator) -> dict:
-    """Parameters, training seconds (all sessions) and mean training tokens/s of the run in ``out``."""
+    """Parameters, training seconds (all resumed parts) and mean training tokens/s of the run in ``out``."""
     import torch
 
     state = torch.load(out / "last" / "trainer_state.pt", map_location="cpu", weights_only=True)

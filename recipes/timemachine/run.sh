@@ -1,5 +1,5 @@
 #!/bin/sh
-# The Time Machine, character-level language models (docs/results.md, issue 5): the vanilla RNN,
+# The Time Machine, character-level language models (docs/results.md): the vanilla RNN,
 # the GRU, the LSTM and the decoder-only Transformer at about the same parameter count, each
 # trained for 7 minutes on one CPU thread, validated on the held-out last 10% of the book; then
 # a seeded sample continuation of "the time traveller" from each, and the held-out perplexity.

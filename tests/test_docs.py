@@ -1,0 +1,106 @@
+"""The documentation: the site builds in strict mode, links resolve, and it speaks of the project only.
+
+The strict build needs MkDocs (``pip install -c constraints.txt -e ".[docs]"``) and is skipped
+without it; the other checks read the Markdown files directly and always run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+# What the documentation, README and recipes must not say: the project's working history
+# ("session 12", "issue 3") means nothing to a user.
+FORBIDDEN = re.compile(rb"session|issue\s*#?[0-9]", re.IGNORECASE)
+SKIPPED_DIRS = {"__pycache__", ".pytest_cache"}
+
+
+def _markdown_pages() -> list[Path]:
+    """README.md, every docs/*.md and every recipe README: the pages whose links must resolve."""
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted((ROOT / "recipes").glob("*/README.md"))]
+
+
+def test_mkdocs_build_strict(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs not installed: pip install -c constraints.txt -e '.[docs]'")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+         "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{output}"
+    assert "WARNING" not in output, output
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "results" / "index.html").is_file()
+
+
+def test_no_session_or_issue_wording():
+    offending = []
+    for top in (DOCS, ROOT / "README.md", ROOT / "recipes"):
+        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for path in files:
+            if SKIPPED_DIRS & set(path.relative_to(ROOT).parts):
+                continue
+            for number, line in enumerate(path.read_bytes().splitlines(), 1):
+                if FORBIDDEN.search(line):
+                    text = line.decode("utf-8", "replace").strip()
+                    offending.append(f"{path.relative_to(ROOT)}:{number}: {text}")
+    assert not offending, "say what was tried and measured, not when:\n" + "\n".join(offending)
+
+
+def _strip_code(text: str) -> str:
+    """The text without fenced code blocks and inline code, where brackets are not links."""
+    text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", text, flags=re.MULTILINE | re.DOTALL)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _slug(heading: str) -> str:
+    """The anchor of a heading, as Python-Markdown's toc extension (MkDocs) and GitHub make it
+    for the ASCII headings used here."""
+    heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
+    heading = heading.replace("`", "").replace("*", "")
+    heading = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode("ascii")
+    heading = re.sub(r"[^\w\s-]", "", heading).strip().lower()
+    return re.sub(r"[-\s]+", "-", heading)
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", _strip_code(page.read_text()),
+                                                    flags=re.MULTILINE)}
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def test_relative_links_point_at_existing_files():
+    broken = []
+    for page in _markdown_pages():
+        for target in LINK.findall(_strip_code(page.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):  # http:, https:, mailto:
+                continue
+            path_part, _, anchor = target.partition("#")
+            dest = (page.parent / path_part).resolve() if path_part else page
+            where = f"{page.relative_to(ROOT)}: {target}"
+            if not dest.exists():
+                broken.append(f"{where} (no such file)")
+            elif not dest.resolve().is_relative_to(ROOT):
+                broken.append(f"{where} (outside the repository)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{where} (no heading with that anchor)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_every_docs_page_is_in_the_nav():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    missing = [p.name for p in DOCS.glob("*.md") if not re.search(rf":\s*{re.escape(p.name)}\s*$", nav, re.MULTILINE)]
+    assert not missing, f"docs pages missing from the nav of mkdocs.yml: {missing}"
