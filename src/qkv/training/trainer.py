@@ -63,8 +63,8 @@ from qkv.tasks import get_task
 from qkv.tasks.base import Task, checkpoint_tokenizers, init_model_config, init_weights
 from qkv.tasks.translate import EncodedSplit, ParallelData, encode_split  # noqa: F401  (public here too)
 from qkv.training import distributed
-from qkv.checkpoint import (MANIFEST, fault_point, list_checkpoints, load_into, read_checkpoint,
-                                     save_checkpoint, step_path)
+from qkv.checkpoint import (MANIFEST, fault_point, list_checkpoints, load_into, read_checkpoint, read_settings,
+                            save_checkpoint, step_path)
 from qkv.training.distributed import DistInfo
 from qkv.training.rundir import RunLock, holds_checkpoints, missing_last_message, recover, truncate_metrics
 from qkv.training.schedule import learning_rate
@@ -744,8 +744,8 @@ def _check_same_data(saved: dict | None, fingerprint: str, name: str, out_dir: P
 def _saved_config(last: Path) -> dict | None:
     """The config dict of the checkpoint a resumed run continues (None when there is none yet)."""
     try:
-        return json.loads((last / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_settings(last)
+    except QkvError:
         return None
 
 
