@@ -103,6 +103,14 @@ def train_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def progress(total: int, what: str):
+    """A progress bar on stderr for long inputs, when stderr is a terminal (never in logs or pipes)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=what, unit="line", file=sys.stderr, dynamic_ncols=True, leave=False,
+                disable=not sys.stderr.isatty() or total < 64)
+
+
 def open_model(path: str, command: str, **kwargs):
     """:func:`qkv.frontends.open_model`, imported when a command needs it (``--help`` stays fast)."""
     from qkv.frontends import open_model as open_
@@ -139,8 +147,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     nbest = dataclasses.replace(model.decode_cfg, **overrides).validate().nbest  # a bad flag fails first
     lines = read_inputs(args.text, args.input)
     warn = truncation_warning("translate", args, "translated")
-    with output_stream(args.output) as out_fh:
+    with output_stream(args.output) as out_fh, progress(len(lines), "translate") as bar:
         for k, hyps in enumerate(model.translate_lines(lines, warn, **overrides)):
+            bar.update(1)
             out_fh.write("".join(f"{k}\t{score:.4f}\t{text}\n" for text, score in hyps) if nbest > 1
                          else hyps[0][0] + "\n")
             out_fh.flush()
@@ -230,8 +239,8 @@ def load_translator(args: argparse.Namespace):
     """MODEL, or MODEL with the --ensemble checkpoints as one ensemble; a clear error if not a translator."""
     quantize = "int8" if args.int8 else None
     if getattr(args, "ensemble", None):
-        return load_ensemble([args.model, *args.ensemble], quantize=quantize)
-    return open_model(args.model, "translate", quantize=quantize)
+        return load_ensemble([args.model, *args.ensemble], quantize=quantize, device=args.device)
+    return open_model(args.model, "translate", quantize=quantize, device=args.device)
 
 
 def evaluate_classifier(args: argparse.Namespace) -> int:
@@ -252,10 +261,10 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     return 0
 
 
-def truncation_warning(command: str, args: argparse.Namespace, done: str):
+def truncation_warning(command: str, args: argparse.Namespace, done: str, source: str | None = None):
     """A handler for the inputs a model cuts to its length (``indices`` into the input lines): one
-    warning on stderr naming the file and lines, and the length kept."""
-    source = "<arguments>" if args.text else args.input if args.input and args.input != "-" else "<stdin>"
+    warning on stderr naming the file (``source``, else the command's input) and lines, and the length kept."""
+    source = source or ("<arguments>" if args.text else args.input if args.input and args.input != "-" else "<stdin>")
 
     def warn(indices: list[int], kept: int) -> None:
         numbers = [i + 1 for i in indices]
@@ -264,6 +273,23 @@ def truncation_warning(command: str, args: argparse.Namespace, done: str):
         log(f"qkv {command}: warning: {where}: longer than the {kept} tokens the model reads; "
             f"{done} from the first {kept}")
     return warn
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from qkv.data.corpus import read_lines
+
+    check_output(args.output, src=args.src, tgt=args.tgt)
+    model = open_model(args.model, "score", device=args.device)
+    src, tgt = read_lines(args.src), read_lines(args.tgt)
+    if len(src) != len(tgt):
+        raise QkvError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
+    scores = model.score(src, tgt, truncation_warning("score", args, "scored", source=args.src))
+    with output_stream(args.output) as out_fh:
+        out_fh.write("".join(f"{sum(lp):.6f}\t" + " ".join(f"{v:.6f}" for v in lp) + "\n" for lp in scores))
+    n = sum(len(lp) for lp in scores)
+    log(f"scored {len(scores)} pairs, {n} target tokens (EOS included): mean log-probability "
+        f"{sum(map(sum, scores)) / max(n, 1):.4f} per token")
+    return 0
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -424,7 +450,7 @@ def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
                  args.lr, args.seed, args.quick, log=log)
 
 
-COMMANDS = ("train", "translate", "evaluate", "generate", "classify", "fill", "embed", "search", "average", "info",
+COMMANDS = ("train", "translate", "score", "evaluate", "generate", "classify", "fill", "embed", "search", "average", "info",
             "viz", "bench")
 
 

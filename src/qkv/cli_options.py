@@ -32,6 +32,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> 
 
 ENSEMBLE_HELP = ("decode with MODEL and this checkpoint as an ensemble: the mean of their next-token "
                  "distributions at every step (repeat for more members; they must share MODEL's tokenizer)")
+DEVICE_HELP = "where the model runs: cpu, cuda (or cuda:N), or auto (the GPU when torch sees one) (default: cpu)"
 INT8_HELP = ("dynamic int8 quantisation of the model's linear layers for faster CPU decoding "
              "(a small BLEU cost: see docs/results.md)")
 
@@ -130,9 +131,25 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     tr.add_argument("--output", "-o", help="write translations here instead of stdout (all or nothing: the file is "
                                            "replaced only when every line is translated)")
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
+    tr.add_argument("--device", default="cpu", help=DEVICE_HELP)
     tr.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
     tr.set_defaults(func=handlers["translate"])
+
+    sc = sub.add_parser("score", help="log-probabilities of given translations (forced decoding)",
+                        description="Score each target line as a translation of its source line: the model's "
+                                    "log-probability of every target token given the source and the tokens before "
+                                    "it, EOS last (fairseq's --score-reference, CTranslate2's score_batch). Each "
+                                    "output line is 'total<TAB>per-token log-probabilities'; the total is "
+                                    "log p(target | source), what beam search ranks before its length penalty. "
+                                    "Use it to rerank n-best lists or filter a corpus.",
+                        epilog="example: qkv score runs/ende/best --src test.en --tgt test.hyp > test.scores")
+    sc.add_argument("model", help="checkpoint directory of a translate or prefix_lm run")
+    sc.add_argument("--src", required=True, help="source sentences, one a line (plain or gzip)")
+    sc.add_argument("--tgt", required=True, help="target sentences to score, as many lines as --src")
+    sc.add_argument("--output", "-o", help="write the scores here instead of stdout (all or nothing)")
+    sc.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    sc.set_defaults(func=handlers["score"])
 
     ev = sub.add_parser("evaluate", help="BLEU and chrF of translations; accuracy, macro-F1 of a classifier",
                         description="Translation: score detokenized output against raw references with sacreBLEU "
@@ -155,6 +172,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     ev.add_argument("--label-field", default="label", help="classifier: JSONL key / TSV column of the label")
     ev.add_argument("--output", "-o", help="also save MODEL's translations (or predicted labels) here")
     ev.add_argument("--int8", action="store_true", help=INT8_HELP)
+    ev.add_argument("--device", default="cpu", help=DEVICE_HELP)
     ev.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     ev.add_argument("--lang", help="target language for the Moses tokenizer of the lowercased BLEU "
                                    "(default: from the --ref file name, e.g. test.de)")

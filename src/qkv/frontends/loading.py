@@ -19,6 +19,19 @@ from qkv.models import build_model
 FRONTENDS: dict[str, type[Frontend]] = {cls.name: cls for cls in (Translator, Encoder, LanguageModel)}
 
 
+def inference_device(device: str | torch.device) -> torch.device:
+    """``auto``: the GPU when torch sees one, else the CPU; ``cuda`` without a GPU is refused by name."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise QkvError(f"--device {device!r}: choose auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise QkvError(f"--device {device}: torch sees no CUDA GPU here (use --device cpu)")
+    return device
+
+
 def checkpoint_task(path: str | Path) -> str | None:
     """The task of the checkpoint at ``path``, from its config.json alone (None if that cannot be
     read: loading it then says why)."""
@@ -58,9 +71,9 @@ def frontend_for(task: str) -> type[Frontend]:
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | None = None):
-    """Load a checkpoint directory (e.g. ``runs/default/best``) as its task's front-end: a
-    :class:`Translator` for translation, a :class:`qkv.encoder.Encoder` for classify and mlm
-    (``.classify``, ``.fill``, ``.embed``, ``.search``); see :mod:`qkv.tasks`.
+    """Load a checkpoint directory (e.g. ``runs/default/best``) as the front-end its task names: a
+    :class:`Translator` (translate, prefix_lm), an :class:`Encoder` (classify, mlm) or a
+    :class:`LanguageModel` (lm). ``device``: cpu, cuda, cuda:N or auto (the GPU when torch sees one).
 
     Only data is read: JSON, safetensors, SentencePiece models; never pickled code.
     ``quantize="int8"``: dynamic int8 quantisation for faster CPU decoding (:func:`quantize_int8`;
@@ -68,8 +81,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     """
     if quantize not in QUANTIZE_CHOICES:
         raise QkvError(f"quantize must be None or 'int8', got {quantize!r}")
-    if quantize and torch.device(device).type != "cpu":
+    if quantize and str(device) != "cpu":
         raise QkvError(f"quantize='int8' runs on the CPU only, not on device {str(device)!r}")
+    device = inference_device(device)
     ckpt = read_checkpoint(Path(path))
     model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
     try:

@@ -21,6 +21,7 @@ import torch
 from qkv.config import DecodeConfig, TrainConfig
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding.batch import decode_sentences
+from qkv.decoding.forced import forced_logprobs
 from qkv.errors import ConfigError
 from qkv.frontends.base import Frontend, TruncationHandler
 
@@ -82,6 +83,17 @@ class Translator(Frontend):
                               if keep else []))
             for i in range(len(part)):
                 yield scored.get(i, [("", 0.0)] * nbest)
+
+    def score(self, sources: list[str], targets: list[str], on_truncate: TruncationHandler | None = None,
+              ) -> list[list[float]]:
+        """Forced decoding: the log-probability of each target token given its source and the
+        target's previous tokens, EOS last (:func:`qkv.decoding.forced.forced_logprobs`); their sum
+        is log p(target | source), the ``logprob`` beam search gives the same output."""
+        if isinstance(sources, str) or isinstance(targets, str):
+            raise TypeError("score() takes lists of sentences, not single strings")
+        src_ids = self.fit_sources(self.tokenizers.src.encode(list(sources)), on_truncate)
+        return forced_logprobs(self.model, src_ids, self.tokenizers.tgt.encode(list(targets)),
+                               self.decode_cfg.batch_size)
 
     def check_beam(self, beam_size: int) -> None:
         """A beam wider than the target vocabulary has nothing to fill it with: refused by name."""

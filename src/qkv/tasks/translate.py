@@ -89,7 +89,7 @@ def read_parallel_data(paths: DataPaths, log) -> tuple[ParallelData, ParallelDat
 
 class TranslateTask(Task):
     name = "translate"
-    offers = frozenset({"translate", "evaluate", "viz", "ensemble"})
+    offers = frozenset({"translate", "score", "evaluate", "viz", "ensemble"})
     kind = "a translation model"
     data_kind = "parallel"
     specials = False  # translation vocabularies are trained exactly as before the other tasks existed

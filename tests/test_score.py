@@ -1,0 +1,84 @@
+"""Forced decoding (qkv score, Translator.score): the log-probability of given targets."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+import qkv
+from qkv.cli import main
+from qkv.decoding.batch import decode_sentences
+from qkv.decoding.forced import forced_logprobs
+
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+SOURCES = ["red cat", "the big dog sun", "small tree", "blue"]
+
+
+@pytest.mark.parametrize("name", ["translate-transformer", "translate-lstm-general", "prefix_lm-transformer"])
+def test_forced_scores_are_the_beam_search_log_probabilities(name):
+    """Each beam output, fed back as a target, gets its beam ``logprob`` (EOS included). Beam search
+    computes the same step logits in other batch shapes, so float32 rounding differs by ~1e-6 a
+    token; these untrained models emit outputs of up to 60 tokens."""
+    model = qkv.load(FIXTURES / name)
+    src = model.tokenizers.src.encode(SOURCES)
+    hyps = decode_sentences(model.model, src, dataclasses.replace(model.decode_cfg, beam_size=4, nbest=3))
+    pairs = [(s, h) for s, nbest in zip(src, hyps) for h in nbest]
+    scores = forced_logprobs(model.model, [s for s, _ in pairs], [h.tokens for _, h in pairs])
+    for (_, h), lp in zip(pairs, scores):
+        assert len(lp) == len(h.tokens) + 1
+        assert sum(lp) == pytest.approx(h.logprob, abs=1e-4 * max(1, len(lp) / 10))
+
+
+def test_forced_scores_are_teacher_forced_log_softmax():
+    """Against the model's own teacher-forced forward pass: log_softmax(logits)[target], EOS last."""
+    model = qkv.load(FIXTURES / "translate-transformer")
+    src, tgt = model.tokenizers.src.encode(["red cat"]), model.tokenizers.tgt.encode(["cat red"])
+    lp = forced_logprobs(model.model, src, tgt)[0]
+    from qkv.data.batching import collate
+
+    batch = collate(src, tgt)
+    with torch.no_grad():
+        ref = torch.log_softmax(model.model(batch.src, batch.tgt_in).float(), -1)[0]
+    expected = ref.gather(1, batch.tgt_out[0].unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(torch.tensor(lp), expected, rtol=0, atol=1e-5)
+
+
+def test_score_command(tmp_path, capsys):
+    src, tgt, out = tmp_path / "s.txt", tmp_path / "t.txt", tmp_path / "scores.txt"
+    src.write_text("red cat\nsmall tree\n")
+    tgt.write_text("cat red\n\n")  # an empty target: only EOS is scored
+    model = FIXTURES / "translate-transformer"
+    assert main(["score", str(model), "--src", str(src), "--tgt", str(tgt), "--output", str(out)]) == 0
+    rows = [line.split("\t") for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and len(rows[1][1].split()) == 1
+    for total, per_token in rows:
+        assert float(total) == pytest.approx(sum(map(float, per_token.split())), abs=1e-5)
+        assert float(total) < 0
+    expected = qkv.load(model).score(["red cat", "small tree"], ["cat red", ""])
+    assert [float(t) for t, _ in rows] == pytest.approx([sum(lp) for lp in expected], abs=1e-5)
+    assert "mean log-probability" in capsys.readouterr().err
+
+
+def test_score_refuses_what_it_cannot_score(tmp_path, capsys):
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("red cat\nsmall tree\n")
+    tgt.write_text("cat red\n")
+    for argv, needle in [
+        (["score", str(FIXTURES / "translate-transformer"), "--src", str(src), "--tgt", str(tgt)], "has 2 lines"),
+        (["score", str(FIXTURES / "classify-transformer"), "--src", str(src), "--tgt", str(src)],
+         "not a translation model"),
+        (["score", str(FIXTURES / "translate-transformer"), "--src", str(src), "--tgt", str(src), "--device",
+          "cuda"] if not torch.cuda.is_available() else ["score", "nowhere", "--src", str(src), "--tgt", str(src)],
+         "no CUDA GPU" if not torch.cuda.is_available() else "nowhere"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err, err
+
+
+def test_translate_on_a_device_by_name(capsys):
+    assert main(["translate", str(FIXTURES / "translate-transformer"), "red cat", "--device", "auto"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
+    assert main(["translate", str(FIXTURES / "translate-transformer"), "red cat", "--device", "tpu9"]) == 2
+    assert "--device" in capsys.readouterr().err
