@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -147,10 +148,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
     nbest = dataclasses.replace(model.decode_cfg, **overrides).validate().nbest  # a bad flag fails first
     lines = read_inputs(args.text, args.input)
     warn = truncation_warning("translate", args, "translated")
+    rich = args.output_format == "jsonl"
     with output_stream(args.output) as out_fh, progress(len(lines), "translate") as bar:
-        for k, hyps in enumerate(model.translate_lines(lines, warn, **overrides)):
+        for k, hyps in enumerate(model.translate_lines(lines, warn, rich=rich, target_prefix=args.target_prefix,
+                                                       **overrides)):
             bar.update(1)
-            out_fh.write("".join(f"{k}\t{score:.4f}\t{text}\n" for text, score in hyps) if nbest > 1
+            out_fh.write(json.dumps({"line": k + 1, "hypotheses": hyps}, ensure_ascii=False) + "\n" if rich else
+                         "".join(f"{k}\t{score:.4f}\t{text}\n" for text, score in hyps) if nbest > 1
                          else hyps[0][0] + "\n")
             out_fh.flush()
     return 0

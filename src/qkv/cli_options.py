@@ -132,6 +132,13 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
                                            "replaced only when every line is translated)")
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
     tr.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    tr.add_argument("--target-prefix", metavar="TEXT",
+                    help="every translation starts with TEXT (forced); the search continues after it")
+    tr.add_argument("--output-format", choices=["text", "jsonl"], default="text",
+                    help="text: one translation a line (with --nbest: index<TAB>score<TAB>translation); jsonl: a JSON "
+                         "object a line, {'line', 'hypotheses': [{'text', 'score', 'logprob', 'tokens', "
+                         "'token_logprobs', 'alignment'}]}, the alignment in Pharaoh i-j form (source piece i, target "
+                         "piece j) from the last decoder layer's cross-attention")
     tr.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
     tr.set_defaults(func=handlers["translate"])

@@ -41,11 +41,16 @@ class Frontend:
         return cfg.task if cfg is not None else self.default_task
 
     @property
-    def offers(self) -> frozenset[str]:
-        """What this model serves (its task's :attr:`~qkv.tasks.base.Task.offers`): "classify", "fill", ..."""
+    def task_declaration(self):
+        """The :class:`~qkv.tasks.base.Task` of this model (what it offers, its stack, ...)."""
         from qkv.tasks import get_task
 
-        return get_task(self.task).offers
+        return get_task(self.task)
+
+    @property
+    def offers(self) -> frozenset[str]:
+        """What this model serves (its task's :attr:`~qkv.tasks.base.Task.offers`): "classify", "fill", ..."""
+        return self.task_declaration.offers
 
     @property
     def device(self) -> torch.device:

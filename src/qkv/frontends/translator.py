@@ -18,9 +18,12 @@ from dataclasses import replace
 
 import torch
 
-from qkv.config import DecodeConfig, TrainConfig
+from qkv.config import BOS, DecodeConfig, TrainConfig
+from qkv.data.batching import collate
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding.batch import decode_sentences
+from qkv.decoding.beam_search import Hypothesis
+from qkv.decoding.greedy import max_output_len
 from qkv.decoding.forced import forced_logprobs
 from qkv.errors import ConfigError
 from qkv.frontends.base import Frontend, TruncationHandler
@@ -50,39 +53,87 @@ class Translator(Frontend):
 
     @torch.inference_mode()
     def translate_scored(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
-                         **overrides) -> list[list[tuple[str, float]]]:
+                         target_prefix: str | None = None, **overrides) -> list[list[tuple[str, float]]]:
         """``(translation, score)`` pairs per sentence; the score is the (length-normalised) log-probability.
 
         A sentence longer than the model reads (learned positions end at ``max_positions``) is
         translated from its head: ``on_truncate(indices, kept)`` hears which sentences (0-based)
         were cut to how many tokens; without it a warning says so. Outputs never run past what the
         decoder's positions can index either (:func:`qkv.decoding.max_output_len`).
+        ``target_prefix``: every translation starts with it (see :meth:`hypotheses`).
         """
+        hyps = self.hypotheses(sentences, on_truncate, target_prefix, **overrides)
+        return [list(zip(self.tokenizers.tgt.decode([h.tokens for h in nbest]), [h.score for h in nbest]))
+                for nbest in hyps]
+
+    def hypotheses(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
+                   target_prefix: str | None = None, **overrides) -> list[list[Hypothesis]]:
+        """The ``nbest`` hypotheses (token ids, score, logprob) of each sentence, best first.
+
+        ``target_prefix``: each output starts with these target pieces, forced; the search goes on
+        from there, and ``score``/``logprob`` cover the tokens after the prefix."""
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
         self.check_beam(cfg.beam_size)
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
-        hyps = decode_sentences(self.model, src_ids, cfg)
-        return [list(zip(self.tokenizers.tgt.decode([h.tokens for h in nbest]), [h.score for h in nbest]))
-                for nbest in hyps]
+        if not target_prefix:
+            return decode_sentences(self.model, src_ids, cfg)
+        prefix = self.tokenizers.tgt.encode([target_prefix])[0]
+        hyps = decode_sentences(Prefixed(self.model, prefix, cfg), src_ids, cfg)
+        return [[Hypothesis(prefix + h.tokens, h.score, h.logprob) for h in nbest] for nbest in hyps]
+
+    def translate_rich(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
+                       target_prefix: str | None = None, **overrides) -> list[list[dict]]:
+        """Per sentence, its hypotheses as dicts: ``text``, ``score``, ``logprob``, ``tokens`` (target
+        pieces), ``token_logprobs`` (one per piece and EOS, by forced decoding) and ``alignment``:
+        each target piece j aligned to the source piece i its last decoder layer attends to most
+        (cross-attention averaged over heads), in Pharaoh ``i-j`` form (None for models without
+        cross-attention)."""
+        hyps = self.hypotheses(sentences, on_truncate, target_prefix, **overrides)
+        src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)))
+        flat = [(i, h) for i, nbest in enumerate(hyps) for h in nbest]
+        logprobs = forced_logprobs(self.model, [src_ids[i] for i, _ in flat], [h.tokens for _, h in flat])
+        texts = self.tokenizers.tgt.decode([h.tokens for _, h in flat])
+        out: list[list[dict]] = [[] for _ in sentences]
+        for (i, h), text, lp in zip(flat, texts, logprobs):
+            out[i].append({"text": text, "score": h.score, "logprob": h.logprob,
+                           "tokens": [self.tokenizers.tgt.id_to_piece(t) for t in h.tokens],
+                           "token_logprobs": lp, "alignment": self.alignment(src_ids[i], h.tokens)})
+        return out
+
+    @torch.inference_mode()
+    def alignment(self, src: list[int], tgt: list[int]) -> str | None:
+        """``i-j`` pairs: target piece j and the source piece i that the last decoder layer's
+        cross-attention (mean over heads) weighs most when producing it; None without cross-attention."""
+        if not tgt or self.task_declaration.stack != "encoder-decoder" or not getattr(self.model, "has_attention", True):
+            return None
+        batch = collate([src], [tgt]).to(self.device)
+        with self.evaluating():
+            maps = self.model.attention_maps(batch.src, batch.tgt_in)
+        # the Transformer: per layer (B, h, T, S), the last layer's mean over heads; a recurrent model: (B, T, S)
+        weights = maps[0] if isinstance(maps, torch.Tensor) else maps.cross[-1][0].mean(dim=0)
+        best = weights[: len(tgt), : len(src)].argmax(dim=-1).tolist()
+        return " ".join(f"{i}-{j}" for j, i in enumerate(best))
 
     def translate_lines(self, lines: list[str], on_truncate: TruncationHandler | None = None, chunk: int = 0,
-                        **overrides) -> Iterator[list[tuple[str, float]]]:
-        """The ``nbest`` ``(translation, score)`` pairs of each line, in order, decoded ``chunk`` lines
-        at a time (default: 8 batches), so that output streams on long files. An empty line gets
-        ``nbest`` empty translations; ``on_truncate(indices, kept)`` hears indices into ``lines``."""
+                        rich: bool = False, **overrides) -> Iterator[list]:
+        """The ``nbest`` ``(translation, score)`` pairs of each line (with ``rich``: the dicts of
+        :meth:`translate_rich`), in order, decoded ``chunk`` lines at a time (default: 8 batches),
+        so that output streams on long files. An empty line gets ``nbest`` empty translations (rich:
+        none); ``on_truncate(indices, kept)`` hears indices into ``lines``. ``overrides`` may hold
+        ``target_prefix`` and :class:`DecodeConfig` fields."""
         nbest = overrides.get("nbest", self.decode_cfg.nbest)
         chunk = chunk or overrides.get("batch_size", self.decode_cfg.batch_size) * 8
+        translate = self.translate_rich if rich else self.translate_scored
         for start in range(0, len(lines), chunk):
             part = lines[start : start + chunk]
             keep = [i for i, line in enumerate(part) if line.strip()]
             warn = None if on_truncate is None else \
                 (lambda idx, kept, keep=keep, start=start: on_truncate([start + keep[i] for i in idx], kept))
-            scored = dict(zip(keep, self.translate_scored([part[i] for i in keep], on_truncate=warn, **overrides)
-                              if keep else []))
+            done = dict(zip(keep, translate([part[i] for i in keep], on_truncate=warn, **overrides) if keep else []))
             for i in range(len(part)):
-                yield scored.get(i, [("", 0.0)] * nbest)
+                yield done.get(i, [] if rich else [("", 0.0)] * nbest)
 
     def score(self, sources: list[str], targets: list[str], on_truncate: TruncationHandler | None = None,
               ) -> list[list[float]]:
@@ -119,4 +170,40 @@ class Translator(Frontend):
         return [ids[:kept] for ids in src_ids]
 
 
-__all__ = ["Translator"]
+
+class Prefixed(torch.nn.Module):
+    """A model whose every output starts with ``prefix`` (target ids): :meth:`start` feeds BOS and
+    the prefix but its last token, and the first :meth:`step` (given BOS by the search) feeds that
+    last token, so greedy and beam search continue after the prefix. The output budget of ``cfg``
+    (``a·|x| + b`` tokens, and what the model's positions allow) counts the prefix."""
+
+    def __init__(self, model: torch.nn.Module, prefix: list[int], cfg: DecodeConfig):
+        super().__init__()
+        self.model, self.prefix, self.cfg = model, list(prefix), cfg
+        self._first = False
+
+    def max_source_len(self):
+        return self.model.max_source_len()
+
+    def max_steps(self, src_lengths):
+        """The model's own step limit and the whole output's budget (plus its EOS step), less the prefix."""
+        whole = max_output_len(src_lengths, self.cfg.max_len_a, self.cfg.max_len_b) + 1
+        steps = self.model.max_steps(src_lengths)
+        if steps is not None:
+            whole = torch.minimum(whole, torch.as_tensor(steps))
+        return (whole - len(self.prefix)).clamp(min=1)
+
+    def start(self, src: torch.Tensor):
+        state = self.model.start(src)
+        for token in [BOS, *self.prefix[:-1]]:
+            _, state = self.model.step(torch.full((src.size(0),), token, dtype=torch.long, device=src.device), state)
+        self._first = True
+        return state
+
+    def step(self, tokens: torch.Tensor, state):
+        if self._first:  # the search's BOS: the prefix's last token instead
+            tokens, self._first = torch.full_like(tokens, self.prefix[-1]), False
+        return self.model.step(tokens, state)
+
+
+__all__ = ["Translator", "Prefixed"]

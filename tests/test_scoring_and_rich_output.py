@@ -82,3 +82,42 @@ def test_translate_on_a_device_by_name(capsys):
     assert capsys.readouterr().out.count("\n") == 1
     assert main(["translate", str(FIXTURES / "translate-transformer"), "red cat", "--device", "tpu9"]) == 2
     assert "--device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["translate-transformer", "translate-lstm-general", "prefix_lm-transformer"])
+def test_target_prefix_forces_the_start_and_the_search_goes_on(name):
+    """Greedy decoding with its own first k tokens as the prefix gives the same output; any prefix
+    starts every output; each continuation token is the argmax of the model given the prefix."""
+    model = qkv.load(FIXTURES / name)
+    free = model.hypotheses(SOURCES, beam_size=1)
+    tgt = model.tokenizers.tgt
+    for k in (1, 3):
+        prefix = tgt.decode([free[0][0].tokens[:k]])[0]
+        ids = tgt.encode([prefix])[0]
+        forced = model.hypotheses(SOURCES[:1], target_prefix=prefix, beam_size=1)[0][0]
+        assert forced.tokens[: len(ids)] == ids
+        if ids == free[0][0].tokens[:k]:  # the prefix re-tokenizes as it was produced
+            assert forced.tokens == free[0][0].tokens
+    for nbest in model.hypotheses(SOURCES, target_prefix="dog", beam_size=3, nbest=2):
+        for h in nbest:
+            assert h.tokens[: len(tgt.encode(["dog"])[0])] == tgt.encode(["dog"])[0]
+
+
+def test_jsonl_output_has_scores_token_logprobs_and_alignments(tmp_path):
+    import json
+
+    out = tmp_path / "out.jsonl"
+    model = FIXTURES / "translate-transformer"
+    assert main(["translate", str(model), "red cat", "", "small tree", "--output-format", "jsonl", "--beam-size", "2",
+                 "--nbest", "2", "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["line"] for r in rows] == [1, 2, 3] and rows[1]["hypotheses"] == []
+    src_len = len(qkv.load(model).tokenizers.src.encode(["red cat"])[0])
+    for h in rows[0]["hypotheses"]:
+        assert len(h["token_logprobs"]) == len(h["tokens"]) + 1
+        assert sum(h["token_logprobs"]) == pytest.approx(h["logprob"], abs=1e-3)
+        pairs = [tuple(map(int, p.split("-"))) for p in h["alignment"].split()]
+        assert [j for _, j in pairs] == list(range(len(h["tokens"])))
+        assert all(0 <= i < src_len for i, _ in pairs)
+    text = qkv.load(model).translate_scored(["red cat"], beam_size=2, nbest=2)[0]
+    assert [h["text"] for h in rows[0]["hypotheses"]] == [t for t, _ in text]
