@@ -114,7 +114,7 @@ class _Candidates:
 def _initial_beams(max_len: Tensor, beam_size: int) -> _Beams:
     """Beam 0 live with score 0, beams 1..k-1 at -inf (all rows start from the same BOS)."""
     batch_size = max_len.size(0)
-    scores = torch.full((batch_size, beam_size), -math.inf, device=max_len.device)
+    scores = torch.full((batch_size, beam_size), -math.inf, dtype=torch.float64, device=max_len.device)  # sums of many terms
     scores[:, 0] = 0.0
     return _Beams(
         sents=torch.arange(batch_size, device=max_len.device),
