@@ -269,12 +269,12 @@ def test_hf_marian_logits_and_greedy_generate_equal_qkv(trained, tmp_path, capsy
     delta = float((got - want)[real].abs().max())
     assert delta < 1e-4, delta
 
-    # greedy generate, each sentence with qkv's limit (max_length counts the start token and EOS)
+    # greedy generate, each sentence with qkv's limit (its tokens, then EOS)
     greedy = decode_sentences(model.model, src_ids, dataclasses.replace(model.decode_cfg, beam_size=1))
     for i, ids in enumerate(src_ids):
         x = torch.tensor([ids + [EOS]])
         y = hf.generate(input_ids=x, attention_mask=torch.ones_like(x), num_beams=1, do_sample=False,
-                        max_length=budget(len(ids)) + 2)[0].tolist()
+                        max_new_tokens=budget(len(ids)) + 1)[0].tolist()
         assert y[0] == BOS
         assert [t for t in y[1:] if t != EOS] == greedy[i][0].tokens, SENTENCES[i]
 
@@ -324,7 +324,7 @@ def test_hf_model_card_and_generation_config(trained, data, tmp_path, capsys):
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert gen["decoder_start_token_id"] == BOS and gen["forced_eos_token_id"] == EOS
     assert gen["suppress_tokens"] == [0, 2] and gen["num_beams"] == 4 and gen["length_penalty"] == 0.6
-    assert gen["early_stopping"] == "never"
+    assert gen["early_stopping"] == "never" and gen["max_new_tokens"] == 1025
 
 
 # --- what cannot be represented, and bad input ---------------------------------------------------------------

@@ -261,6 +261,14 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
         usage(src, fmt).replace("DIR", "."),
         "",
     ]
+    if "tokenize" in export_info:
+        lines += ["## Tokenization", "",
+                  f"- text to tokens: {export_info['tokenize']}",
+                  f"- tokens to text: {export_info['detokenize']}",
+                  "- the vocabulary files list the pieces in the order of the SentencePiece ids (CTranslate2's token "
+                  "ids are the SentencePiece ids); special ids: "
+                  + ", ".join(f"{k} {v}" for k, v in export_info.get("special_ids", {}).items()),
+                  "- qkv_export.json says the same as data, with the decoding settings", ""]
     if test is not None or valid is not None:
         lines += ["## Scores", ""]
         if test is not None:

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from qkv.config import BOS, EOS, PAD, UNK
-from qkv.decoding.greedy import MAX_OUTPUT_LEN
+from qkv.decoding import MAX_OUTPUT_LEN
 from qkv.errors import QkvError
 from qkv.export.source import Source
 
@@ -147,7 +147,7 @@ def generation_config(src: Source):
             "early_stopping": True if dec.early_stopping else "never"} if dec.beam_size > 1 else {"num_beams": 1}
     return GenerationConfig(
         decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS,
-        suppress_tokens=[PAD, BOS], max_length=MAX_OUTPUT_LEN + 2, num_return_sequences=dec.nbest, **beam,
+        suppress_tokens=[PAD, BOS], max_new_tokens=MAX_OUTPUT_LEN + 1, num_return_sequences=dec.nbest, **beam,
         **({"min_new_tokens": dec.min_len} if dec.min_len else {}),
     )
 
@@ -157,8 +157,8 @@ def differences(src: Source) -> list[str]:
     dec = src.decode
     notes = [f"length limit: qkv gives each sentence max_len_a * source tokens + max_len_b = "
              f"{dec.max_len_a:g} * |x| + {dec.max_len_b} output tokens; generate() has one limit per call: "
-             f"max_length = {MAX_OUTPUT_LEN + 2} (BOS, qkv's cap of {MAX_OUTPUT_LEN} tokens, EOS); pass max_new_tokens "
-             "to match qkv on a sentence that reaches its limit"]
+             f"max_new_tokens = {MAX_OUTPUT_LEN + 1} (qkv's cap of {MAX_OUTPUT_LEN} tokens, then EOS); pass "
+             "max_new_tokens = limit + 1 to match qkv on a sentence that reaches its limit"]
     if dec.beam_size > 1:
         if dec.length_norm == "gnmt":
             notes.append(f"beam search ranks by log P / |Y|^{dec.length_penalty:g} (Hugging Face's length_penalty), "
