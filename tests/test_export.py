@@ -413,3 +413,16 @@ def test_the_core_does_not_import_the_export_packages():
             "print(sorted(m for m in ('ctranslate2', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out
+
+
+def test_the_command_offers_what_the_library_does():
+    import argparse
+
+    from qkv.cli import COMMANDS, main as _main  # noqa: F401
+    from qkv.cli_options import build_parser
+    from qkv.export import FORMATS, QUANTIZATIONS
+
+    parser = build_parser({name: (lambda args: 0) for name in COMMANDS})
+    export_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["export"]
+    choices = {a.dest: a.choices for a in export_parser._actions if a.choices}
+    assert tuple(choices["format"]) == FORMATS and tuple(choices["quantization"]) == QUANTIZATIONS

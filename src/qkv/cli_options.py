@@ -312,8 +312,8 @@ examples:
 def add_export_parser(sub, handlers: dict) -> None:
     e = sub.add_parser("export", help="a trained model for CTranslate2 or Hugging Face transformers",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Convert a checkpoint for another runtime: CTranslate2 (translation models "
-                                   "and Transformer language models) or Hugging Face transformers' MarianMTModel "
+                       description="Convert a checkpoint for another runtime: CTranslate2 (translation models\n"
+                                   "and Transformer language models) or Hugging Face transformers' MarianMTModel\n"
                                    "(translation models). The directory --out is written whole or not at all.",
                        epilog=EXPORT_EPILOG)
     e.add_argument("model", help="checkpoint directory, e.g. runs/ende/best")

@@ -53,15 +53,14 @@ def languages(src: Source, info: CardInfo) -> tuple[str | None, str | None]:
     data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
     name = str(data.get("train", ""))
     guess: tuple[str | None, str | None] = (None, None)
+    pair = re.search(r"\.([a-z]{2})(?:\.gz)?/.*\.([a-z]{2})(?:\.gz)?$", name)  # "train.en/train.de"
+    one = re.search(r"\.([a-z]{2})(?:\.gz)?$", name)  # a language model's "book.en"
     if name == EMBEDDED:
         guess = EMBEDDED_LANGS
-    elif src.task == "translate":
-        m = re.search(r"\.([a-z]{2})(?:\.gz)?/.*\.([a-z]{2})(?:\.gz)?$", name)
-        if m:
-            guess = (m.group(1), m.group(2))
-    else:
-        m = re.search(r"\.([a-z]{2})(?:\.gz)?$", name)
-        guess = (m.group(1), None) if m else (None, None)
+    elif pair:
+        guess = (pair.group(1), pair.group(2))
+    elif one and src.task == "lm":
+        guess = (one.group(1), None)
     return info.source_lang or guess[0], info.target_lang or guess[1]
 
 

@@ -44,7 +44,6 @@ from qkv.nn.positional import sinusoidal_table
 
 POSITIONS = 2048  # rows of the sinusoidal table written (CTranslate2 refuses positions beyond its table)
 NEVER_EMITTED = -1e4  # output bias on PAD and BOS
-QUANTIZATIONS = ("int8", "int8_float32", "float16")
 SUPPORTED = {("translate", "transformer"): "Translator", ("lm", "transformer"): "Generator",
              ("prefix_lm", "transformer"): "Generator"}
 SPM_FILES = {"src": "source.spm", "tgt": "target.spm"}  # translation; a language model has one: spm.model
@@ -199,6 +198,8 @@ def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_nor
 def write(src: Source, out: Path, quantization: str | None = None) -> dict:
     """Convert ``src`` into the empty directory ``out``; returns the description written to
     ``out/qkv_export.json`` (how to tokenize, decode and what was checked)."""
+    from qkv.export import QUANTIZATIONS
+
     if quantization not in (None, *QUANTIZATIONS):
         raise QkvError(f"--quantization {quantization}: choose one of {', '.join(QUANTIZATIONS)}")
     converter = converter_class()(src)
@@ -314,4 +315,4 @@ def verify(src: Source, out: Path, quantization: str | None) -> dict:
             "max_abs_log_prob_difference": delta, "checked": quantization is None}
 
 
-__all__ = ["check", "write", "model_spec", "converter_class", "SUPPORTED", "QUANTIZATIONS", "POSITIONS"]
+__all__ = ["check", "write", "model_spec", "converter_class", "SUPPORTED", "POSITIONS"]
