@@ -173,6 +173,17 @@ def test_ctranslate2_greedy_equals_qkv_translate(trained, tmp_path, capsys, name
     assert (out / "target.spm").read_bytes() == model.tokenizers.tgt.model_bytes
     want = qkv_greedy(capsys, ckpt, SENTENCES)
     assert ct2_translate(out, SENTENCES) == want
+    if name == "pre":  # learned positions: a long source is cut where qkv cuts it, outputs end where qkv's do
+        import ctranslate2
+        import sentencepiece as spm
+
+        long = " ".join(["red cat dog sun tree blue"] * 8)  # 208 pieces, max_positions 128
+        limits = info["decode"]["ctranslate2"]
+        pieces = spm.SentencePieceProcessor(model_file=str(out / "source.spm")).encode(long, out_type=str)
+        r = ctranslate2.Translator(str(out)).translate_batch([pieces], beam_size=1, max_decoding_length=127,
+                                                             max_input_length=limits["max_input_length"])
+        target = spm.SentencePieceProcessor(model_file=str(out / "target.spm")).decode(r[0].hypotheses[0])
+        assert [target] == qkv_greedy(capsys, ckpt, [long])
 
 
 @needs_ct2

@@ -255,7 +255,7 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
             "ctranslate2": {"beam_size": dec.beam_size, "length_penalty": dec.length_penalty,
                             "max_decoding_length": f"{dec.max_len_a:g} * len(source pieces + </s>) + {dec.max_len_b} "
                                                    "(per sentence; CTranslate2's own default is 256)",
-                            "max_input_length": (cfg.max_positions - 1) if cfg.positional == "learned" else 1024},
+                            "max_input_length": positions},  # counts the </s> it appends: qkv's cut exactly
             "differences": _differences(dec),
         }
     else:
@@ -271,7 +271,10 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
 
 
 def _differences(dec) -> list[str]:
-    notes = ["CTranslate2 has one max_decoding_length per call where qkv gives each sentence "
+    notes = ["source length: qkv reads any length with sinusoidal positions and cuts a source to max_positions "
+             "tokens with </s> with learned ones; CTranslate2 cuts at max_input_length (default 1024; this model's "
+             "position table allows decoding.ctranslate2.max_input_length, which with learned positions is qkv's cut)",
+             "CTranslate2 has one max_decoding_length per call where qkv gives each sentence "
              "max_len_a * source length + max_len_b tokens: pass that per call (or per sentence) to get qkv's outputs "
              "for sentences that reach the limit"]
     if dec.beam_size > 1:
