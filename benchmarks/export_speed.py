@@ -25,9 +25,11 @@ outputs), peak RSS of the process (VmHWM) and its RSS right after loading the mo
 share of the CPU time the process got (well below 1: another process took the cores), the lines
 identical to qkv float32's, and sacreBLEU when --ref is given.
 
-CTranslate2 ranks beam hypotheses by log P / |Y|^α where qkv's default (length_norm gnmt) uses
-((5 + |Y|) / 6)^α, and takes one max_decoding_length per call (here the largest of qkv's
-per-sentence limits): with --beam-size 1 the outputs are qkv's, with a beam they may differ a little.
+Every system gets one output limit, the largest of qkv's per-sentence limits (max_len_a · |x| +
+max_len_b) over the sentences: CTranslate2 takes one max_decoding_length per call, and qkv is given
+the same (max_len_a 0, max_len_b = the limit), so that both do the same work. With --beam-size 1
+the outputs are then qkv's; with a beam they may differ a little: CTranslate2 ranks hypotheses by
+log P / |Y|^α where qkv's default (length_norm gnmt) uses ((5 + |Y|) / 6)^α.
 
 Needs: pip install -c constraints.txt -e ".[export]". Prints a table and the JSON of the run;
 --json FILE also writes it there.
@@ -84,8 +86,9 @@ def run_qkv(args, sentences: list[str]):
     torch.set_num_threads(args.threads)
     model = qkv.load(args.checkpoint, quantize="int8" if args.worker == "qkv-int8" else None)
 
-    def translate():
-        return model.translate(sentences, beam_size=args.beam_size, batch_size=args.batch_size)
+    def translate():  # the same limit as CTranslate2's, see limit()
+        return model.translate(sentences, beam_size=args.beam_size, batch_size=args.batch_size, max_len_a=0.0,
+                               max_len_b=args.limit)
     return translate
 
 
@@ -100,13 +103,11 @@ def run_ct2(args, sentences: list[str]):
                                         compute_type="int8" if args.worker == "ct2-int8" else "float32")
     source = spm.SentencePieceProcessor(model_file=str(directory / "source.spm"))
     target = spm.SentencePieceProcessor(model_file=str(directory / "target.spm"))
-    limit = min(1024, max(int(dec["max_len_a"] * (len(p) + 1) + dec["max_len_b"])
-                          for p in source.encode(sentences, out_type=str)))
 
     def translate():
         pieces = source.encode(sentences, out_type=str)
         results = translator.translate_batch(pieces, beam_size=args.beam_size, max_batch_size=args.batch_size,
-                                             length_penalty=dec["length_penalty"], max_decoding_length=limit)
+                                             length_penalty=dec["length_penalty"], max_decoding_length=args.limit)
         return target.decode([r.hypotheses[0] for r in results])
     return translate
 
@@ -148,7 +149,7 @@ def shapes(checkpoint: str) -> tuple[dict, str]:
 def launch(system: str, args, sentences: Path, ct2_dirs: dict, hyps: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), args.checkpoint, "--worker", system, "--sentences", str(sentences),
            "--hyps", str(hyps), "--threads", str(args.threads), "--beam-size", str(args.beam_size),
-           "--batch-size", str(args.batch_size), "--reps", str(args.reps)]
+           "--batch-size", str(args.batch_size), "--reps", str(args.reps), "--limit", str(args.limit)]
     if system.startswith("ct2"):
         cmd += ["--ct2-dir", str(ct2_dirs[system])]
     env = dict(os.environ)
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sentences", help=argparse.SUPPRESS)
     p.add_argument("--hyps", help=argparse.SUPPRESS)
     p.add_argument("--ct2-dir", help=argparse.SUPPRESS)
+    p.add_argument("--limit", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         sentences = sentences[: args.n]
     refs = read_lines(args.ref)[: len(sentences)] if args.ref else None
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.limit = limit(args.checkpoint, sentences, decode)
     model, preset = shapes(args.checkpoint)
     with tempfile.TemporaryDirectory(prefix="export-speed-") as tmp:
         t = Path(tmp)
@@ -226,6 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def limit(checkpoint: str, sentences: list[str], decode) -> int:
+    """One output limit for every system and sentence: the largest of qkv's per-sentence limits
+    (max_len_a · (tokens + EOS) + max_len_b, at most 1024). CTranslate2 takes one limit per call; qkv is
+    given the same one (max_len_a 0, max_len_b = it), so both do the same work on a sentence that
+    never ends and greedy outputs are comparable line by line."""
+    import qkv
+
+    tok = qkv.load(checkpoint).tokenizers.src
+    return min(1024, max(int(decode.max_len_a * (len(ids) + 1) + decode.max_len_b) for ids in tok.encode(sentences)))
 
 
 def summarise(args, sentences, refs, systems, runs, outputs, model, preset) -> dict:
@@ -261,7 +275,7 @@ def summarise(args, sentences, refs, systems, runs, outputs, model, preset) -> d
 
     return {
         "checkpoint": args.checkpoint, "shapes": model, "preset": preset, "sentences": len(sentences),
-        "src": args.src, "beam_size": args.beam_size, "batch_size": args.batch_size, "threads": args.threads,
+        "src": args.src, "beam_size": args.beam_size, "output_limit": args.limit, "batch_size": args.batch_size, "threads": args.threads,
         "reps": args.reps, "rounds": args.rounds, "systems": rows,
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
@@ -283,6 +297,7 @@ def _cpu_name() -> str:
 def table(result: dict) -> str:
     m = result["shapes"]
     head = (f"{result['sentences']} sentences, beam {result['beam_size']}, batch {result['batch_size']}, "
+            f"at most {result['output_limit']} output tokens, "
             f"{result['threads']} thread(s); shapes: d_model {m['d_model']}, {m['n_encoder_layers']}+"
             f"{m['n_decoder_layers']} layers, d_ff {m['d_ff']}, {m['n_heads']} heads, vocabulary {m['vocab']} "
             f"({result['preset']}); {result['machine']['cpu']}, commit {result['commit']}")
