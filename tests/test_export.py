@@ -324,7 +324,7 @@ def test_hf_model_card_and_generation_config(trained, data, tmp_path, capsys):
     front = yaml.safe_load(readme.split("---\n")[1])
     assert front["language"] == ["en", "de"]  # from the training files' names, train.en / train.de
     assert front["license"] == "cc-by-4.0" and "translation" in front["tags"]
-    assert front["datasets"] == [f"{data['src_train']}/{data['tgt_train']}"]
+    assert front["datasets"] == ["export-data0/train.en + export-data0/train.de"]
     results = front["model-index"][0]["results"]
     test_metrics = {m["type"]: m for m in results[0]["metrics"]}
     assert results[0]["dataset"]["name"] == "test.de"

@@ -47,20 +47,35 @@ class TestScores:
     chrf_signature: str
 
 
-def languages(src: Source, info: CardInfo) -> tuple[str | None, str | None]:
-    """Source and target language: given, else from the training data's file names (``train.en``), else
-    the embedded task's (English -> German)."""
+def training_files(src: Source) -> list[str]:
+    """The training data's files as training recorded them: ``[source, target]`` for parallel data
+    (recorded as "SRC/TGT", split where both halves name a file), ``[text]`` or ``[]`` (the embedded task)."""
+    from qkv.metrics import language_of
+
     data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
     name = str(data.get("train", ""))
+    if not name or name == EMBEDDED:
+        return []
+    for i, c in enumerate(name):
+        if c == "/" and i and language_of(name[:i]) and language_of(name[i + 1:]):
+            return [name[:i], name[i + 1:]]
+    return [name]
+
+
+def languages(src: Source, info: CardInfo) -> tuple[str | None, str | None]:
+    """Source and target language: given, else from the training files' names (``train.en``,
+    ``train.de.gz``), else the embedded task's (English -> German)."""
+    from qkv.metrics import language_of
+
+    data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
+    files = training_files(src)
     guess: tuple[str | None, str | None] = (None, None)
-    pair = re.search(r"\.([a-z]{2})(?:\.gz)?/.*\.([a-z]{2})(?:\.gz)?$", name)  # "train.en/train.de"
-    one = re.search(r"\.([a-z]{2})(?:\.gz)?$", name)  # a language model's "book.en"
-    if name == EMBEDDED:
+    if data.get("train") == EMBEDDED:
         guess = EMBEDDED_LANGS
-    elif pair:
-        guess = (pair.group(1), pair.group(2))
-    elif one and src.task == "lm":
-        guess = (one.group(1), None)
+    elif len(files) == 2:
+        guess = (language_of(files[0]), language_of(files[1]))
+    elif len(files) == 1 and src.task == "lm":
+        guess = (language_of(files[0]), None)
     return info.source_lang or guess[0], info.target_lang or guess[1]
 
 
@@ -68,10 +83,10 @@ def dataset_name(src: Source, info: CardInfo) -> str | None:
     if info.dataset:
         return info.dataset
     data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
-    name = data.get("train")
-    if name == EMBEDDED:
+    if data.get("train") == EMBEDDED:
         return "qkv embedded default task (English number words -> German number words)"
-    return str(name) if name else None
+    files = training_files(src)
+    return " + ".join("/".join(Path(f).parts[-2:]) for f in files) or None
 
 
 def score_test_set(src: Source, info: CardInfo) -> TestScores | None:
