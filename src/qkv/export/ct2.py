@@ -289,7 +289,7 @@ def _differences(dec) -> list[str]:
 
 
 def verify(src: Source, out: Path, quantization: str | None) -> dict:
-    """Score two fixed token sequences with the exported model (``score_batch``) and with the
+    """Score the fixed probe sequences with the exported model (``score_batch``) and with the
     checkpoint's own network in PyTorch: the per-token log-probabilities must agree (float32: to
     1e-3; quantized models: reported, not checked). A wrong conversion fails here, not in use."""
     import ctranslate2
@@ -308,9 +308,11 @@ def verify(src: Source, out: Path, quantization: str | None) -> dict:
         model = ctranslate2.Generator(str(out), device="cpu", intra_threads=1)
         results = model.score_batch([[tgt_pieces[i] for i in (p + t)] for p, t in zip(sources, targets)])
     got = [np.asarray(r.log_probs, dtype=np.float64) for r in results]
-    diffs = [float(np.abs(g[-len(r):] - r.numpy()).max()) for g, r in zip(got, ref)]
-    delta = max(diffs)
     del model
+    if [len(g) for g in got] != [len(r) for r in ref]:
+        raise QkvError(f"the converted model scores {[len(g) for g in got]} tokens of the probe sequences where "
+                       f"{src.path} scores {[len(r) for r in ref]}")
+    delta = max(float(np.abs(g - r.numpy()).max()) for g, r in zip(got, ref))
     if quantization is None and not delta <= 1e-3:
         raise QkvError(f"the converted model disagrees with {src.path}: max |delta log p| = {delta:.3g} on the probe "
                        "sequences (expected < 1e-3); this checkpoint's layout is not what the converter expects")

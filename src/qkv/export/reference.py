@@ -62,18 +62,16 @@ def reference_log_probs(src: Source, sources: list[list[int]], targets: list[lis
     model = reference_model(src)
     if src.task == "translate":
         logits = translation_logits(model, sources, targets)
-        wanted = [t + [EOS] for t in targets]
-        start = [0] * len(targets)
+        wanted = [t + [EOS] for t in targets]  # position j predicts wanted[j]
     else:
         seqs = [s + t for s, t in zip(sources, targets)]
         logits = lm_logits(model, seqs)
         wanted = [s[1:] for s in seqs]
-        start = [0] * len(seqs)
     logits = logits.double()  # a copy outside inference mode
     logits[..., PAD] += never_emitted
     logits[..., BOS] += never_emitted
     logp = torch.log_softmax(logits, dim=-1)
-    return [logp[i, start[i] + torch.arange(len(w)), torch.tensor(w)] for i, w in enumerate(wanted)]
+    return [logp[i, torch.arange(len(w)), torch.tensor(w)] for i, w in enumerate(wanted)]
 
 
 __all__ = ["reference_model", "probe_sequences", "translation_logits", "lm_logits", "reference_log_probs"]
