@@ -283,8 +283,7 @@ def _differences(dec) -> list[str]:
                          f"(length_penalty), qkv by ((5 + |Y|) / 6)^{dec.length_penalty:g} (length_norm gnmt): "
                          "beam outputs may differ where hypotheses of different lengths compete")
         else:
-            notes.append("beam search: both divide the log-probability by |Y|^length_penalty; the beams' bookkeeping "
-                         "differs in details (when a sentence's search ends)")
+            notes.append("beam search: both divide the log-probability by |Y|^length_penalty (length_norm length)")
     return notes
 
 

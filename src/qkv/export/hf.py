@@ -165,8 +165,7 @@ def differences(src: Source) -> list[str]:
                          f"qkv by log P / ((5 + |Y|) / 6)^{dec.length_penalty:g} (length_norm gnmt, the paper's): "
                          "outputs may differ where hypotheses of different lengths compete")
         else:
-            notes.append("beam search ranks by log P / |Y|^length_penalty in both (|Y| with EOS); the searches differ "
-                         "in details (how many candidates a step keeps)")
+            notes.append("beam search ranks by log P / |Y|^length_penalty in both (|Y| with EOS)")
         notes.append("early_stopping 'never' is qkv's rule (a sentence's search ends when no live hypothesis can beat "
                      "the finished ones)" if not dec.early_stopping else
                      "early_stopping true: both end a sentence's search once num_beams hypotheses have finished")
