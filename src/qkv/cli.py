@@ -13,6 +13,7 @@
     qkv info       parameter count by component and training FLOPs per token
     qkv viz        attention maps (PNG + HTML), the positional encoding, the schedule, a run's curves
     qkv bench      Table 1 measured (layers), long-range dependency (long-range)
+    qkv export     a trained model for CTranslate2 or Hugging Face transformers
 
 Model, training and decoding flags are generated from the fields of ``ModelConfig``,
 ``TrainConfig`` and ``DecodeConfig``. Settings are taken, later winning, from: the preset, the
@@ -415,6 +416,14 @@ def log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from qkv.export import CardInfo, export, summary
+
+    card = CardInfo(args.source_lang, args.target_lang, args.license, args.dataset, args.src, args.ref)
+    log(summary(export(args.model, args.format, args.out, args.quantization, card), args.out))
+    return 0
+
+
 # --- qkv bench: Table 1 and the long-range task, measured --------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -454,8 +463,8 @@ def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
                  args.lr, args.seed, args.quick, log=log)
 
 
-COMMANDS = ("train", "translate", "score", "evaluate", "generate", "classify", "fill", "embed", "search", "average", "info",
-            "viz", "bench")
+COMMANDS = ("train", "translate", "score", "evaluate", "generate", "classify", "fill", "embed", "search", "average",
+            "info", "viz", "bench", "export")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -309,7 +309,53 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     vt.add_argument("run", help="run directory (the --out of qkv train), e.g. runs/default")
     vt.add_argument("--out", default="training.png", help="PNG file to write (default: %(default)s)")
     add_bench_parser(sub, handlers)
+    add_export_parser(sub, handlers)
     return p
+
+
+EXPORT_EPILOG = """\
+formats:
+  ctranslate2  a CTranslate2 model directory (ctranslate2.Translator for translate, ctranslate2.Generator
+               for lm and prefix_lm): model.bin, config.json, the vocabularies in SentencePiece id order,
+               the SentencePiece models; --quantization int8 | int8_float32 | float16 (default: float32)
+  hf           a Hugging Face MarianMTModel directory (translate, post-norm, sinusoidal positions):
+               config.json, model.safetensors, generation_config.json, MarianTokenizer files
+               (source.spm, target.spm, vocab.json)
+
+Both also write README.md (a model card with YAML front matter) and qkv_export.json (how to
+tokenize and decode, where the runtime differs from qkv, what was checked). Every export runs a
+few probe sequences through the exported model and the checkpoint and stops with an error if
+they disagree. Needs: pip install -c constraints.txt -e ".[export]"
+
+examples:
+  qkv export runs/ende/best --format ctranslate2 --out exported/ende-ct2 --quantization int8
+  qkv export runs/ende/best --format hf --out exported/ende-hf --src test.en --ref test.de --license cc-by-4.0
+  qkv export runs/tm/best --format ctranslate2 --out exported/tm-ct2     # a language model
+"""
+
+
+def add_export_parser(sub, handlers: dict) -> None:
+    e = sub.add_parser("export", help="a trained model for CTranslate2 or Hugging Face transformers",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Convert a checkpoint for another runtime: CTranslate2 (translation models\n"
+                                   "and Transformer language models) or Hugging Face transformers' MarianMTModel\n"
+                                   "(translation models). The directory --out is written whole or not at all.",
+                       epilog=EXPORT_EPILOG)
+    e.add_argument("model", help="checkpoint directory, e.g. runs/ende/best")
+    e.add_argument("--format", required=True, choices=["ctranslate2", "hf"], help="what to write")
+    e.add_argument("--out", required=True, help="a new (or empty) directory to write")
+    e.add_argument("--quantization", choices=["int8", "int8_float32", "float16"],
+                   help="ctranslate2: weight type of the saved model (default: float32)")
+    e.add_argument("--src", help="model card: a test source file to translate with MODEL (its saved decoding "
+                                 "settings) and score ...")
+    e.add_argument("--ref", help="... against these references (sacreBLEU BLEU and chrF, with signatures)")
+    e.add_argument("--source-lang", help="model card: the source language code (default: from the training "
+                                         "files' names, e.g. train.en)")
+    e.add_argument("--target-lang", help="model card: the target language code (default: as --source-lang)")
+    e.add_argument("--license", default="unknown", help="model card: the weights' license, e.g. cc-by-4.0 "
+                                                        "(default: unknown)")
+    e.add_argument("--dataset", help="model card: the training data's name (default: what training recorded)")
+    e.set_defaults(func=handlers["export"])
 
 
 def add_bench_parser(sub, handlers: dict) -> None:

@@ -1,0 +1,102 @@
+"""Deployment formats: a trained checkpoint converted for another runtime, each conversion written on
+the target's own interface and checked by equal outputs when it is made.
+
+    ctranslate2  CTranslate2's Converter / ModelSpec (qkv.export.ct2): translate -> ctranslate2.Translator;
+                 lm, prefix_lm -> ctranslate2.Generator; optional int8 / int8_float32 / float16 weights
+    hf           Hugging Face transformers (qkv.export.hf): MarianMTModel + MarianTokenizer +
+                 generation_config.json, loadable with from_pretrained and no qkv installed
+
+    >>> from qkv.export import export
+    >>> export("runs/ende/best", "ctranslate2", "exported/ende-ct2", quantization="int8")
+
+Both write the SentencePiece models, a model card (README.md) and ``qkv_export.json`` (how to
+tokenize and decode, what differs from ``qkv translate``, what was checked). The packages are
+optional: ``pip install -c constraints.txt -e ".[export]"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from qkv.errors import QkvError
+from qkv.export.card import CardInfo, write_card
+from qkv.export.source import Source, read_source
+from qkv.files import check_output_dir
+
+FORMATS = ("ctranslate2", "hf")
+QUANTIZATIONS = ("int8", "int8_float32", "float16")
+
+
+def check_out(out: str | Path) -> Path:
+    """``--out`` must be a new directory, or an empty one, in a place that takes new files."""
+    p = Path(out)
+    check_output_dir(p, "--out")
+    if p.is_dir() and any(p.iterdir()):
+        raise QkvError(f"--out {out} exists and is not empty: give a new directory (an export never overwrites one)")
+    return p
+
+
+def check_supported(src: Source, fmt: str) -> None:
+    from qkv.export import ct2, hf
+
+    {"ctranslate2": ct2.check, "hf": hf.check}[fmt](src)
+
+
+def export(checkpoint: str | Path, fmt: str, out: str | Path, quantization: str | None = None,
+           card: CardInfo | None = None) -> dict:
+    """Convert the checkpoint directory ``checkpoint`` to ``fmt`` into the new directory ``out``,
+    written all or nothing (into a temporary directory beside it, renamed into place when complete).
+    Returns the export's description (also in ``out/qkv_export.json``)."""
+    if fmt not in FORMATS:
+        raise QkvError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if quantization is not None and fmt != "ctranslate2":
+        raise QkvError(f"--quantization is for --format ctranslate2 (CTranslate2 quantizes weights); --format {fmt} "
+                       "writes float32 weights")
+    if quantization not in (None, *QUANTIZATIONS):
+        raise QkvError(f"--quantization {quantization}: choose one of {', '.join(QUANTIZATIONS)}")
+    out = check_out(out)
+    src = read_source(checkpoint)
+    check_supported(src, fmt)
+    card = card or CardInfo()
+    if (card.test_src or card.test_ref) and src.task != "translate":
+        raise QkvError(f"--src/--ref score a translation model; {src.path} is a {src.task!r} model")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        if fmt == "ctranslate2":
+            from qkv.export import ct2
+
+            info = ct2.write(src, tmp, quantization)
+        else:
+            from qkv.export import hf
+
+            info = hf.write(src, tmp)
+        info["card"] = write_card(src, fmt, tmp, card, info)
+        (tmp / "qkv_export.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        if out.is_dir():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def summary(info: dict, out: str | Path) -> str:
+    """One line on what an export wrote and how it was checked."""
+    check = info.get("verified", {})
+    if "max_abs_logit_difference" in check:
+        how = f"max |delta logit| {check['max_abs_logit_difference']:.2g}"
+    else:
+        how = f"max |delta log p| {check.get('max_abs_log_prob_difference', float('nan')):.2g}"
+        how += "" if check.get("checked", True) else f" ({info.get('quantization')} weights: reported, not checked)"
+    return (f"wrote {out} for {info['runtime']} ({info.get('quantization', 'float32')} weights); the exported model "
+            f"and the checkpoint agree on {check.get('probe_sequences', 0)} probe sequences: {how}")
+
+
+__all__ = ["export", "summary", "FORMATS", "QUANTIZATIONS", "CardInfo", "read_source"]

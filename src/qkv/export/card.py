@@ -1,0 +1,314 @@
+"""The model card: README.md with Hugging Face's YAML front matter (languages, license, tags,
+datasets, metrics with their sacreBLEU signatures where known) and a body that says what the model
+is, how it was trained (the whole config), how to use the exported directory, and where it may
+differ from ``qkv translate``.
+
+Scores come from two places: a test set given to the export (``--src``/``--ref``: translated by
+qkv from the checkpoint with its saved decoding settings and scored with sacreBLEU, signatures
+included), and the run's ``metrics.jsonl`` beside the checkpoint (validation scores recorded
+during training: greedy decoding of the first ``eval_bleu_samples`` validation sentences; their
+sacreBLEU version was not recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from qkv.errors import QkvError
+from qkv.export.source import Source
+
+EMBEDDED = "toy/train"  # the data name qkv train records for its embedded default task
+EMBEDDED_LANGS = ("en", "de")
+VALIDATION_SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp (sacreBLEU's defaults; version not recorded)"
+
+
+@dataclass(frozen=True)
+class CardInfo:
+    """What the checkpoint does not record and the user may give (``qkv export`` options)."""
+
+    source_lang: str | None = None
+    target_lang: str | None = None
+    license: str = "unknown"
+    dataset: str | None = None
+    test_src: str | None = None  # a test set to score (translation)
+    test_ref: str | None = None
+
+
+@dataclass
+class TestScores:
+    name: str
+    sentences: int
+    bleu: float
+    bleu_signature: str
+    chrf: float
+    chrf_signature: str
+
+
+def training_files(src: Source) -> list[str]:
+    """The training data's files as training recorded them: ``[source, target]`` for parallel data
+    (recorded as "SRC/TGT", split where both halves name a file), ``[text]`` or ``[]`` (the embedded task)."""
+    from qkv.metrics import language_of
+
+    data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
+    name = str(data.get("train", ""))
+    if not name or name == EMBEDDED:
+        return []
+    for i, c in enumerate(name):
+        if c == "/" and i and language_of(name[:i]) and language_of(name[i + 1:]):
+            return [name[:i], name[i + 1:]]
+    return [name]
+
+
+def languages(src: Source, info: CardInfo) -> tuple[str | None, str | None]:
+    """Source and target language: given, else from the training files' names (``train.en``,
+    ``train.de.gz``), else the embedded task's (English -> German)."""
+    from qkv.metrics import language_of
+
+    data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
+    files = training_files(src)
+    guess: tuple[str | None, str | None] = (None, None)
+    if data.get("train") == EMBEDDED:
+        guess = EMBEDDED_LANGS
+    elif len(files) == 2:
+        guess = (language_of(files[0]), language_of(files[1]))
+    elif len(files) == 1 and src.task == "lm":
+        guess = (language_of(files[0]), None)
+    return info.source_lang or guess[0], info.target_lang or guess[1]
+
+
+def dataset_name(src: Source, info: CardInfo) -> str | None:
+    if info.dataset:
+        return info.dataset
+    data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
+    if data.get("train") == EMBEDDED:
+        return "qkv embedded default task (English number words -> German number words)"
+    files = training_files(src)
+    return " + ".join("/".join(Path(f).parts[-2:]) for f in files) or None
+
+
+def score_test_set(src: Source, info: CardInfo) -> TestScores | None:
+    """Translate --src with the checkpoint (qkv, its saved decoding settings) and score it against --ref."""
+    if not (info.test_src or info.test_ref):
+        return None
+    if not (info.test_src and info.test_ref):
+        raise QkvError("give both --src (test sources) and --ref (their references) to put test scores in the card")
+    if src.task != "translate":
+        raise QkvError(f"--src/--ref score a translation model; {src.path} is a {src.task!r} model")
+    from qkv.data.corpus import read_lines
+    from qkv.frontends import load
+    from qkv.metrics import bleu, chrf
+
+    sources, refs = read_lines(info.test_src), read_lines(info.test_ref)
+    if len(sources) != len(refs):
+        raise QkvError(f"{info.test_src} has {len(sources)} lines but {info.test_ref} has {len(refs)}")
+    hyps = load(src.path).translate(sources)
+    b, c = bleu(hyps, refs), chrf(hyps, refs)
+    return TestScores(Path(info.test_ref).name, len(refs), round(b.score, 2), b.signature, round(c.score, 2),
+                      c.signature)
+
+
+def validation_scores(src: Source) -> dict | None:
+    """The run's validation record for this checkpoint: for best/, the one with the lowest validation loss
+    (what best/ holds); for last/, the latest; None for anything else or without RUN/metrics.jsonl."""
+    log = src.path.parent / "metrics.jsonl"
+    if src.path.name not in ("best", "last") or not log.is_file():
+        return None
+    records = []
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and isinstance(r.get("valid_loss"), (int, float)):
+            records.append(r)
+    if not records:
+        return None
+    return min(records, key=lambda r: r["valid_loss"]) if src.path.name == "best" else records[-1]
+
+
+# --- YAML (a small emitter: block style, scalars quoted as JSON strings, which YAML reads) -----------------
+
+def to_yaml(value, indent: int = 0) -> str:
+    pad = " " * indent
+    if isinstance(value, dict):
+        lines = []
+        for k, v in value.items():
+            if isinstance(v, (dict, list)) and v:
+                lines.append(f"{pad}{k}:\n{to_yaml(v, indent + 2)}")
+            else:
+                lines.append(f"{pad}{k}: {_scalar(v)}")
+        return "\n".join(lines)
+    if isinstance(value, list):
+        lines = []
+        for v in value:
+            if isinstance(v, dict) and v:
+                inner = to_yaml(v, indent + 2)
+                lines.append(f"{pad}- {inner.lstrip()}")
+            else:
+                lines.append(f"{pad}- {_scalar(v)}")
+        return "\n".join(lines)
+    return pad + _scalar(value)
+
+
+def _scalar(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if v is None:
+        return "null"
+    if isinstance(v, (dict, list)):
+        return "{}" if isinstance(v, dict) else "[]"
+    s = str(v)
+    return s if re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]*", s) and s.lower() not in ("true", "false", "null", "yes", "no",
+                                                                                "on", "off") else json.dumps(s)
+
+
+# --- the card ---------------------------------------------------------------------------------------
+
+def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None, valid: dict | None) -> dict:
+    s_lang, t_lang = languages(src, info)
+    translate = src.task == "translate"
+    meta: dict = {}
+    langs = [x for x in dict.fromkeys((s_lang, t_lang)) if x]
+    if langs:
+        meta["language"] = langs
+    meta["license"] = info.license
+    meta["library_name"] = "transformers" if fmt == "hf" else "ctranslate2"
+    meta["pipeline_tag"] = "translation" if translate else "text-generation"
+    meta["tags"] = ["qkv", "transformer", "attention-is-all-you-need",
+                    *(["translation", "marian"] if translate and fmt == "hf" else ["translation"] if translate else
+                      ["language-model"]),
+                    *(["ctranslate2"] if fmt == "ctranslate2" else [])]
+    data = dataset_name(src, info)
+    if data:
+        meta["datasets"] = [data]
+    if translate:
+        meta["metrics"] = ["bleu", "chrf"]
+    results = []
+    task = {"type": "translation" if translate else "text-generation",
+            "name": f"Translation {s_lang or '?'}-{t_lang or '?'}" if translate else "Language modelling"}
+    if test is not None:
+        results.append({"task": task, "dataset": {"name": test.name, "type": test.name},
+                        "metrics": [{"type": "bleu", "value": test.bleu, "name": "BLEU", "args": test.bleu_signature},
+                                    {"type": "chrf", "value": test.chrf, "name": "chrF", "args": test.chrf_signature}]})
+    if valid is not None:
+        metrics = []
+        if "valid_bleu" in valid:
+            metrics.append({"type": "bleu", "value": round(valid["valid_bleu"], 2), "name": "validation BLEU (greedy)",
+                            "args": VALIDATION_SIGNATURE})
+        if "valid_chrf" in valid:
+            metrics.append({"type": "chrf", "value": round(valid["valid_chrf"], 2), "name": "validation chrF (greedy)"})
+        if "valid_ppl" in valid:
+            metrics.append({"type": "perplexity", "value": round(valid["valid_ppl"], 4), "name": "validation perplexity"})
+        if metrics:
+            results.append({"task": task, "dataset": {"name": "validation", "type": "validation"}, "metrics": metrics})
+    if results:
+        meta["model-index"] = [{"name": src.path.parent.name or src.path.name, "results": results}]
+    return meta
+
+
+def usage(src: Source, fmt: str) -> str:
+    if fmt == "hf":
+        return """```python
+from transformers import MarianMTModel, MarianTokenizer
+
+tokenizer = MarianTokenizer.from_pretrained("DIR")
+model = MarianMTModel.from_pretrained("DIR")
+batch = tokenizer(["your sentence"], return_tensors="pt", padding=True)
+out = model.generate(**batch)          # generation_config.json: qkv's decoding settings
+print(tokenizer.batch_decode(out, skip_special_tokens=True))
+```"""
+    if src.task == "translate":
+        return """```python
+import ctranslate2, sentencepiece as spm
+
+translator = ctranslate2.Translator("DIR")
+source, target = spm.SentencePieceProcessor(model_file="DIR/source.spm"), spm.SentencePieceProcessor(model_file="DIR/target.spm")
+pieces = source.encode(["your sentence"], out_type=str)        # no </s>: the model appends it
+results = translator.translate_batch(pieces, beam_size=BEAM, length_penalty=ALPHA)
+print([target.decode(r.hypotheses[0]) for r in results])
+```""".replace("BEAM", str(src.decode.beam_size)).replace("ALPHA", f"{src.decode.length_penalty:g}")
+    prompt = ("sp.encode(source, out_type=str) + ['</s>', '<sep>', '<s>']" if src.task == "prefix_lm"
+              else "sp.encode('the text to continue', out_type=str)   # or ['<s>'] for no prompt")
+    ending = "end_token='</s>'" if src.task == "prefix_lm" else "end_token=[]   # '</s>' is a line break, not the end"
+    return f"""```python
+import ctranslate2, sentencepiece as spm
+
+generator = ctranslate2.Generator("DIR")
+sp = spm.SentencePieceProcessor(model_file="DIR/spm.model")
+prompt = {prompt}
+result = generator.generate_batch([prompt], max_length=100, sampling_topk=1, include_prompt_in_result=False,
+                                  {ending})
+print(sp.decode(result[0].sequences[0]))
+```"""
+
+
+def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: dict) -> dict:
+    """Write ``out/README.md``; returns the front matter."""
+    test = score_test_set(src, info)
+    valid = validation_scores(src)
+    meta = front_matter(src, fmt, info, test, valid)
+    cfg = src.model
+    kind = {"translate": "an encoder-decoder Transformer for translation",
+            "lm": "a decoder-only Transformer language model",
+            "prefix_lm": "a decoder-only Transformer translating as a prefix language model"}.get(src.task, src.task)
+    runtime = export_info.get("runtime", "")
+    lines = [
+        "---", to_yaml(meta), "---", "",
+        f"# {src.path.parent.name or src.path.name}: {kind}",
+        "",
+        f"Trained with qkv {src.qkv_version} (the Transformer of \"Attention Is All You Need\"), exported from "
+        f"`{src.path}` for `{runtime}`: {'pre' if cfg.norm_first else 'post'}-norm, d_model {cfg.d_model}, "
+        f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+        + (f"{cfg.n_encoder_layers} encoder and {cfg.n_decoder_layers} decoder layers"
+           if src.task == "translate" else f"{cfg.n_decoder_layers} layers")
+        + f", {cfg.positional} positions, "
+        + ("one shared vocabulary" if src.tokenizers.joint else "separate source and target vocabularies")
+        + f" ({src.tokenizer('tgt').vocab_size} pieces, SentencePiece {src.train.tokenizer}).",
+        "",
+        "## Use",
+        "",
+        usage(src, fmt).replace("DIR", "."),
+        "",
+    ]
+    if "tokenize" in export_info:
+        lines += ["## Tokenization", "",
+                  f"- text to tokens: {export_info['tokenize']}",
+                  f"- tokens to text: {export_info['detokenize']}",
+                  "- the vocabulary files list the pieces in the order of the SentencePiece ids (CTranslate2's token "
+                  "ids are the SentencePiece ids); special ids: "
+                  + ", ".join(f"{k} {v}" for k, v in export_info.get("special_ids", {}).items()),
+                  "- qkv_export.json says the same as data, with the decoding settings", ""]
+    if test is not None or valid is not None:
+        lines += ["## Scores", ""]
+        if test is not None:
+            lines += [f"- {test.name} ({test.sentences} sentences), decoded by qkv from the checkpoint with its saved "
+                      f"settings (beam {src.decode.beam_size}, length penalty {src.decode.length_penalty:g} "
+                      f"{src.decode.length_norm}): BLEU {test.bleu} (sacreBLEU signature: {test.bleu_signature}), "
+                      f"chrF {test.chrf} ({test.chrf_signature})"]
+        if valid is not None:
+            parts = [f"{name} {valid[key]:.2f}" for key, name in (("valid_bleu", "BLEU"), ("valid_chrf", "chrF"),
+                                                                  ("valid_ppl", "perplexity")) if key in valid]
+            lines += [f"- validation at step {valid.get('step', '?')} (from the run's metrics.jsonl; BLEU and chrF "
+                      f"on greedy output of the first {src.train.eval_bleu_samples} validation sentences): "
+                      + ", ".join(parts)]
+        lines.append("")
+    diffs = export_info.get("differences") or export_info.get("decode", {}).get("differences") or []
+    if diffs:
+        lines += ["## Where it may differ from `qkv translate`", "", *[f"- {d}" for d in diffs], ""]
+    check = export_info.get("verified", {})
+    if check:
+        lines += ["## Checked at export", "", "The exported model and the checkpoint's own network were run on the same "
+                  f"probe sequences: {json.dumps(check)}.", ""]
+    lines += ["## Training configuration", "", "```json",
+              json.dumps({k: src.config[k] for k in ("model", "train", "decode", "data") if k in src.config},
+                         indent=2, ensure_ascii=False), "```", ""]
+    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    return meta
+
+
+__all__ = ["CardInfo", "write_card", "to_yaml", "languages"]

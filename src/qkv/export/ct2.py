@@ -1,0 +1,322 @@
+"""CTranslate2: a converter on CTranslate2's own interface, built as its fairseq and OpenNMT-py
+converters are (a ``ctranslate2.converters.Converter`` whose ``_load`` fills a ``ModelSpec``).
+
+    translate, transformer   TransformerSpec.from_config              ->  ctranslate2.Translator
+    lm, transformer          TransformerDecoderModelSpec.from_config  ->  ctranslate2.Generator
+    prefix_lm, transformer   TransformerDecoderModelSpec.from_config  ->  ctranslate2.Generator
+                             (prompt: source pieces, "</s>", "<sep>", "<s>"; stop at "</s>")
+
+What carries over, and how:
+
+* token embeddings × √d_model: CTranslate2's ``scale_embeddings`` (on by default);
+* positions: qkv's table itself. Sinusoidal positions interleave sin and cos per dimension pair
+  (``PE[:, 2i] = sin``, ``PE[:, 2i+1] = cos``, :func:`qkv.nn.positional.sinusoidal_table`), where
+  CTranslate2's built-in table puts sin in the first half and cos in the second, so the exact
+  table is written (:data:`POSITIONS` rows, positions 0 .. POSITIONS-1); learned positions are
+  their own table (``max_positions`` rows). Positions start at 0 on both sides, as in qkv;
+* post-norm (the paper) or pre-norm with the final LayerNorm of each stack; LayerNorm ε = 1e-5
+  (torch's default, which qkv uses; CTranslate2's own default is 1e-6);
+* attention: qkv's fused ``in_proj = [W^Q; W^K; W^V]`` is CTranslate2's fused self-attention
+  ``linear[0]``; cross-attention splits it into the query ``linear[0]`` and the fused key/value
+  ``linear[1]``; ReLU feed-forward;
+* the output projection (tied to the target embedding, or its own matrix), no bias but -1e4 on
+  PAD and BOS: qkv's decoders never emit those two, and with this bias CTranslate2 never does
+  either, whatever options it is called with. The other logits are unchanged; CTranslate2's
+  log-probabilities are normalised over the tokens other than PAD and BOS (qkv's are not, which
+  changes beam scores by log(1 - p(PAD) - p(BOS)), a negligible amount for a trained model);
+* the source ends with EOS (``add_source_eos``), the decoder starts from BOS ``<s>``
+  (``decoder_start_token``), as ``qkv.data.batching.collate`` and qkv's decoders do;
+* the vocabularies: the SentencePiece pieces in the order of their ids, so CTranslate2's token
+  ids are qkv's; the SentencePiece models themselves are copied into the model directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkv.config import BOS, EOS, PAD, SEP, UNK
+from qkv.errors import QkvError
+from qkv.export.source import Source
+from qkv.nn.positional import sinusoidal_table
+
+POSITIONS = 2048  # rows of the sinusoidal table written (CTranslate2 refuses positions beyond its table)
+NEVER_EMITTED = -1e4  # output bias on PAD and BOS
+SUPPORTED = {("translate", "transformer"): "Translator", ("lm", "transformer"): "Generator",
+             ("prefix_lm", "transformer"): "Generator"}
+SPM_FILES = {"src": "source.spm", "tgt": "target.spm"}  # translation; a language model has one: spm.model
+LM_SPM = "spm.model"
+
+
+def _require():
+    """The ctranslate2 package, imported now (it is an optional dependency)."""
+    from qkv.export.optional import require
+
+    return require("ctranslate2", "--format ctranslate2")
+
+
+def check(src: Source) -> None:
+    """Everything qkv's Transformers offer converts; other (task, arch) pairs are refused by name."""
+    if src.key not in SUPPORTED:
+        kinds = ", ".join(f"{t} ({a})" for t, a in SUPPORTED)
+        raise QkvError(f"{src.path} is a {src.task!r} model with arch {src.model.arch!r}: --format ctranslate2 "
+                       f"converts these Transformer models: {kinds}")
+
+
+# --- the converter ---------------------------------------------------------------------------------
+
+def converter_class():
+    """:class:`QkvConverter`, defined once ctranslate2 is importable (it subclasses its Converter)."""
+    global _CONVERTER
+    ctranslate2 = _require()  # every time: a missing package is named, even after an earlier export
+    if _CONVERTER is None:
+        from ctranslate2.converters.converter import Converter
+
+        class QkvConverter(Converter):
+            """Converts a qkv checkpoint (see :mod:`qkv.export.ct2`)."""
+
+            def __init__(self, source: Source):
+                self.source = source
+
+            def _load(self):
+                return model_spec(self.source)
+
+        QkvConverter.ctranslate2_version = ctranslate2.__version__
+        _CONVERTER = QkvConverter
+    return _CONVERTER
+
+
+_CONVERTER = None
+
+
+def model_spec(src: Source):
+    """The filled ``ModelSpec`` of ``src``: weights, configuration, vocabularies, SentencePiece files."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = src.model
+    relu = common_spec.Activation.RELU
+    if src.task == "translate":
+        spec = transformer_spec.TransformerSpec.from_config(
+            (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu)
+        _set_encoder(spec.encoder, src)
+        _set_decoder(spec.decoder, src, "decoder_layers", "tgt_embed.weight", "tgt_pos.weight", "decoder_norm")
+        spec.register_source_vocabulary(src.vocabulary("src"))
+        spec.register_target_vocabulary(src.vocabulary("tgt"))
+        spec.config.decoder_start_token = src.vocabulary("tgt")[BOS]
+        spec.config.add_source_eos = True
+    else:
+        spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+            cfg.n_decoder_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=relu)
+        _set_decoder(spec.decoder, src, "layers", "embed.weight", "pos.weight", "final_norm", self_only=True)
+        spec.register_vocabulary(src.vocabulary("tgt"))
+    pieces = src.vocabulary("tgt")
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = pieces[UNK], pieces[BOS], pieces[EOS]
+    spec.config.layer_norm_epsilon = 1e-5
+    return spec
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A copy: CTranslate2's quantization may rewrite the arrays it is given, and the checkpoint's
+    tensors are still needed (the reference of :func:`verify`)."""
+    return np.array(t.numpy(), dtype=np.float32, order="C", copy=True)
+
+
+def _linear(spec, src: Source, name: str) -> None:
+    spec.weight = _np(src.w(name + ".weight"))
+    spec.bias = _np(src.w(name + ".bias"))
+
+
+def _layer_norm(spec, src: Source, name: str) -> None:
+    spec.gamma = _np(src.w(name + ".weight"))
+    spec.beta = _np(src.w(name + ".bias"))
+
+
+def _positions(src: Source, learned_name: str) -> np.ndarray:
+    if src.model.positional == "learned":
+        return _np(src.w(learned_name))
+    return _np(sinusoidal_table(max(POSITIONS, src.model.max_positions), src.model.d_model))
+
+
+def _self_attention(spec, src: Source, prefix: str, norm: str) -> None:
+    _linear(spec.linear[0], src, prefix + ".in_proj")  # fused [W^Q; W^K; W^V]
+    _linear(spec.linear[1], src, prefix + ".out_proj")
+    _layer_norm(spec.layer_norm, src, norm)
+
+
+def _cross_attention(spec, src: Source, prefix: str, norm: str) -> None:
+    d = src.model.d_model
+    w, b = src.w(prefix + ".in_proj.weight"), src.w(prefix + ".in_proj.bias")
+    spec.linear[0].weight, spec.linear[0].bias = _np(w[:d]), _np(b[:d])  # W^Q
+    spec.linear[1].weight, spec.linear[1].bias = _np(w[d:]), _np(b[d:])  # fused [W^K; W^V]
+    _linear(spec.linear[2], src, prefix + ".out_proj")
+    _layer_norm(spec.layer_norm, src, norm)
+
+
+def _ffn(spec, src: Source, prefix: str) -> None:
+    _linear(spec.linear_0, src, prefix + ".ffn.w_1")
+    _linear(spec.linear_1, src, prefix + ".ffn.w_2")
+    _layer_norm(spec.layer_norm, src, prefix + ".res_ffn.norm")
+
+
+def _set_encoder(spec, src: Source) -> None:
+    spec.embeddings[0].weight = _np(src.w("src_embed.weight"))
+    spec.scale_embeddings = True
+    spec.position_encodings.encodings = _positions(src, "src_pos.weight")
+    for i, layer in enumerate(spec.layer):
+        p = f"encoder_layers.{i}"
+        _self_attention(layer.self_attention, src, p + ".self_attn", p + ".res_attn.norm")
+        _ffn(layer.ffn, src, p)
+    if src.model.norm_first:
+        _layer_norm(spec.layer_norm, src, "encoder_norm")
+
+
+def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_norm: str, self_only: bool = False) -> None:
+    spec.embeddings.weight = _np(src.w(embed))
+    spec.scale_embeddings = True
+    spec.position_encodings.encodings = _positions(src, pos)
+    output = src.w("output_proj.weight") if src.has("output_proj.weight") else src.w(embed)
+    spec.projection.weight = _np(output)  # tied: the same array as the embedding, which CTranslate2 aliases
+    bias = np.zeros(output.shape[0], dtype=np.float32)
+    bias[[PAD, BOS]] = NEVER_EMITTED
+    spec.projection.bias = bias
+    for i, layer in enumerate(spec.layer):
+        p = f"{layers}.{i}"
+        if self_only:  # a decoder-only layer: qkv's CausalLayer, the encoder layer's sublayer names
+            _self_attention(layer.self_attention, src, p + ".self_attn", p + ".res_attn.norm")
+        else:
+            _self_attention(layer.self_attention, src, p + ".self_attn", p + ".res_self.norm")
+            _cross_attention(layer.attention, src, p + ".cross_attn", p + ".res_cross.norm")
+        _ffn(layer.ffn, src, p)
+    if src.model.norm_first:
+        _layer_norm(spec.layer_norm, src, final_norm)
+
+
+# --- writing -----------------------------------------------------------------------------------------
+
+def write(src: Source, out: Path, quantization: str | None = None) -> dict:
+    """Convert ``src`` into the empty directory ``out``; returns the description written to
+    ``out/qkv_export.json`` (how to tokenize, decode and what was checked)."""
+    from qkv.export import QUANTIZATIONS
+
+    if quantization not in (None, *QUANTIZATIONS):
+        raise QkvError(f"--quantization {quantization}: choose one of {', '.join(QUANTIZATIONS)}")
+    converter = converter_class()(src)
+    converter.convert(str(out), quantization=quantization, force=True)
+    spm = _write_tokenizers(src, out)
+    check = verify(src, out, quantization)
+    info = describe(src, spm, quantization, check, converter.ctranslate2_version)
+    info["files"] = sorted([*(p.name for p in out.iterdir()), "qkv_export.json", "README.md"])
+    return info
+
+
+def _write_tokenizers(src: Source, out: Path) -> dict[str, str]:
+    """The SentencePiece models, byte for byte: source.spm and target.spm (translation; the same model
+    twice when the vocabulary is joint) or spm.model (a language model)."""
+    if src.task == "translate":
+        for side, name in SPM_FILES.items():
+            (out / name).write_bytes(src.tokenizer(side).model_bytes)
+        return dict(SPM_FILES)
+    (out / LM_SPM).write_bytes(src.tokenizer("tgt").model_bytes)
+    return {"tgt": LM_SPM}
+
+
+def describe(src: Source, spm: dict[str, str], quantization: str | None, check: dict, version: str) -> dict:
+    """What a user of the directory needs, as data: the files, the tokenization, the decoding settings."""
+    pieces = src.vocabulary("tgt")
+    cfg, dec = src.model, src.decode
+    positions = cfg.max_positions if cfg.positional == "learned" else max(POSITIONS, cfg.max_positions)
+    info = {
+        "format": "ctranslate2",
+        "ctranslate2_version": version,
+        "qkv_version": src.qkv_version,
+        "checkpoint": str(src.path),
+        "task": src.task,
+        "runtime": f"ctranslate2.{SUPPORTED[src.key]}",
+        "quantization": quantization or "float32",
+        "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
+                                               "norm_first", "positional", "share_embeddings", "tie_output")},
+        "positions": positions,
+        "sentencepiece": spm,
+        "special_tokens": {"pad": pieces[PAD], "unk": pieces[UNK], "bos": pieces[BOS], "eos": pieces[EOS]},
+        "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
+        "never_emitted": [pieces[PAD], pieces[BOS]],
+        "verified": check,
+    }
+    if src.task == "translate":
+        info["tokenize"] = ("pieces = sentencepiece.SentencePieceProcessor(model_file='source.spm').encode(text, "
+                            "out_type=str); the model appends </s> to the source itself (add_source_eos) and starts "
+                            "the target from <s>")
+        info["detokenize"] = "sentencepiece.SentencePieceProcessor(model_file='target.spm').decode(hypothesis_pieces)"
+        info["decode"] = {
+            "qkv": {"beam_size": dec.beam_size, "length_penalty": dec.length_penalty, "length_norm": dec.length_norm,
+                    "max_len_a": dec.max_len_a, "max_len_b": dec.max_len_b, "min_len": dec.min_len},
+            "ctranslate2": {"beam_size": dec.beam_size, "length_penalty": dec.length_penalty,
+                            "max_decoding_length": f"{dec.max_len_a:g} * len(source pieces + </s>) + {dec.max_len_b} "
+                                                   "(per sentence; CTranslate2's own default is 256)",
+                            "max_input_length": positions},  # counts the </s> it appends: qkv's cut exactly
+            "differences": _differences(dec),
+        }
+    else:
+        info["tokenize"] = ("pieces = sentencepiece.SentencePieceProcessor(model_file='spm.model').encode(line, "
+                            "out_type=str); lines of a prompt are joined by '</s>' (the training stream ends each "
+                            "line with </s>); an empty prompt is ['<s>']")
+        info["detokenize"] = "sentencepiece.SentencePieceProcessor(model_file='spm.model').decode(pieces); '</s>' ends a line"
+        if src.task == "prefix_lm":
+            info["prompt"] = ["<source pieces>", pieces[EOS], pieces[SEP], pieces[BOS]]
+            info["tokenize"] = ("prompt = sp.encode(source, out_type=str) + ['</s>', '<sep>', '<s>'] (what qkv's decoder "
+                                "reads before the first target token); generate with end_token='</s>'")
+    return info
+
+
+def _differences(dec) -> list[str]:
+    notes = ["source length: qkv reads any length with sinusoidal positions and cuts a source to max_positions "
+             "tokens with </s> with learned ones; CTranslate2 cuts at max_input_length (default 1024; this model's "
+             "position table allows decoding.ctranslate2.max_input_length, which with learned positions is qkv's cut)",
+             "CTranslate2 has one max_decoding_length per call where qkv gives each sentence "
+             "max_len_a * source length + max_len_b tokens: pass that per call (or per sentence) to get qkv's outputs "
+             "for sentences that reach the limit"]
+    if dec.beam_size > 1:
+        if dec.length_norm == "gnmt":
+            notes.append(f"beam search: CTranslate2 divides a hypothesis' log-probability by |Y|^{dec.length_penalty:g} "
+                         f"(length_penalty), qkv by ((5 + |Y|) / 6)^{dec.length_penalty:g} (length_norm gnmt): "
+                         "beam outputs may differ where hypotheses of different lengths compete")
+        else:
+            notes.append("beam search: both divide the log-probability by |Y|^length_penalty (length_norm length)")
+    return notes
+
+
+def verify(src: Source, out: Path, quantization: str | None) -> dict:
+    """Score the fixed probe sequences with the exported model (``score_batch``) and with the
+    checkpoint's own network in PyTorch: the per-token log-probabilities must agree (float32: to
+    1e-3; quantized models: reported, not checked). A wrong conversion fails here, not in use."""
+    import ctranslate2
+
+    from qkv.export.reference import reference_log_probs, probe_sequences
+
+    sources, targets = probe_sequences(src)
+    ref = reference_log_probs(src, sources, targets)  # per sequence, (T + 1,) with EOS
+    tgt_pieces = src.vocabulary("tgt")
+    if src.task == "translate":
+        src_pieces = src.vocabulary("src")
+        model = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+        results = model.score_batch([[src_pieces[i] for i in s] for s in sources],
+                                    [[tgt_pieces[i] for i in t] for t in targets])
+    else:
+        model = ctranslate2.Generator(str(out), device="cpu", intra_threads=1)
+        results = model.score_batch([[tgt_pieces[i] for i in (p + t)] for p, t in zip(sources, targets)])
+    got = [np.asarray(r.log_probs, dtype=np.float64) for r in results]
+    del model
+    if [len(g) for g in got] != [len(r) for r in ref]:
+        raise QkvError(f"the converted model scores {[len(g) for g in got]} tokens of the probe sequences where "
+                       f"{src.path} scores {[len(r) for r in ref]}")
+    delta = max(float(np.abs(g - r.numpy()).max()) for g, r in zip(got, ref))
+    if quantization is None and not delta <= 1e-3:
+        raise QkvError(f"the converted model disagrees with {src.path}: max |delta log p| = {delta:.3g} on the probe "
+                       "sequences (expected < 1e-3); this checkpoint's layout is not what the converter expects")
+    return {"probe_sequences": len(sources), "tokens": int(sum(len(r) for r in ref)),
+            "max_abs_log_prob_difference": delta, "checked": quantization is None}
+
+
+__all__ = ["check", "write", "model_spec", "converter_class", "SUPPORTED", "POSITIONS"]

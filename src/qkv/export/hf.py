@@ -1,0 +1,273 @@
+"""Hugging Face transformers: a ``MarianMTModel`` directory that ``from_pretrained`` loads without qkv.
+
+MarianMTModel is the paper's Transformer in Hugging Face's layout; set up as below it computes
+what qkv's encoder-decoder computes, up to float rounding (every export checks the logits):
+
+    qkv                                   MarianConfig / generation_config
+    post-norm residual blocks             Marian's layers (post-norm only: a pre-norm model is refused)
+    ReLU feed-forward                     activation_function = "relu"
+    embeddings × √d_model                 scale_embedding = True
+    sinusoidal positions from 0           static sinusoidal positions from 0, recomputed by Marian
+                                          (sin in the first half of the dimensions, cos in the second:
+                                          see the permutation below); learned positions are refused
+    LayerNorm ε = 1e-5                    torch's default in both
+    shared / separate embeddings          share_encoder_decoder_embeddings
+    tied / untied output projection       tie_word_embeddings (lm_head), final_logits_bias = 0
+    PAD 0, EOS 3; decoder starts from BOS decoder_start_token_id = BOS (2), not Marian's usual PAD
+    PAD and BOS never emitted             generation_config.suppress_tokens = [PAD, BOS]
+    EOS forced at the length limit        forced_eos_token_id = EOS
+
+The permutation. qkv's positional encoding interleaves sin and cos per dimension pair
+(``PE[:, 2i] = sin(pos / 10000^(2i/d))``, ``PE[:, 2i+1] = cos(...)``); Marian's puts
+``sin(pos / 10000^(2i/d))`` at dimension ``i`` and the cosine at ``d/2 + i``. So Marian's
+dimension ``m`` is qkv's dimension ``order[m]`` with ``order = [0, 2, ..., d-2, 1, 3, ..., d-1]``.
+Every vector of the residual stream is reordered the same way, which changes nothing the model
+computes: each weight that reads the stream (the query/key/value projections, the first FFN
+layer, the output projection) has its input columns permuted, each weight and bias that writes
+it (the embeddings, the attention output projection, the second FFN layer) its output rows, and
+each LayerNorm its gain and bias (LayerNorm's mean and variance do not depend on the order).
+The attention heads' own dimensions are not the residual stream and stay as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from qkv.config import BOS, EOS, PAD, UNK
+from qkv.decoding import MAX_OUTPUT_LEN
+from qkv.errors import QkvError
+from qkv.export.source import Source
+
+POSITIONS = 2048  # Marian's max_position_embeddings: the sinusoidal rows it builds (sources and outputs)
+LOGIT_TOLERANCE = 1e-4
+
+
+def check(src: Source) -> None:
+    """Refuse, by name, what a MarianMTModel cannot compute."""
+    cfg = src.model
+    if src.key != ("translate", "transformer"):
+        other = " (export it with --format ctranslate2)" if cfg.arch == "transformer" and cfg.task in ("lm", "prefix_lm") \
+            else ""
+        raise QkvError(f"{src.path} is a {cfg.task!r} model with arch {cfg.arch!r}: --format hf writes a MarianMTModel, "
+                       f"an encoder-decoder Transformer for translation (task translate, arch transformer){other}")
+    if cfg.norm_first:
+        raise QkvError(f"{src.path} is a pre-norm model (norm_first = true): MarianMTModel's layers are post-norm only, "
+                       "so --format hf cannot represent it; use --format ctranslate2, which converts pre-norm models")
+    if cfg.positional != "sinusoidal":
+        raise QkvError(f"{src.path} has learned positional embeddings (positional = {cfg.positional!r}): MarianMTModel "
+                       "recomputes static sinusoidal positions and keeps no learned table, so --format hf cannot "
+                       "represent it; use --format ctranslate2, which converts learned positions")
+
+
+def marian_order(d_model: int) -> torch.Tensor:
+    """Marian's dimension m holds qkv's dimension order[m]: the sines (even dims), then the cosines (odd dims)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_state_dict(src: Source) -> dict[str, torch.Tensor]:
+    """qkv's weights under MarianMTModel's names, the residual stream permuted by :func:`marian_order`."""
+    d = src.model.d_model
+    order = marian_order(d)
+    out: dict[str, torch.Tensor] = {}
+
+    def reads(w: torch.Tensor) -> torch.Tensor:  # (out, d) reads the residual stream: permute its columns
+        return w[:, order].contiguous()
+
+    def writes(w: torch.Tensor) -> torch.Tensor:  # (d, ...) or (d,) writes it: permute its rows
+        return w[order].contiguous()
+
+    def attention(dst: str, name: str) -> None:
+        w, b = src.w(name + ".in_proj.weight"), src.w(name + ".in_proj.bias")
+        for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):  # in_proj = [W^Q; W^K; W^V]
+            out[f"{dst}.{proj}.weight"] = reads(w[j * d:(j + 1) * d])
+            out[f"{dst}.{proj}.bias"] = b[j * d:(j + 1) * d].contiguous()
+        out[f"{dst}.out_proj.weight"] = writes(src.w(name + ".out_proj.weight"))
+        out[f"{dst}.out_proj.bias"] = writes(src.w(name + ".out_proj.bias"))
+
+    def layer_norm(dst: str, name: str) -> None:
+        out[dst + ".weight"] = writes(src.w(name + ".weight"))
+        out[dst + ".bias"] = writes(src.w(name + ".bias"))
+
+    def ffn(dst: str, name: str) -> None:
+        out[dst + ".fc1.weight"] = reads(src.w(name + ".ffn.w_1.weight"))
+        out[dst + ".fc1.bias"] = src.w(name + ".ffn.w_1.bias").contiguous()
+        out[dst + ".fc2.weight"] = writes(src.w(name + ".ffn.w_2.weight"))
+        out[dst + ".fc2.bias"] = writes(src.w(name + ".ffn.w_2.bias"))
+        layer_norm(dst + ".final_layer_norm", name + ".res_ffn.norm")
+
+    for i in range(src.model.n_encoder_layers):
+        dst, name = f"model.encoder.layers.{i}", f"encoder_layers.{i}"
+        attention(dst + ".self_attn", name + ".self_attn")
+        layer_norm(dst + ".self_attn_layer_norm", name + ".res_attn.norm")
+        ffn(dst, name)
+    for i in range(src.model.n_decoder_layers):
+        dst, name = f"model.decoder.layers.{i}", f"decoder_layers.{i}"
+        attention(dst + ".self_attn", name + ".self_attn")
+        layer_norm(dst + ".self_attn_layer_norm", name + ".res_self.norm")
+        attention(dst + ".encoder_attn", name + ".cross_attn")
+        layer_norm(dst + ".encoder_attn_layer_norm", name + ".res_cross.norm")
+        ffn(dst, name)
+    if src.model.share_embeddings:
+        out["model.shared.weight"] = reads(src.w("src_embed.weight"))
+    else:
+        out["model.encoder.embed_tokens.weight"] = reads(src.w("src_embed.weight"))
+        out["model.decoder.embed_tokens.weight"] = reads(src.w("tgt_embed.weight"))
+    if not src.model.tie_output:
+        out["lm_head.weight"] = reads(src.w("output_proj.weight"))
+    return out
+
+
+def marian_config(src: Source):
+    from transformers import MarianConfig
+
+    cfg = src.model
+    return MarianConfig(
+        vocab_size=cfg.src_vocab_size, decoder_vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=0.0,
+        max_position_embeddings=max(POSITIONS, cfg.max_positions), scale_embedding=True,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS,
+        share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.tie_output,
+        architectures=["MarianMTModel"],
+    )
+
+
+def generation_config(src: Source):
+    """qkv's saved decoding settings, as near as Hugging Face's generate() can say them (see :func:`differences`)."""
+    from transformers import GenerationConfig
+
+    dec = src.decode
+    beam = {"num_beams": dec.beam_size, "length_penalty": dec.length_penalty,
+            "early_stopping": True if dec.early_stopping else "never"} if dec.beam_size > 1 else {"num_beams": 1}
+    return GenerationConfig(
+        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS,
+        suppress_tokens=[PAD, BOS], max_new_tokens=MAX_OUTPUT_LEN + 1, num_return_sequences=dec.nbest, **beam,
+        **({"min_new_tokens": dec.min_len} if dec.min_len else {}),
+    )
+
+
+def differences(src: Source) -> list[str]:
+    """Where generate() with the written generation_config.json can differ from ``qkv translate``."""
+    dec = src.decode
+    notes = [f"length limit: qkv gives each sentence max_len_a * source tokens + max_len_b = "
+             f"{dec.max_len_a:g} * |x| + {dec.max_len_b} output tokens; generate() has one limit per call: "
+             f"max_new_tokens = {MAX_OUTPUT_LEN + 1} (qkv's cap of {MAX_OUTPUT_LEN} tokens, then EOS); pass "
+             "max_new_tokens = limit + 1 to match qkv on a sentence that reaches its limit"]
+    if dec.beam_size > 1:
+        if dec.length_norm == "gnmt":
+            notes.append(f"beam search ranks by log P / |Y|^{dec.length_penalty:g} (Hugging Face's length_penalty), "
+                         f"qkv by log P / ((5 + |Y|) / 6)^{dec.length_penalty:g} (length_norm gnmt, the paper's): "
+                         "outputs may differ where hypotheses of different lengths compete")
+        else:
+            notes.append("beam search ranks by log P / |Y|^length_penalty in both (|Y| with EOS)")
+        notes.append("early_stopping 'never' is qkv's rule (a sentence's search ends when no live hypothesis can beat "
+                     "the finished ones)" if not dec.early_stopping else
+                     "early_stopping true: both end a sentence's search once num_beams hypotheses have finished")
+    notes.append("MarianTokenizer.decode(..., skip_special_tokens=True) drops <unk> pieces where qkv writes "
+                 "SentencePiece's ' ⁇ ' for them")
+    return notes
+
+
+def _write_tokenizer(src: Source, out: Path) -> None:
+    """source.spm, target.spm, vocab.json (+ target_vocab.json for separate vocabularies) and
+    tokenizer_config.json, written by MarianTokenizer.save_pretrained itself."""
+    from transformers import MarianTokenizer
+
+    pieces_src, pieces_tgt = src.vocabulary("src"), src.vocabulary("tgt")
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        (t / "source.spm").write_bytes(src.tokenizer("src").model_bytes)
+        (t / "target.spm").write_bytes(src.tokenizer("tgt").model_bytes)
+        (t / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces_src)}, ensure_ascii=False))
+        separate = not src.tokenizers.joint
+        if separate:
+            (t / "target_vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces_tgt)}, ensure_ascii=False))
+        tok = MarianTokenizer(str(t / "source.spm"), str(t / "target.spm"), str(t / "vocab.json"),
+                              target_vocab_file=str(t / "target_vocab.json") if separate else None,
+                              separate_vocabs=separate, unk_token=pieces_src[UNK], eos_token=pieces_src[EOS],
+                              pad_token=pieces_src[PAD], model_max_length=max(POSITIONS, src.model.max_positions) - 1)
+        tok.save_pretrained(str(out))
+
+
+def write(src: Source, out: Path) -> dict:
+    """Write the MarianMTModel directory ``out`` (empty) and check it against the checkpoint."""
+    from qkv.export.optional import require
+
+    transformers = require("transformers", "--format hf")
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars on stderr
+    try:
+        return _write(src, out, transformers.__version__)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _write(src: Source, out: Path, version: str) -> dict:
+    from transformers import MarianMTModel
+
+    torch.manual_seed(0)  # the random init that the checkpoint's weights then replace
+    model = MarianMTModel(marian_config(src))
+    missing, unexpected = model.load_state_dict(marian_state_dict(src), strict=False)
+    computed = {"final_logits_bias", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    tied = {"lm_head.weight"} if src.model.tie_output else set()
+    tied |= {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"} if src.model.share_embeddings \
+        else set()
+    if unexpected or set(missing) - computed - tied:
+        raise QkvError(f"internal: MarianMTModel names differ (missing {sorted(set(missing) - computed - tied)}, "
+                       f"unexpected {sorted(unexpected)})")
+    with torch.no_grad():
+        model.final_logits_bias.zero_()
+    model.tie_weights()
+    model.generation_config = generation_config(src)
+    model.eval()
+    model.save_pretrained(str(out))
+    _write_tokenizer(src, out)
+    check = verify(src, out)
+    return {"format": "hf", "transformers_version": version, "qkv_version": src.qkv_version,
+            "checkpoint": str(src.path), "task": src.task, "runtime": "transformers.MarianMTModel",
+            "dimension_order": "Marian dimension m = qkv dimension order[m], order = [0, 2, ..., d-2, 1, 3, ..., d-1]",
+            "verified": check, "differences": differences(src)}
+
+
+def verify(src: Source, out: Path) -> dict:
+    """Load ``out`` as a user would (``from_pretrained``) and compare its teacher-forced logits with
+    the checkpoint's own network on a padded batch of probe sequences, and its tokenizer's ids with
+    qkv's on a few texts."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from qkv.data.batching import collate
+    from qkv.export.reference import probe_sequences, reference_model, translation_logits
+
+    sources, targets = probe_sequences(src)
+    ref = translation_logits(reference_model(src), sources, targets)
+    batch = collate(sources, targets)
+    hf = MarianMTModel.from_pretrained(str(out)).eval()
+    with torch.inference_mode():
+        got = hf(input_ids=batch.src, attention_mask=batch.src != PAD, decoder_input_ids=batch.tgt_in).logits.float()
+    real = torch.zeros_like(batch.tgt_in, dtype=torch.bool)
+    for i, t in enumerate(targets):
+        real[i, : len(t) + 1] = True  # BOS and the target: the positions that are not padding
+    delta = float((got - ref)[real].abs().max())
+    if not delta <= LOGIT_TOLERANCE:
+        raise QkvError(f"the exported MarianMTModel disagrees with {src.path}: max |delta logit| = {delta:.3g} "
+                       f"(expected < {LOGIT_TOLERANCE:g})")
+    tok = MarianTokenizer.from_pretrained(str(out))
+    texts = src.tokenizer("src").decode(sources) + ["Hello, world! 123"]
+    want = [ids + [EOS] for ids in src.tokenizer("src").encode(texts)]
+    got_ids = tok(texts)["input_ids"]
+    if got_ids != want:
+        raise QkvError(f"the exported tokenizer disagrees with {src.path}'s on {texts!r}: {got_ids} != {want}")
+    return {"probe_sequences": len(sources), "positions": int(real.sum()), "max_abs_logit_difference": delta,
+            "tokenizer_texts": len(texts)}
+
+
+__all__ = ["check", "write", "marian_order", "marian_state_dict", "marian_config", "generation_config", "differences"]

@@ -1,0 +1,439 @@
+"""``qkv export``: a trained model leaves qkv, for CTranslate2 and Hugging Face transformers, and
+gives the same outputs there.
+
+Tiny models are trained in-process (``qkv.cli.main``, a word-reversal task, a few seconds each):
+post-norm with one shared vocabulary; pre-norm with learned positions, separate vocabularies and an
+untied output projection; post-norm with separate vocabularies; a pre-norm decoder-only language
+model. The fixture prefix-LM checkpoint covers the prefix language model. Each is exported and
+compared with qkv:
+
+* CTranslate2 greedy translations equal ``qkv translate --beam-size 1``, sentence by sentence
+  (CTranslate2 gets each sentence's qkv length limit, |x| + 50, as its max_decoding_length);
+* the Hugging Face MarianMTModel's teacher-forced logits are within 1e-4 of qkv's on a padded
+  batch, its greedy ``generate`` gives qkv's greedy tokens, and it loads with qkv unimportable;
+* the CTranslate2 Generator's greedy continuation equals qkv's greedy generation, token for token.
+
+The conversions need ``ctranslate2`` and ``transformers`` (``pip install -c constraints.txt -e
+".[export]"``); without them those tests are skipped with that message, and the error tests
+(bad input, a missing package) still run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import qkv
+from qkv.cli import main
+from qkv.config import BOS, EOS, SEP, ModelConfig
+from qkv.decoding.batch import decode_sentences
+from qkv.decoding.sampling import sample
+
+INSTALL = 'pip install -c constraints.txt -e ".[export]"'
+HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
+HAS_HF = importlib.util.find_spec("transformers") is not None
+needs_ct2 = pytest.mark.skipif(not HAS_CT2, reason=f"ctranslate2 is not installed: {INSTALL}")
+needs_hf = pytest.mark.skipif(not HAS_HF, reason=f"transformers is not installed: {INSTALL}")
+
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+WORDS = ["red", "blue", "cat", "dog", "sun", "tree"]
+SENTENCES = ["red cat", "tree sun dog blue", "dog", "blue blue cat cat", "sun tree", "cat dog red sun tree",
+             "red Zebra!"]  # 'Z' and '!' are in no character vocabulary, 'e' in no target one: <unk>
+TRAIN = ["--preset", "tiny", "--max-steps", "40", "--eval-every", "40", "--tokenizer", "char", "--vocab-size", "60",
+         "--max-tokens", "512", "--eval-bleu-samples", "5", "--threads", "1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def target(sentence: str) -> str:
+    """The task: the words reversed and upper-cased (so that separate vocabularies differ)."""
+    return " ".join(reversed(sentence.upper().split()))
+
+
+def reversal(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 4))]
+        pairs.append((" ".join(words), target(" ".join(words))))
+    return pairs
+
+
+def write(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("export-data")
+    train, valid = reversal(300, 0), reversal(20, 1)
+    return {"dir": d,
+            "src_train": write(d / "train.en", [s for s, _ in train]), "tgt_train": write(d / "train.de", [t for _, t in train]),
+            "src_valid": write(d / "valid.en", [s for s, _ in valid]), "tgt_valid": write(d / "valid.de", [t for _, t in valid]),
+            "text": write(d / "text.txt", [" ".join(random.Random(i).choices(WORDS, k=5)) for i in range(200)])}
+
+
+def train(data, name: str, *flags: str) -> Path:
+    out = data["dir"] / name
+    if not (out / "best").is_dir():
+        files = (["--train", data["text"], "--valid-fraction", "0.1", "--max-len", "32"] if "lm" in flags else
+                 ["--src-train", data["src_train"], "--tgt-train", data["tgt_train"],
+                  "--src-valid", data["src_valid"], "--tgt-valid", data["tgt_valid"]])
+        assert main(["train", *files, *TRAIN, *flags, "--out", str(out)]) == 0
+    return out / "best"
+
+
+MODELS = {  # name -> training flags
+    "post": (),
+    "pre": ("--norm-first", "--positional", "learned", "--max-positions", "128", "--max-len", "100", "--no-joint-vocab",
+            "--no-share-embeddings", "--no-tie-output"),
+    "separate": ("--no-joint-vocab", "--no-share-embeddings"),
+}
+
+
+@pytest.fixture(scope="module")
+def trained(data):
+    """Trained lazily: a model is trained the first time a test asks for it."""
+    return lambda name: train(data, name, *MODELS[name])
+
+
+@pytest.fixture(scope="module")
+def lm(data):
+    return train(data, "lm", "--task", "lm", "--norm-first")
+
+
+def export(capsys, ckpt: Path, fmt: str, out: Path, *extra: str) -> tuple[int, str]:
+    capsys.readouterr()
+    rc = main(["export", str(ckpt), "--format", fmt, "--out", str(out), *extra])
+    return rc, capsys.readouterr().err
+
+
+def qkv_greedy(capsys, ckpt: Path, sentences: list[str]) -> list[str]:
+    """What `qkv translate CKPT --beam-size 1 SENTENCES...` prints."""
+    capsys.readouterr()
+    assert main(["translate", str(ckpt), "--beam-size", "1", *sentences]) == 0
+    return capsys.readouterr().out.split("\n")[: len(sentences)]
+
+
+def budget(n_pieces: int) -> int:
+    """qkv's default output limit: max_len_a · (pieces + EOS) + max_len_b tokens."""
+    return n_pieces + 1 + 50
+
+
+# --- CTranslate2 ----------------------------------------------------------------------------------------
+
+def ct2_translate(out: Path, sentences: list[str]) -> list[str]:
+    import ctranslate2
+    import sentencepiece as spm
+
+    translator = ctranslate2.Translator(str(out), intra_threads=1)
+    source = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    target = spm.SentencePieceProcessor(model_file=str(out / "target.spm"))
+    hyps = []
+    for s in sentences:  # one call each: qkv's limit is per sentence
+        pieces = source.encode(s, out_type=str)
+        r = translator.translate_batch([pieces], beam_size=1, max_decoding_length=budget(len(pieces)))
+        hyps.append(target.decode(r[0].hypotheses[0]))
+    return hyps
+
+
+@needs_ct2
+@pytest.mark.parametrize("name", ["post", "pre", "separate"])
+def test_ctranslate2_greedy_equals_qkv_translate(trained, tmp_path, capsys, name):
+    ckpt = trained(name)
+    rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "ct2")
+    assert rc == 0, err
+    assert "agree on 3 probe sequences" in err
+    out = tmp_path / "ct2"
+    info = json.loads((out / "qkv_export.json").read_text())
+    assert info["verified"]["checked"] and info["verified"]["max_abs_log_prob_difference"] < 1e-4
+    joint = name == "post"
+    assert (out / "shared_vocabulary.json").is_file() == joint
+    assert (out / "source_vocabulary.json").is_file() == (not joint)
+    model = qkv.load(ckpt)
+    vocab = json.loads((out / ("shared_vocabulary.json" if joint else "target_vocabulary.json")).read_text())
+    assert vocab == [model.tokenizers.tgt.id_to_piece(i) for i in range(model.tokenizers.tgt.vocab_size)]
+    assert (out / "source.spm").read_bytes() == model.tokenizers.src.model_bytes
+    assert (out / "target.spm").read_bytes() == model.tokenizers.tgt.model_bytes
+    want = qkv_greedy(capsys, ckpt, SENTENCES)
+    assert ct2_translate(out, SENTENCES) == want
+    if name == "pre":  # learned positions: a long source is cut where qkv cuts it, outputs end where qkv's do
+        import ctranslate2
+        import sentencepiece as spm
+
+        long = " ".join(["red cat dog sun tree blue"] * 8)  # 208 pieces, max_positions 128
+        limits = info["decode"]["ctranslate2"]
+        pieces = spm.SentencePieceProcessor(model_file=str(out / "source.spm")).encode(long, out_type=str)
+        r = ctranslate2.Translator(str(out)).translate_batch([pieces], beam_size=1, max_decoding_length=127,
+                                                             max_input_length=limits["max_input_length"])
+        target = spm.SentencePieceProcessor(model_file=str(out / "target.spm")).decode(r[0].hypotheses[0])
+        assert [target] == qkv_greedy(capsys, ckpt, [long])
+
+
+@needs_ct2
+@pytest.mark.parametrize("quantization", ["int8", "float16"])
+def test_ctranslate2_quantized_models_load_and_translate(trained, tmp_path, capsys, quantization):
+    rc, err = export(capsys, trained("post"), "ctranslate2", tmp_path / "q", "--quantization", quantization)
+    assert rc == 0, err
+    assert "reported, not checked" in err
+    info = json.loads((tmp_path / "q" / "qkv_export.json").read_text())
+    assert info["quantization"] == quantization and not info["verified"]["checked"]
+    assert info["verified"]["max_abs_log_prob_difference"] < 0.5  # close, not equal
+    assert all(isinstance(h, str) for h in ct2_translate(tmp_path / "q", SENTENCES[:2]))
+
+
+@needs_ct2
+@pytest.mark.parametrize("which", ["trained", "fixture"])
+def test_ctranslate2_generator_equals_qkv_greedy_generation(lm, tmp_path, capsys, which):
+    import ctranslate2
+
+    ckpt = lm if which == "trained" else FIXTURES / "lm-transformer"
+    rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "lm")
+    assert rc == 0, err
+    model = qkv.load(ckpt)
+    generator = ctranslate2.Generator(str(tmp_path / "lm"), intra_threads=1)
+    vocab = json.loads((tmp_path / "lm" / "vocabulary.json").read_text())
+    for prefix in ["", "red cat", "sun\ntree"]:
+        ids = model.prompt_ids(prefix) if prefix else []
+        want = list(sample(model.model, ids, 30, temperature=0.0))  # what `qkv generate --greedy` runs
+        prompt = [vocab[i] for i in (ids or [BOS])]
+        r = generator.generate_batch([prompt], max_length=30, sampling_topk=1, include_prompt_in_result=False,
+                                     end_token=[])  # EOS is a line break in qkv's text stream
+        assert r[0].sequences_ids[0] == want, prefix
+
+
+@needs_ct2
+def test_ctranslate2_prefix_lm_translates_as_qkv(tmp_path, capsys):
+    import ctranslate2
+    import sentencepiece as spm
+
+    ckpt = FIXTURES / "prefix_lm-transformer"
+    rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "p")
+    assert rc == 0, err
+    info = json.loads((tmp_path / "p" / "qkv_export.json").read_text())
+    assert info["runtime"] == "ctranslate2.Generator" and info["prompt"][1:] == ["</s>", "<sep>", "<s>"]
+    generator = ctranslate2.Generator(str(tmp_path / "p"), intra_threads=1)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "p" / "spm.model"))
+    sentences = ["red cat", "the big dog sun", "small tree"]
+    got = []
+    for s in sentences:
+        pieces = sp.encode(s, out_type=str)
+        r = generator.generate_batch([pieces + ["</s>", "<sep>", "<s>"]], max_length=budget(len(pieces)),
+                                     sampling_topk=1, include_prompt_in_result=False, end_token="</s>")
+        got.append(sp.decode(r[0].sequences[0]))
+    assert got == qkv_greedy(capsys, ckpt, sentences)
+    assert sp.id_to_piece(SEP) == "<sep>"
+
+
+# --- Hugging Face transformers ----------------------------------------------------------------------------
+
+@needs_hf
+@pytest.mark.parametrize("name", ["post", "separate"])
+def test_hf_marian_logits_and_greedy_generate_equal_qkv(trained, tmp_path, capsys, name):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from qkv.data.batching import collate
+
+    ckpt = trained(name)
+    rc, err = export(capsys, ckpt, "hf", tmp_path / "hf")
+    assert rc == 0, err
+    out = tmp_path / "hf"
+    model = qkv.load(ckpt)
+    tok = MarianTokenizer.from_pretrained(str(out))
+    hf = MarianMTModel.from_pretrained(str(out)).eval()
+    assert (out / "target_vocab.json").is_file() == (name == "separate")
+    assert hf.config.decoder_start_token_id == BOS and hf.generation_config.decoder_start_token_id == BOS
+    assert hf.generation_config.eos_token_id == EOS and hf.generation_config.num_beams == model.decode_cfg.beam_size
+
+    # the tokenizer: qkv's ids, EOS appended
+    enc = tok(SENTENCES, return_tensors="pt", padding=True)
+    src_ids = model.tokenizers.src.encode(SENTENCES)
+    refs = [target(s) for s in SENTENCES]
+    tgt_ids = model.tokenizers.tgt.encode(refs)
+    batch = collate(src_ids, tgt_ids)
+    assert torch.equal(enc["input_ids"], batch.src)
+    assert tok(text_target=refs)["input_ids"] == [t + [EOS] for t in tgt_ids]
+
+    # teacher-forced logits on a padded batch
+    with torch.inference_mode():
+        want = model.model(batch.src, batch.tgt_in)
+        got = hf(**enc, decoder_input_ids=batch.tgt_in).logits
+    real = torch.zeros_like(batch.tgt_in, dtype=torch.bool)
+    for i, t in enumerate(tgt_ids):
+        real[i, : len(t) + 1] = True
+    delta = float((got - want)[real].abs().max())
+    assert delta < 1e-4, delta
+
+    # greedy generate, each sentence with qkv's limit (its tokens, then EOS)
+    greedy = decode_sentences(model.model, src_ids, dataclasses.replace(model.decode_cfg, beam_size=1))
+    for i, ids in enumerate(src_ids):
+        x = torch.tensor([ids + [EOS]])
+        y = hf.generate(input_ids=x, attention_mask=torch.ones_like(x), num_beams=1, do_sample=False,
+                        max_new_tokens=budget(len(ids)) + 1)[0].tolist()
+        assert y[0] == BOS
+        assert [t for t in y[1:] if t != EOS] == greedy[i][0].tokens, SENTENCES[i]
+
+
+@needs_hf
+def test_hf_export_loads_without_qkv(trained, tmp_path, capsys):
+    """A user with transformers and no qkv: the directory loads, tokenizes and generates."""
+    rc, err = export(capsys, trained("post"), "hf", tmp_path / "hf")
+    assert rc == 0, err
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["qkv"] = None  # any import of qkv now fails
+        from transformers import MarianMTModel, MarianTokenizer
+        tok = MarianTokenizer.from_pretrained({str(tmp_path / "hf")!r})
+        model = MarianMTModel.from_pretrained({str(tmp_path / "hf")!r})
+        batch = tok(["red cat", "dog"], return_tensors="pt", padding=True)
+        out = model.generate(**batch, max_new_tokens=8)
+        print(tok.batch_decode(out, skip_special_tokens=True))
+        print([m for m in sys.modules if m.startswith("qkv")])
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "['qkv']"  # only the blocked entry
+
+
+@needs_hf
+def test_hf_model_card_and_generation_config(trained, data, tmp_path, capsys):
+    import yaml
+
+    test_src = write(tmp_path / "test.en", SENTENCES[:3])
+    test_ref = write(tmp_path / "test.de", [target(s) for s in SENTENCES[:3]])
+    rc, err = export(capsys, trained("post"), "hf", tmp_path / "hf", "--src", test_src, "--ref", test_ref,
+                     "--license", "cc-by-4.0")
+    assert rc == 0, err
+    readme = (tmp_path / "hf" / "README.md").read_text()
+    front = yaml.safe_load(readme.split("---\n")[1])
+    assert front["language"] == ["en", "de"]  # from the training files' names, train.en / train.de
+    assert front["license"] == "cc-by-4.0" and "translation" in front["tags"]
+    assert front["datasets"] == ["export-data0/train.en + export-data0/train.de"]
+    results = front["model-index"][0]["results"]
+    test_metrics = {m["type"]: m for m in results[0]["metrics"]}
+    assert results[0]["dataset"]["name"] == "test.de"
+    assert test_metrics["bleu"]["args"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert "chrF2|" in test_metrics["chrf"]["args"] or "nrefs:1" in test_metrics["chrf"]["args"]
+    assert results[1]["dataset"]["name"] == "validation"
+    assert '"max_steps": 40' in readme  # the training configuration
+    gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert gen["decoder_start_token_id"] == BOS and gen["forced_eos_token_id"] == EOS
+    assert gen["suppress_tokens"] == [0, 2] and gen["num_beams"] == 4 and gen["length_penalty"] == 0.6
+    assert gen["early_stopping"] == "never" and gen["max_new_tokens"] == 1025
+
+
+# --- what cannot be represented, and bad input ---------------------------------------------------------------
+
+def assert_export_error(rc: int, err: str, *needles: str) -> None:
+    assert rc == 2, err
+    assert "Traceback" not in err and "qkv export: error:" in err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in {err!r}"
+
+
+@needs_hf
+def test_hf_refuses_what_marian_cannot_compute_by_name(trained, lm, tmp_path, capsys):
+    rc, err = export(capsys, trained("pre"), "hf", tmp_path / "a")
+    assert_export_error(rc, err, "pre-norm", "norm_first", "post-norm only", "--format ctranslate2")
+    rc, err = export(capsys, lm, "hf", tmp_path / "b")
+    assert_export_error(rc, err, "'lm' model", "MarianMTModel", "--format ctranslate2")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_hf_refuses_learned_positions_by_name():
+    from qkv.export import hf
+    from qkv.export.source import Source
+    from qkv.errors import QkvError
+
+    cfg = ModelConfig(positional="learned", src_vocab_size=10, tgt_vocab_size=10)
+    src = Source(Path("runs/x/best"), cfg, None, None, {}, {}, None, "0")
+    with pytest.raises(QkvError, match="learned positional embeddings"):
+        hf.check(src)
+
+
+@pytest.mark.parametrize("fixture", ["translate-lstm-general", "classify-transformer"])
+def test_unsupported_task_or_arch_is_refused_by_name(tmp_path, capsys, fixture):
+    rc, err = export(capsys, FIXTURES / fixture, "ctranslate2", tmp_path / "o")
+    task, arch = ("translate", "lstm") if fixture.startswith("translate") else ("classify", "transformer")
+    assert_export_error(rc, err, f"'{task}' model with arch '{arch}'", "translate (transformer)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_checkpoints_and_outputs_are_refused(tmp_path, capsys):
+    ckpt = FIXTURES / "translate-transformer"
+    rc, err = export(capsys, tmp_path / "missing", "ctranslate2", tmp_path / "o")
+    assert_export_error(rc, err, "checkpoint not found")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("hello")
+    rc, err = export(capsys, tmp_path / "junk", "ctranslate2", tmp_path / "o")
+    assert_export_error(rc, err, "is not a qkv checkpoint")
+    rc, err = export(capsys, tmp_path / "junk" / "notes.txt", "ctranslate2", tmp_path / "o")
+    assert_export_error(rc, err, "is a file, not a checkpoint directory")
+    run = tmp_path / "run"
+    (run / "last").mkdir(parents=True)
+    rc, err = export(capsys, run, "ctranslate2", tmp_path / "o")
+    assert_export_error(rc, err, "is a run directory")
+    rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "junk")  # not empty
+    assert_export_error(rc, err, "exists and is not empty")
+    assert (tmp_path / "junk" / "notes.txt").read_text() == "hello"
+    rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "junk" / "notes.txt")
+    assert_export_error(rc, err, "exists and is not a directory")
+    rc, err = export(capsys, ckpt, "hf", tmp_path / "o", "--quantization", "int8")
+    assert_export_error(rc, err, "--quantization is for --format ctranslate2")
+    rc, err = export(capsys, FIXTURES / "lm-transformer", "ctranslate2", tmp_path / "o", "--src", str(ckpt))
+    assert_export_error(rc, err, "--src/--ref score a translation model")
+    assert not (tmp_path / "o").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk", "run"]  # no temporary directory left behind
+
+
+@pytest.mark.parametrize("fmt,package", [("ctranslate2", "ctranslate2"), ("hf", "transformers")])
+def test_a_missing_package_names_the_install_command(tmp_path, capsys, monkeypatch, fmt, package):
+    monkeypatch.setitem(sys.modules, package, None)  # import fails as if it were not installed
+    rc, err = export(capsys, FIXTURES / "translate-transformer", fmt, tmp_path / "o")
+    assert_export_error(rc, err, f"needs the {package} package", INSTALL)
+    assert not (tmp_path / "o").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_out_directory_is_used(tmp_path, capsys):
+    if not HAS_CT2:
+        pytest.skip(f"ctranslate2 is not installed: {INSTALL}")
+    (tmp_path / "o").mkdir()
+    rc, err = export(capsys, FIXTURES / "translate-transformer", "ctranslate2", tmp_path / "o")
+    assert rc == 0, err
+    assert (tmp_path / "o" / "model.bin").is_file() and (tmp_path / "o" / "README.md").is_file()
+
+
+def test_the_core_does_not_import_the_export_packages():
+    code = ("import sys, qkv, qkv.cli, qkv.export; "
+            "print(sorted(m for m in ('ctranslate2', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out
+
+
+def test_the_command_offers_what_the_library_does():
+    import argparse
+
+    from qkv.cli import COMMANDS, main as _main  # noqa: F401
+    from qkv.cli_options import build_parser
+    from qkv.export import FORMATS, QUANTIZATIONS
+
+    parser = build_parser({name: (lambda args: 0) for name in COMMANDS})
+    export_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["export"]
+    choices = {a.dest: a.choices for a in export_parser._actions if a.choices}
+    assert tuple(choices["format"]) == FORMATS and tuple(choices["quantization"]) == QUANTIZATIONS
