@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import PAD, SEP, ModelConfig
-from qkv.masks import causal_mask, combine, padding_mask
+from qkv.masks import key_padding_mask, prefix_mask, real_tokens
 from qkv.nn.attention import KVCache
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
@@ -163,7 +163,7 @@ class DecoderOnlyTransformer(nn.Module):
 
     def with_separator(self, src: torch.Tensor) -> torch.Tensor:
         """``src (B, S)`` right-padded -> ``(B, S + 1)`` with ``<sep>`` after each row's last real token."""
-        lengths = (src != PAD).sum(dim=1)  # (B,)
+        lengths = real_tokens(src).sum(dim=1)  # (B,)
         out = F.pad(src, (0, 1), value=PAD)  # (B, S + 1)
         out[torch.arange(src.size(0), device=src.device), lengths] = self.sep_id
         return out
@@ -174,12 +174,9 @@ class DecoderOnlyTransformer(nn.Module):
         if self.sep_id is not None:
             prefix = self.with_separator(prefix)
         b, p = prefix.shape
-        real = prefix != PAD  # (B, P)
+        real = real_tokens(prefix)  # (B, P)
         positions = torch.arange(p, device=prefix.device).expand(b, p)  # (B, P): padding trails, so 0..P-1
-        # Causal and padding; every position also sees itself, so that a padded query row is never
-        # fully masked (its output is unused, and later queries never see it).
-        eye = torch.eye(p, dtype=torch.bool, device=prefix.device)[None, None]  # (1, 1, P, P)
-        mask = combine(causal_mask(p, device=prefix.device), padding_mask(prefix)) | eye  # (B, 1, P, P)
+        mask = prefix_mask(prefix)  # (B, 1, P, P): causal, padding hidden
         h, d_k = self.cfg.n_heads, self.cfg.d_k
         x = self._embed(prefix, positions)  # (B, P, d)
         kv = []
@@ -208,7 +205,7 @@ class DecoderOnlyTransformer(nn.Module):
         """Feed one token per row ``(B,)`` -> next-token logits ``(B, V)`` and the grown state."""
         x = self._embed(tokens[:, None], state.positions[:, None])  # (B, 1, d)
         key_mask = torch.cat([state.key_mask, state.key_mask.new_ones(tokens.size(0), 1)], dim=1)  # (B, T + 1)
-        mask = key_mask[:, None, None, :]  # (B, 1, 1, T + 1): the new query sees every real key
+        mask = key_padding_mask(key_mask)  # (B, 1, 1, T + 1): the new query sees every real key
         kv = []
         for layer, cache in zip(self.layers, state.kv):
             x, cache, _ = layer(x, mask=mask, cache=cache)

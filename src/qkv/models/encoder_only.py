@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import ModelConfig
-from qkv.masks import padding_mask
+from qkv.masks import padding_mask, real_tokens
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
 from qkv.nn.positional import positional_encoding
@@ -92,7 +92,7 @@ class EncoderOnly(nn.Module):
         if pooling == "cls":
             return h[:, 0]  # (B, d): the <cls> token, always first
         if pooling == "mean":
-            return mean_pool(h, tokens != 0)
+            return mean_pool(h, real_tokens(tokens))
         raise ValueError(f"an encoder pools 'cls' or 'mean', not {pooling!r}")
 
     def embed(self, tokens: torch.Tensor, pooling: str | None = None) -> torch.Tensor:

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qkv.masks import causal_mask, combine
+
 
 def attention_reference(
     q: torch.Tensor,
@@ -42,9 +44,7 @@ def attention_reference(
     d_k = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, h, T_q, T_k)
     if is_causal:
-        t_q, t_k = scores.shape[-2:]
-        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q)
-        mask = causal if mask is None else mask & causal
+        mask = combine(mask, causal_mask(q.size(-2), k.size(-2), q.device))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # (B, h, T_q, T_k)
@@ -61,13 +61,14 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     need_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Eq. 1 through torch's fused kernel; the explicit formula when the weights are wanted."""
+    """Eq. 1 through torch's fused kernel; the explicit formula when the weights are wanted.
+
+    ``is_causal``: query i sees keys j <= i + (T_k - T_q), i.e. the queries are the last T_q
+    positions of the keys' sequence (as with a cache)."""
     if need_weights:
         return attention_reference(q, k, v, mask, dropout_p, is_causal)
-    if is_causal and mask is not None:  # SDPA takes one or the other
-        t_q, t_k = q.size(-2), k.size(-2)
-        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q)
-        mask, is_causal = mask & causal, False
+    if is_causal and (mask is not None or q.size(-2) != k.size(-2)):  # SDPA's own: no mask, T_q == T_k
+        mask, is_causal = combine(mask, causal_mask(q.size(-2), k.size(-2), q.device)), False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
     return out, None
 
