@@ -81,7 +81,7 @@ class SelfAttention(nn.Module):
         self.attn = MultiHeadAttention(d, n_heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(x)[0]
+        return self.attn.self_attention(x)[0]
 
 
 class AttentionCore(nn.Module):

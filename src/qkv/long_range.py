@@ -115,9 +115,10 @@ class TransformerClassifier(nn.Module):
 def last_position(layer: EncoderLayer, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)[:, -1:]`` computed for the last query alone, ``(B, T, d) -> (B, 1, d)``: the
     query comes from the last position, the keys and values from every position (the layer's
-    own W^Q, W^K, W^V: :class:`MultiHeadAttention` with ``memory``), then the FFN on that row."""
+    own W^Q, W^K, W^V: :meth:`MultiHeadAttention.cross_attention` over ``project_kv`` of every
+    position), then the FFN on that row."""
     h = layer.res_attn.before(x)  # (B, T, d)
-    a, _, _ = layer.self_attn(h[:, -1:], memory=h)  # (B, 1, d)
+    a, _ = layer.self_attn.cross_attention(h[:, -1:], layer.self_attn.project_kv(h))  # (B, 1, d)
     y = layer.res_attn.after(x[:, -1:], a)
     return layer.res_ffn.after(y, layer.ffn(layer.res_ffn.before(y)))  # (B, 1, d)
 

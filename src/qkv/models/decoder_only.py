@@ -76,8 +76,8 @@ class CausalLayer(EncoderLayer):
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
         """``x (B, T, d)`` -> ``(B, T, d)``; with a ``cache`` the new keys/values are appended to it."""
-        a, cache, weights = self.self_attn(
-            self.res_attn.before(x), mask=mask, is_causal=is_causal, cache=cache, need_weights=need_weights
+        a, cache, weights = self.self_attn.self_attention(
+            self.res_attn.before(x), mask=mask, causal=is_causal, cache=cache, need_weights=need_weights
         )
         x = self.res_attn.after(x, a)
         x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))

@@ -34,7 +34,7 @@ class TransformerState:
     In beam search (``beam = k > 1``, after :meth:`expand_beams`) the decoder runs ``N * k`` rows,
     sentence-major (row ``i * k + j`` is hypothesis ``j`` of sentence ``i``), but the source side
     stays per sentence: the ``k`` hypotheses of a sentence attend to the same ``N`` keys/values
-    (see :meth:`MultiHeadAttention.forward`), which are therefore never copied per hypothesis.
+    (see :meth:`MultiHeadAttention.cross_attention`), which are therefore never copied per hypothesis.
     """
 
     memory_mask: torch.Tensor  # (N, 1, 1, S)

@@ -51,7 +51,7 @@ class EncoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x (B, S, d)``, ``mask (B, 1, 1, S)`` -> ``(B, S, d)`` and the self-attention weights."""
         h = self.res_attn.before(x)
-        a, _, weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+        a, _, weights = self.self_attn.self_attention(h, mask, need_weights=need_weights)
         x = self.res_attn.after(x, a)
         x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
         return x, weights
@@ -87,7 +87,7 @@ class DecoderLayer(nn.Module):
         """``x (B, T, d)`` attends causally to itself (to the cache and itself when decoding
         incrementally) and to the encoder output's keys/values ``memory_kv`` (computed once).
         ``beam``: rows of ``x`` per sentence of ``memory_kv`` (``B = N * beam``, beam search; see
-        :meth:`MultiHeadAttention.forward`).
+        :meth:`MultiHeadAttention.cross_attention`).
 
         Returns the output ``(B, T, d)``, the grown self-attention cache, and the weights.
         """
@@ -95,11 +95,12 @@ class DecoderLayer(nn.Module):
         # Training: the whole target at once, causal. Incremental decoding (T == 1 with a cache):
         # the new position may see every cached one, so no mask is needed.
         causal = self_cache is None
-        a, self_cache, w_self = self.self_attn(h, is_causal=causal, cache=self_cache, need_weights=need_weights)
+        a, self_cache, w_self = self.self_attn.self_attention(h, causal=causal, cache=self_cache,
+                                                              need_weights=need_weights)
         x = self.res_self.after(x, a)
         h = self.res_cross.before(x)
-        a, _, w_cross = self.cross_attn(h, mask=memory_mask, cache=memory_kv, static_kv=True,
-                                     need_weights=need_weights, beam=beam)
+        a, w_cross = self.cross_attn.cross_attention(h, memory_kv, memory_mask, need_weights=need_weights,
+                                                     beam=beam)
         x = self.res_cross.after(x, a)
         x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
         return x, self_cache, DecoderLayerWeights(w_self, w_cross)
