@@ -105,7 +105,7 @@ class TransformerClassifier(nn.Module):
     def classify(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.positional(x.size(1)).to(x.dtype)  # (B, T, d)
         for layer in self.layers[:-1]:
-            h, _ = layer(h, None)
+            h, _, _ = layer(h)
         return self.out(self.norm(last_position(self.layers[-1], h)[:, 0]))  # (B, K)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -113,14 +113,11 @@ class TransformerClassifier(nn.Module):
 
 
 def last_position(layer: EncoderLayer, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)[:, -1:]`` computed for the last query alone, ``(B, T, d) -> (B, 1, d)``: the
-    query comes from the last position, the keys and values from every position (the layer's
-    own W^Q, W^K, W^V: :meth:`MultiHeadAttention.cross_attention` over ``project_kv`` of every
-    position), then the FFN on that row."""
-    h = layer.res_attn.before(x)  # (B, T, d)
-    a, _ = layer.self_attn.cross_attention(h[:, -1:], layer.self_attn.project_kv(h))  # (B, 1, d)
-    y = layer.res_attn.after(x[:, -1:], a)
-    return layer.res_ffn.after(y, layer.ffn(layer.res_ffn.before(y)))  # (B, 1, d)
+    """``layer(x)[:, -1:]`` computed for the last query alone, ``(B, T, d) -> (B, 1, d)``: one
+    incremental step of the layer, the last position attending to the keys/values of the
+    positions before it (:meth:`~qkv.nn.layers.EncoderLayer.keys_values`) and to its own."""
+    out, _, _ = layer(x[:, -1:], cache=layer.keys_values(x[:, :-1]))
+    return out
 
 
 def build_model(name: str, symbols: int, hidden: int) -> nn.Module:

@@ -61,29 +61,6 @@ class DecoderOnlyState:
         )
 
 
-class CausalLayer(EncoderLayer):
-    """One decoder-only layer: masked multi-head self-attention, then the position-wise FFN
-    (the decoder layer of Figure 1 without its cross-attention sublayer). The sublayers are the
-    encoder layer's (same parameters, same names); only the attention call differs: causal, and
-    with a KV cache when decoding."""
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        cache: KVCache | None = None,
-        need_weights: bool = False,
-    ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
-        """``x (B, T, d)`` -> ``(B, T, d)``; with a ``cache`` the new keys/values are appended to it."""
-        a, cache, weights = self.self_attn.self_attention(
-            self.res_attn.before(x), mask=mask, causal=is_causal, cache=cache, need_weights=need_weights
-        )
-        x = self.res_attn.after(x, a)
-        x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
-        return x, cache, weights
-
-
 class DecoderOnlyTransformer(nn.Module):
     """A causal Transformer language model over one vocabulary (``cfg.tgt_vocab_size``) with
     ``cfg.n_decoder_layers`` layers."""
@@ -102,8 +79,9 @@ class DecoderOnlyTransformer(nn.Module):
         self.embed = ScaledEmbedding(cfg.tgt_vocab_size, d)
         self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
         self.pos = positional_encoding(cfg.positional, d, cfg.max_positions)
+        # The decoder layer without cross-attention: the encoder layer, run causally (with a cache when decoding).
         self.layers = nn.ModuleList(
-            CausalLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
+            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
             for _ in range(cfg.n_decoder_layers)
         )
         # Pre-norm stacks end with a LayerNorm (the residual stream is otherwise never normalised).
@@ -145,7 +123,7 @@ class DecoderOnlyTransformer(nn.Module):
         x = self._embed(tokens, positions)
         weights = []
         for layer in self.layers:
-            x, _, w = layer(x, is_causal=True, need_weights=need_weights)
+            x, _, w = layer(x, causal=True, need_weights=need_weights)
             weights.append(w)
         if features:
             return self.final_norm(x)

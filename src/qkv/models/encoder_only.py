@@ -75,7 +75,7 @@ class EncoderOnly(nn.Module):
         x = F.dropout(x, self.cfg.dropout, self.training)
         weights = []
         for layer in self.encoder_layers:
-            x, w = layer(x, mask, need_weights)
+            x, _, w = layer(x, mask, need_weights=need_weights)
             weights.append(w)
         return self.encoder_norm(x), mask, weights
 

@@ -127,7 +127,7 @@ class Transformer(nn.Module):
         x = self._embed(src, self.src_embed, self.src_pos)
         weights = []
         for layer in self.encoder_layers:
-            x, w = layer(x, mask, need_weights)
+            x, _, w = layer(x, mask, need_weights=need_weights)
             weights.append(w)
         return self.encoder_norm(x), mask, weights
 
@@ -192,7 +192,7 @@ class Transformer(nn.Module):
         x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_pos, offset=state.position)  # (B, 1, d)
         new_kv = []
         for layer, cross, cache in zip(self.decoder_layers, state.cross_kv, state.self_kv):
-            x, cache, _ = layer(x, cross, state.memory_mask, self_cache=cache, beam=state.beam)
+            x, cache, _ = layer(x, cross, state.memory_mask, cache=cache, beam=state.beam)
             new_kv.append(cache)
         logits = self._logits(self.decoder_norm(x))[:, 0]  # (B, V)
         return logits, replace(state, self_kv=new_kv, position=state.position + 1)
