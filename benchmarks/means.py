@@ -403,10 +403,8 @@ class RecomputePrefix:
     def step(self, tokens: Tensor, state: _PrefixState):
         m = self.model
         prefix = torch.cat([state.prefix, tokens[:, None]], dim=1)  # (B, t+1)
-        x = m._embed(prefix, m.tgt_embed, m.tgt_pos)
-        for layer, cross in zip(m.decoder_layers, state.cross_kv):
-            x, _, _ = layer(x, cross, state.memory_mask)  # causal over the prefix
-        logits = m._logits(m.decoder_norm(x[:, -1:]))[:, 0]
+        x, _, _ = m.decoder(prefix, memory_kv=state.cross_kv, memory_mask=state.memory_mask)  # causal over it
+        logits = m._logits(x[:, -1:])[:, 0]
         return logits, _PrefixState(state.memory_mask, state.cross_kv, prefix)
 
 
