@@ -138,8 +138,9 @@ class DecoderOnlyTransformer(nn.Module):
             prefix = self.with_separator(prefix)
         real = real_tokens(prefix)  # (B, P)
         # Padding trails, so every row's positions are 0..P-1; the mask is causal and hides padding.
-        _, kv, _ = self.decoder(prefix, mask=prefix_mask(prefix),
-                                caches=self.decoder.empty_caches(prefix.size(0), self.embed.weight))
+        decoder = self.decoder
+        caches = decoder.empty_caches(prefix.size(0), self.embed.weight)
+        _, kv, _ = decoder(prefix, mask=prefix_mask(prefix), caches=caches)
         return DecoderOnlyState(kv, real, real.sum(dim=1))
 
     def max_source_len(self) -> int | None:

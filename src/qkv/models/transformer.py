@@ -105,7 +105,7 @@ class Transformer(nn.Module):
         self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
         src_pos, encoder_layers, encoder_norm = stack_modules(cfg, cfg.n_encoder_layers, EncoderLayer)
         tgt_pos, decoder_layers, decoder_norm = stack_modules(cfg, cfg.n_decoder_layers, DecoderLayer)
-        # Registered in this order: the order of parameters() that saved optimizer states follow.
+        # Registered in the order the model always had: parameters() keeps it, and saved optimizer states follow it.
         self.src_pos, self.tgt_pos = src_pos, tgt_pos
         self.encoder_layers, self.decoder_layers = encoder_layers, decoder_layers
         self.encoder_norm, self.decoder_norm = encoder_norm, decoder_norm
