@@ -13,7 +13,7 @@ Sections (``--only``):
   fused     one (3d x d) Q/K/V projection vs three (d x d) ones with the same weights: self-attention
             forward+backward, and a whole training step (forward, loss, backward, clip, Adam) with
             every MultiHeadAttention switched to separate projections (cross-attention's fused K/V
-            too) by replacing its forward on the instance (benchmark only; the library is untouched)
+            too) by replacing its entry points on the instance (benchmark only; the library is untouched)
   loss      the output projection and the label-smoothed loss fused, chunk by chunk
             (``linear_label_smoothed_nll_loss``, ``TrainConfig.fused_loss``) vs logits then loss:
             the projection + loss alone, and a whole training step, at the paper's vocabulary
@@ -91,7 +91,7 @@ from qkv.decoding.greedy import force_eos, log_probs  # noqa: E402
 from qkv.metrics import bleu  # noqa: E402
 from qkv.models import build_model  # noqa: E402
 from qkv.models.transformer import TransformerState  # noqa: E402
-from qkv.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention  # noqa: E402
+from qkv.nn.attention import KVCache, MultiHeadAttention  # noqa: E402
 from qkv.tasks.base import token_loss  # noqa: E402
 from qkv.losses import label_smoothed_nll_loss, linear_label_smoothed_nll_loss  # noqa: E402
 
@@ -259,24 +259,20 @@ class CountRows:
 # --- fused QKV (benchmark-only unfused attention) ---------------------------------------------------------
 
 
-def _unfused_forward(self, x, memory=None, mask=None, is_causal=False, cache=None, static_kv=False,
-                     need_weights=False):
-    """MultiHeadAttention.forward with three (d x d) projections instead of one (3d x d)."""
-    b, t, _ = x.shape
-    q = self._split(self.q_proj(x))
-    if memory is None and not static_kv:
-        k, v = self._split(self.k_proj(x)), self._split(self.v_proj(x))
-        if cache is not None:
-            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            cache = KVCache(k, v)
-    else:
-        if not static_kv:
-            cache = self.project_kv(memory)
-        k, v = cache.k, cache.v
-    p = self.dropout if self.training else 0.0
-    out, weights = scaled_dot_product_attention(q, k, v, mask, p, is_causal, need_weights)
-    out = out.transpose(1, 2).reshape(b, t, self.d_model)
-    return self.out_proj(out), cache, weights
+def _unfused_self_attention(self, x, mask=None, causal=False, cache=None, need_weights=False):
+    """MultiHeadAttention.self_attention with three (d x d) projections instead of one (3d x d)."""
+    q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
+    if cache is not None:
+        k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+        cache = KVCache(k, v)
+    out, weights = self._attend(q, k, v, mask, causal, need_weights)
+    return out, cache, weights
+
+
+def _unfused_cross_attention(self, x, memory_kv, mask=None, need_weights=False, beam=1):
+    """MultiHeadAttention.cross_attention with its own W^Q (one row per sentence: no beam sharing)."""
+    assert beam == 1, "the unfused benchmark attention decodes greedily"
+    return self._attend(self._split(self.q_proj(x)), memory_kv.k, memory_kv.v, mask, False, need_weights)
 
 
 def _unfused_project_kv(self, memory):
@@ -296,7 +292,8 @@ def unfuse(model: nn.Module) -> nn.Module:
                     lin.bias.copy_(m.in_proj.bias[i * d: (i + 1) * d])
                 setattr(m, name, lin)
             del m.in_proj
-            m.forward = types.MethodType(_unfused_forward, m)
+            m.self_attention = types.MethodType(_unfused_self_attention, m)
+            m.cross_attention = types.MethodType(_unfused_cross_attention, m)
             m.project_kv = types.MethodType(_unfused_project_kv, m)
     return model
 
@@ -309,14 +306,15 @@ def bench_fused(args) -> None:
         sep = unfuse(nn.ModuleList([mha]))[0]
         x = torch.randn(args.train_batch, args.train_len, d)
         with torch.no_grad():
-            assert torch.allclose(mha(x)[0], sep(x)[0], atol=1e-5), "unfused attention differs"
+            assert torch.allclose(mha.self_attention(x)[0], sep.self_attention(x)[0], atol=1e-5), \
+                "unfused attention differs"
         reps = args.attn_reps
 
         def fwd_bwd(m):
             def run():
                 for _ in range(reps):
                     xi = x.detach().requires_grad_()
-                    out, _, _ = m(xi, is_causal=True)
+                    out, _, _ = m.self_attention(xi, causal=True)
                     out.sum().backward()
                     m.zero_grad(set_to_none=True)
             return run
@@ -405,10 +403,8 @@ class RecomputePrefix:
     def step(self, tokens: Tensor, state: _PrefixState):
         m = self.model
         prefix = torch.cat([state.prefix, tokens[:, None]], dim=1)  # (B, t+1)
-        x = m._embed(prefix, m.tgt_embed, m.tgt_pos)
-        for layer, cross in zip(m.decoder_layers, state.cross_kv):
-            x, _, _ = layer(x, cross, state.memory_mask)  # causal over the prefix
-        logits = m._logits(m.decoder_norm(x[:, -1:]))[:, 0]
+        x, _, _ = m.decoder(prefix, memory_kv=state.cross_kv, memory_mask=state.memory_mask)  # causal over it
+        logits = m._logits(x[:, -1:])[:, 0]
         return logits, _PrefixState(state.memory_mask, state.cross_kv, prefix)
 
 

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from qkv.masks import causal_mask, padding_mask
-from qkv.nn.attention import MultiHeadAttention, attention_reference, scaled_dot_product_attention
+from qkv.nn.attention import KVCache, MultiHeadAttention, attention_reference, scaled_dot_product_attention
 
 
 def test_reference_matches_hand_computation():
@@ -49,11 +49,11 @@ def test_self_attention_matches_torch_multihead_attention():
     ref = _copy_to_torch_mha(mha)
     x = torch.randn(2, 6, 16)
     tokens = torch.tensor([[5] * 6, [5, 5, 5, 0, 0, 0]])
-    out, _, w = mha(x, mask=padding_mask(tokens), need_weights=True)
+    out, _, w = mha.self_attention(x, mask=padding_mask(tokens), need_weights=True)
     ref_out, ref_w = ref(x, x, x, key_padding_mask=tokens == 0, average_attn_weights=False)
     assert torch.allclose(out[:, :], ref_out, atol=1e-5)
     assert torch.allclose(w, ref_w, atol=1e-6)
-    fast, _, none = mha(x, mask=padding_mask(tokens))
+    fast, _, none = mha.self_attention(x, mask=padding_mask(tokens))
     assert none is None and torch.allclose(fast, ref_out, atol=1e-5)
 
 
@@ -62,7 +62,7 @@ def test_causal_self_attention_matches_torch():
     mha = MultiHeadAttention(8, 2).eval()
     ref = _copy_to_torch_mha(mha)
     x = torch.randn(3, 5, 8)
-    out, _, _ = mha(x, is_causal=True)
+    out, _, _ = mha.self_attention(x, causal=True)
     blocked = ~causal_mask(5)[0, 0]  # torch: True = blocked
     ref_out, _ = ref(x, x, x, attn_mask=blocked)
     assert torch.allclose(out, ref_out, atol=1e-5)
@@ -74,28 +74,71 @@ def test_cross_attention_matches_torch_and_cached_kv():
     ref = _copy_to_torch_mha(mha)
     x, mem = torch.randn(2, 3, 8), torch.randn(2, 7, 8)
     src = torch.tensor([[5] * 7, [5] * 4 + [0] * 3])
-    out, kv, _ = mha(x, memory=mem, mask=padding_mask(src))
-    ref_out, _ = ref(x, mem, mem, key_padding_mask=src == 0)
+    kv = mha.project_kv(mem)
+    assert kv.k.shape == kv.v.shape == (2, 2, 7, 4)  # (B, h, S, d_k)
+    out, w = mha.cross_attention(x, kv, mask=padding_mask(src), need_weights=True)
+    ref_out, ref_w = ref(x, mem, mem, key_padding_mask=src == 0, average_attn_weights=False)
     assert torch.allclose(out, ref_out, atol=1e-5)
-    again, _, _ = mha(x, mask=padding_mask(src), cache=mha.project_kv(mem), static_kv=True)
-    assert torch.allclose(again, out, atol=1e-6)
-    assert kv.k.shape == (2, 2, 7, 4)  # (B, h, S, d_k)
+    assert torch.allclose(w, ref_w, atol=1e-6) and (w[1, :, :, 4:] == 0).all()
+
+
+def test_cross_attention_reuses_the_memory_keys_values_across_steps():
+    """The memory's K/V projected once (decoding) give, step after step, what projecting the memory
+    again for every query gives (the whole target at once, as in training)."""
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(8, 2).eval()
+    x, mem = torch.randn(2, 5, 8), torch.randn(2, 7, 8)
+    mask = padding_mask(torch.tensor([[5] * 7, [5] * 3 + [0] * 4]))
+    whole, _ = mha.cross_attention(x, mha.project_kv(mem), mask)
+    kv = mha.project_kv(mem)
+    steps = [mha.cross_attention(x[:, t : t + 1], kv, mask)[0] for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps, 1), whole, atol=1e-6, rtol=1e-6)
+    assert mha.project_kv(mem).k.equal(kv.k)  # nothing of a call is kept: the K/V are the caller's
+
+
+def test_cross_attention_of_beams_equals_repeated_memory():
+    """beam=k: k query rows per memory row attend to that row's K/V, never copied per hypothesis."""
+    torch.manual_seed(5)
+    mha = MultiHeadAttention(8, 2).eval()
+    n, k = 3, 4
+    x, mem = torch.randn(n * k, 1, 8), torch.randn(n, 6, 8)
+    mask = padding_mask(torch.tensor([[5] * 6, [5] * 2 + [0] * 4, [5] * 5 + [0]]))
+    kv = mha.project_kv(mem)
+    grouped, w = mha.cross_attention(x, kv, mask, need_weights=True, beam=k)
+    rows = torch.arange(n).repeat_interleave(k)
+    copied, w_copied = mha.cross_attention(x, kv.reorder(rows), mask[rows], need_weights=True)
+    torch.testing.assert_close(grouped, copied, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(w, w_copied)
 
 
 def test_incremental_self_attention_equals_full_causal():
     torch.manual_seed(3)
     mha = MultiHeadAttention(8, 2).eval()
     x = torch.randn(2, 4, 8)
-    full, _, _ = mha(x, is_causal=True)
-    from qkv.nn.attention import KVCache
-
-    cache = KVCache(torch.zeros(2, 2, 0, 4), torch.zeros(2, 2, 0, 4))
+    full, _, _ = mha.self_attention(x, causal=True)
+    cache = mha.empty_cache(2, x)
+    assert cache.k.shape == (2, 2, 0, 4)
     outs = []
     for t in range(4):
-        o, cache, _ = mha(x[:, t : t + 1], cache=cache)
+        o, cache, _ = mha.self_attention(x[:, t : t + 1], cache=cache)
         outs.append(o)
     assert torch.allclose(torch.cat(outs, 1), full, atol=1e-5)
     assert cache.k.shape == (2, 2, 4, 4)
+
+
+def test_causal_self_attention_with_a_cache_continues_the_sequence():
+    """Several new positions at once after a cache: each sees the cache and the new positions up
+    to its own (the causal mask of the last T_q of T_k positions), with or without the weights."""
+    torch.manual_seed(6)
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 7, 8)
+    full, _, w_full = mha.self_attention(x, causal=True, need_weights=True)
+    _, cache, _ = mha.self_attention(x[:, :3], causal=True, cache=mha.empty_cache(2, x))
+    for need_weights in (False, True):
+        rest, grown, w = mha.self_attention(x[:, 3:], causal=True, cache=cache, need_weights=need_weights)
+        torch.testing.assert_close(rest, full[:, 3:], atol=1e-5, rtol=1e-5)
+        assert grown.k.shape == (2, 2, 7, 4)
+    torch.testing.assert_close(w, w_full[:, :, 3:])
 
 
 def test_attention_dropout_only_in_training():
@@ -103,19 +146,17 @@ def test_attention_dropout_only_in_training():
     mha = MultiHeadAttention(8, 2, dropout=0.5)
     x = torch.randn(1, 5, 8)
     mha.eval()
-    a, _, _ = mha(x)
-    b, _, _ = mha(x)
+    a, _, _ = mha.self_attention(x)
+    b, _, _ = mha.self_attention(x)
     assert torch.equal(a, b)
     mha.train()
-    c, _, _ = mha(x)
+    c, _, _ = mha.self_attention(x)
     assert not torch.allclose(a, c)
 
 
 def test_kv_cache_grows_in_place_and_branches_safely():
     """append writes into spare room (no copy of the past) and equals torch.cat; a state that is
     appended to twice (a branch) keeps both results right; reorder copies the filled rows."""
-    from qkv.nn.attention import KVCache
-
     torch.manual_seed(0)
     steps = [(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)) for _ in range(40)]  # > GROW: one regrowth
     empty = torch.zeros(3, 2, 0, 4)

@@ -31,8 +31,13 @@ def test_last_position_is_the_full_layer_last_row():
     model = TransformerClassifier(8, 16, n_heads=4, n_layers=1)
     layer = model.layers[0]
     x = torch.randn(3, 11, 16)
-    full, _ = layer(x, None)
-    torch.testing.assert_close(last_position(layer, x), full[:, -1:], atol=1e-6, rtol=1e-6)
+    x.requires_grad_()
+    full, _, _ = layer(x)
+    last = last_position(layer, x)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)
+    (g_full,) = torch.autograd.grad(full[:, -1].sum(), x)  # and so are the gradients
+    (g_last,) = torch.autograd.grad(last.sum(), x)
+    torch.testing.assert_close(g_last, g_full, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["rnn", "lstm", "transformer"])

@@ -67,11 +67,11 @@ def test_post_norm_layer_is_layernorm_of_residual_sum():
     layer = m.encoder_layers[0]
     x = torch.randn(2, 5, 32)
     mask = padding_mask(torch.tensor([[4] * 5, [4, 4, 4, 0, 0]]))
-    a, _, _ = layer.self_attn(x, mask=mask)
+    a, _, _ = layer.self_attn.self_attention(x, mask=mask)
     h = F.layer_norm(x + a, (32,), layer.res_attn.norm.weight, layer.res_attn.norm.bias)
     f = layer.ffn.w_2(torch.relu(layer.ffn.w_1(h)))
     expected = F.layer_norm(h + f, (32,), layer.res_ffn.norm.weight, layer.res_ffn.norm.bias)
-    out, _ = layer(x, mask)
+    out, _, _ = layer(x, mask)
     assert torch.allclose(out, expected, atol=1e-6)
 
 
@@ -81,9 +81,9 @@ def test_pre_norm_layer():
     layer = m.encoder_layers[0]
     x = torch.randn(1, 4, 32)
     n1 = layer.res_attn.norm(x)
-    h = x + layer.self_attn(n1, mask=None)[0]
+    h = x + layer.self_attn.self_attention(n1)[0]
     expected = h + layer.ffn(layer.res_ffn.norm(h))
-    assert torch.allclose(layer(x, None)[0], expected, atol=1e-6)
+    assert torch.allclose(layer(x)[0], expected, atol=1e-6)
     assert isinstance(m.encoder_norm, torch.nn.LayerNorm)
 
 

@@ -291,7 +291,7 @@ def test_encoder_only_maps_are_softmax_qk_and_padding_keys_get_zero(task, norm_f
         x = model.src_embed(tokens) + model.src_pos(6)  # the input of layer 1 (dropout is off)
         for layer, w in zip(model.encoder_layers, maps):
             torch.testing.assert_close(w, softmax_qk(layer.self_attn, layer.res_attn.before(x), real))
-            x, _ = layer(x, padding_mask(tokens))  # the fast path (SDPA, no weights) to the next layer
+            x, _, _ = layer(x, padding_mask(tokens))  # the fast path (SDPA, no weights) to the next layer
         alone = model.attention_maps(tokens[1:, :3])  # the padded row on its own
     assert module_tensors(model) == before == set()
     for w, w_alone in zip(maps, alone):
@@ -313,7 +313,7 @@ def test_decoder_only_maps_are_causal_softmax_qk_from_the_forward_pass(norm_firs
         x = model.embed(tokens) + model.pos(t)  # the input of layer 1
         for layer, w in zip(model.layers, maps):
             torch.testing.assert_close(w, softmax_qk(layer.self_attn, layer.res_attn.before(x), causal))
-            x, _, _ = layer(x, is_causal=True)
+            x, _, _ = layer(x, causal=True)
     assert module_tensors(model) == set()
     for w in maps:  # (1, h, T, T)
         assert torch.allclose(w.sum(-1), torch.ones(1, 2, t), atol=1e-6)

@@ -65,6 +65,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from qkv.errors import QkvError
 from qkv.nn.attention import MultiHeadAttention, scaled_dot_product_attention
+from qkv.nn.recurrent import Recurrent
 from qkv.nn.restricted_attention import RestrictedSelfAttention
 
 PROBE_D = 4  # width of the path-length probes: connectivity does not depend on d
@@ -81,7 +82,7 @@ class SelfAttention(nn.Module):
         self.attn = MultiHeadAttention(d, n_heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(x)[0]
+        return self.attn.self_attention(x)[0]
 
 
 class AttentionCore(nn.Module):
@@ -99,13 +100,13 @@ class AttentionCore(nn.Module):
         return out.transpose(1, 2).reshape(b, n, d)  # (B, n, d)
 
 
-class Recurrent(nn.Module):
-    """torch's ``nn.LSTM`` (forward FLOPs 16·n·d²: four gates, each W x_t + U h_{t-1}) or
-    ``nn.RNN`` with tanh (4·n·d²); n dependent steps."""
+class RecurrentLayer(nn.Module):
+    """One recurrent layer (:class:`qkv.nn.recurrent.Recurrent`: torch's ``nn.LSTM``, forward FLOPs
+    16·n·d², four gates, each W x_t + U h_{t-1}; or ``nn.RNN`` with tanh, 4·n·d²); n dependent steps."""
 
     def __init__(self, d: int, cell: str):
         super().__init__()
-        self.rnn = (nn.LSTM if cell == "lstm" else nn.RNN)(d, d, batch_first=True)
+        self.rnn = Recurrent(cell, d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.rnn(x)[0]  # (B, n, d)
@@ -165,7 +166,7 @@ def make_layer(kind: str, d: int, n_heads: int = 8, r: int = 64, k: int = 3, lay
         # blocked: 8·n·d² + 12·r·n·d forward FLOPs; dense (band mask on full attention): still 8·n·d² + 4·n²·d
         return RestrictedSelfAttention(d, n_heads, r, dense=kind == "restricted-dense")
     if kind in ("lstm", "rnn"):
-        return Recurrent(d, kind)
+        return RecurrentLayer(d, kind)
     if kind == "conv":
         return CausalConv(d, k)
     if kind == "conv-dilated":

@@ -15,9 +15,10 @@ gates f_s stay near 1; self-attention connects x_{T-t} to the output in one step
 The task (:func:`make_batch`): a sequence of T = t + ``PREFIX`` + 1 random symbols out of K; the
 label is the symbol at position T - t (1-based), i.e. t positions before the last one; every other
 symbol is a distractor. Chance accuracy is 1/K. Each model reads the whole sequence and classifies
-at the last position: the RNN and LSTM from their last hidden state, the Transformer encoder
-(sinusoidal positions, pre-norm layers) from its output at the last position, which reaches
-x_{T-t} through attention.
+at the last position: the RNN and LSTM (:class:`qkv.nn.recurrent.Recurrent`) from their last
+hidden state, the Transformer encoder (the library's stack, :mod:`qkv.nn.stack`: sinusoidal
+positions, pre-norm layers) from its output at the last position, which reaches x_{T-t} through
+attention.
 
 Measured for each t (:func:`run_long_range`): held-out accuracy after a fixed budget of training
 steps, and :func:`input_gradient_norms`, the norm ‖∂loss/∂x_{T-t}‖ of the gradient of the loss
@@ -38,8 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.complexity import new_figure, run_metadata
+from qkv.config import ModelConfig
+from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
-from qkv.nn.positional import SinusoidalPositionalEncoding
+from qkv.nn.recurrent import Recurrent
+from qkv.nn.stack import TransformerStack, stack_modules
 
 PREFIX = 4  # distractors before the deciding symbol
 MODELS = ("rnn", "lstm", "transformer")
@@ -61,19 +65,20 @@ def make_batch(batch: int, t: int, symbols: int, generator: torch.Generator) -> 
 
 
 class RecurrentClassifier(nn.Module):
-    """Embedding -> ``nn.RNN`` (tanh) or ``nn.LSTM`` -> linear read-out of the last hidden state."""
+    """Embedding -> one recurrent layer (:class:`qkv.nn.recurrent.Recurrent`: ``nn.RNN`` with tanh,
+    or ``nn.LSTM``) -> linear read-out of the last hidden state."""
 
     def __init__(self, cell: str, symbols: int, hidden: int):
         super().__init__()
         self.embedding = nn.Embedding(symbols, hidden)
-        self.rnn = (nn.LSTM if cell == "lstm" else nn.RNN)(hidden, hidden, batch_first=True)
+        self.rnn = Recurrent(cell, hidden, hidden)
         self.out = nn.Linear(hidden, symbols)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embedding(tokens)  # (B, T, H): the x_t of the gradient probe
 
     def classify(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.rnn(x)[0]  # (B, T, H)
+        h, _ = self.rnn(x)  # (B, T, H)
         return self.out(h[:, -1])  # (B, K)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -81,45 +86,47 @@ class RecurrentClassifier(nn.Module):
 
 
 class TransformerClassifier(nn.Module):
-    """Embedding + sinusoidal positional encoding -> N pre-norm encoder layers
-    (:class:`qkv.nn.layers.EncoderLayer`) -> LayerNorm -> linear read-out at the last position.
+    """The library's Transformer encoder (:class:`~qkv.nn.stack.TransformerStack`: embedding·√d_model,
+    sinusoidal positions, N pre-norm :class:`~qkv.nn.layers.EncoderLayer`, final LayerNorm; no
+    dropout) -> linear read-out at the last position. Every id 0..K-1 is a symbol (no PAD).
 
     Only the last position's output is read, so the top layer is evaluated for that one query
-    (attending over all T keys): the same numbers as running the full layer and taking its last
-    row, at O(T·d) instead of O(T²·d) cost. With the default single layer a whole step is O(T).
+    (:func:`last_position`): the same numbers as running the full layer and taking its last row, at
+    O(T·d) instead of O(T²·d) cost. With the default single layer a whole step is O(T).
     """
 
     def __init__(self, symbols: int, d_model: int, n_heads: int = 4, n_layers: int = 1):
         super().__init__()
-        self.embedding = nn.Embedding(symbols, d_model)
-        self.positional = SinusoidalPositionalEncoding(d_model)
-        self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, 2 * d_model, dropout=0.0, attention_dropout=0.0, norm_first=True)
-            for _ in range(n_layers))
-        self.norm = nn.LayerNorm(d_model)
+        cfg = ModelConfig(d_model=d_model, n_heads=n_heads, d_ff=2 * d_model, n_encoder_layers=n_layers,
+                          positional="sinusoidal", dropout=0.0, attention_dropout=0.0, norm_first=True)
+        self.embedding = ScaledEmbedding(symbols, d_model, pad_id=None)
+        self.pos, self.layers, self.norm = stack_modules(cfg, n_layers, EncoderLayer)
         self.out = nn.Linear(d_model, symbols)
 
+    @property
+    def encoder(self) -> TransformerStack:
+        return TransformerStack(self.embedding, self.pos, self.layers, self.norm, dropout=0.0)
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embedding(tokens)  # (B, T, d)
+        """The stack's input, embedding + PE ``(B, T, d)``: the x_t of the gradient probe (the PE
+        is a constant, so the gradient is the embedding's)."""
+        return self.encoder.inputs(tokens)
 
     def classify(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.positional(x.size(1)).to(x.dtype)  # (B, T, d)
         for layer in self.layers[:-1]:
-            h, _ = layer(h, None)
-        return self.out(self.norm(last_position(self.layers[-1], h)[:, 0]))  # (B, K)
+            x, _, _ = layer(x)
+        return self.out(self.norm(last_position(self.layers[-1], x)[:, 0]))  # (B, K)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.classify(self.embed(tokens))
 
 
 def last_position(layer: EncoderLayer, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)[:, -1:]`` computed for the last query alone, ``(B, T, d) -> (B, 1, d)``: the
-    query comes from the last position, the keys and values from every position (the layer's
-    own W^Q, W^K, W^V: :class:`MultiHeadAttention` with ``memory``), then the FFN on that row."""
-    h = layer.res_attn.before(x)  # (B, T, d)
-    a, _, _ = layer.self_attn(h[:, -1:], memory=h)  # (B, 1, d)
-    y = layer.res_attn.after(x[:, -1:], a)
-    return layer.res_ffn.after(y, layer.ffn(layer.res_ffn.before(y)))  # (B, 1, d)
+    """``layer(x)[:, -1:]`` computed for the last query alone, ``(B, T, d) -> (B, 1, d)``: one
+    incremental step of the layer, the last position attending to the keys/values of the
+    positions before it (:meth:`~qkv.nn.layers.EncoderLayer.keys_values`) and to its own."""
+    out, _, _ = layer(x[:, -1:], cache=layer.keys_values(x[:, :-1]))
+    return out
 
 
 def build_model(name: str, symbols: int, hidden: int) -> nn.Module:

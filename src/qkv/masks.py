@@ -9,6 +9,9 @@ One convention across qkv: a boolean tensor, ``True`` = the query may attend to 
   the input of the softmax which correspond to illegal connections", section 3.2.3);
 * local (band) mask: position i sees positions j with |i - j| <= r, the "restricted" self-attention
   of Table 1 (section 4), dense (``local_mask``) or cut into blocks of r queries (``local_block_mask``).
+
+Which tokens are real (:func:`real_tokens`) and which positions a length covers (:func:`length_mask`)
+are asked here too, so that PAD is compared with in one place.
 """
 
 from __future__ import annotations
@@ -18,9 +21,24 @@ import torch
 from qkv.config import PAD
 
 
+def real_tokens(tokens: torch.Tensor, pad_id: int = PAD) -> torch.Tensor:
+    """``(B, T)`` token ids -> ``(B, T)`` bool, True on real tokens (not padding)."""
+    return tokens != pad_id
+
+
+def length_mask(lengths: torch.Tensor, t: int) -> torch.Tensor:
+    """``(B,)`` lengths -> ``(B, T)`` bool, True at the positions ``< length`` of each row."""
+    return torch.arange(t, device=lengths.device)[None, :] < lengths[:, None]  # (B, T)
+
+
+def key_padding_mask(real: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` bool, True on real keys -> ``(B, 1, 1, T)`` mask: every query may attend to those."""
+    return real[:, None, None, :]  # (B, 1, 1, T)
+
+
 def padding_mask(tokens: torch.Tensor, pad_id: int = PAD) -> torch.Tensor:
     """``(B, T)`` token ids -> ``(B, 1, 1, T)`` mask, True on real tokens."""
-    return (tokens != pad_id)[:, None, None, :]  # (B, 1, 1, T)
+    return key_padding_mask(real_tokens(tokens, pad_id))  # (B, 1, 1, T)
 
 
 def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = None) -> torch.Tensor:
@@ -33,6 +51,17 @@ def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = 
     q = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
     k = torch.arange(t_k, device=device)[None, :]
     return (k <= q)[None, None]  # (1, 1, T_q, T_k)
+
+
+def prefix_mask(tokens: torch.Tensor, pad_id: int = PAD) -> torch.Tensor:
+    """``(B, P)`` right-padded prefixes -> ``(B, 1, P, P)``: causal, and padding keys hidden.
+
+    Every position also sees itself, so that a padded query's row is never empty (its output is
+    unused, and no later query sees it): a softmax over nothing would be NaN.
+    """
+    p = tokens.size(1)
+    itself = torch.eye(p, dtype=torch.bool, device=tokens.device)[None, None]  # (1, 1, P, P)
+    return combine(causal_mask(p, device=tokens.device), padding_mask(tokens, pad_id)) | itself  # (B, 1, P, P)
 
 
 def local_mask(n: int, r: int, device: torch.device | None = None) -> torch.Tensor:

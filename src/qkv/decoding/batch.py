@@ -12,6 +12,7 @@ from qkv.config import DecodeConfig
 from qkv.data.batching import collate
 from qkv.decoding.beam_search import Hypothesis, beam_search
 from qkv.decoding.greedy import greedy, max_output_len
+from qkv.masks import real_tokens
 
 
 @torch.inference_mode()
@@ -31,7 +32,7 @@ def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: Deco
         for start in range(0, len(order), cfg.batch_size):
             idx = order[start : start + cfg.batch_size]
             batch = collate([src_ids[i] for i in idx], None).to(device)
-            src_len = (batch.src != 0).sum(dim=1)
+            src_len = real_tokens(batch.src).sum(dim=1)
             steps = model.max_steps(src_len)  # the last step emits EOS
             max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b,
                                      None if steps is None else torch.as_tensor(steps) - 1)

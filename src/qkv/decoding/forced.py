@@ -12,6 +12,7 @@ import torch
 
 from qkv.data.batching import collate
 from qkv.errors import QkvError
+from qkv.masks import real_tokens
 
 
 @torch.inference_mode()
@@ -30,7 +31,7 @@ def forced_logprobs(model: torch.nn.Module, src_ids: list[list[int]], tgt_ids: l
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             batch = collate([src_ids[i] for i in idx], [tgt_ids[i] for i in idx]).to(device)
-            steps = model.max_steps((batch.src != 0).sum(dim=1))  # step calls each row may take (None: no end)
+            steps = model.max_steps(real_tokens(batch.src).sum(dim=1))  # step calls each row may take (None: no end)
             if steps is not None:
                 steps = torch.as_tensor(steps).expand(len(idx)).tolist()
                 for row, i in enumerate(idx):

@@ -8,8 +8,11 @@ Radford et al., 2018).
 
     p(x) = Π_t p(x_t | x_<t)
 
-Training runs a whole sequence at once with the causal mask (position t sees positions <= t,
-section 3.2.3), so one forward pass predicts every next token.
+The model is one :class:`~qkv.nn.stack.TransformerStack` (:attr:`DecoderOnlyTransformer.decoder`)
+of :class:`~qkv.nn.layers.EncoderLayer`: the decoder layer without cross-attention is the encoder
+layer run with the causal mask (and, when decoding, a key/value cache). Training runs a whole
+sequence at once with the causal mask (position t sees positions <= t, section 3.2.3), so one
+forward pass predicts every next token.
 
 Incremental decoding uses the same interface as the encoder–decoder (:mod:`qkv.decoding`):
 
@@ -37,11 +40,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import PAD, SEP, ModelConfig
-from qkv.masks import causal_mask, combine, padding_mask
+from qkv.masks import key_padding_mask, prefix_mask, real_tokens
 from qkv.nn.attention import KVCache
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
-from qkv.nn.positional import positional_encoding
+from qkv.nn.stack import TransformerStack, stack_modules
 
 
 @dataclass
@@ -61,29 +64,6 @@ class DecoderOnlyState:
         )
 
 
-class CausalLayer(EncoderLayer):
-    """One decoder-only layer: masked multi-head self-attention, then the position-wise FFN
-    (the decoder layer of Figure 1 without its cross-attention sublayer). The sublayers are the
-    encoder layer's (same parameters, same names); only the attention call differs: causal, and
-    with a KV cache when decoding."""
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        cache: KVCache | None = None,
-        need_weights: bool = False,
-    ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
-        """``x (B, T, d)`` -> ``(B, T, d)``; with a ``cache`` the new keys/values are appended to it."""
-        a, cache, weights = self.self_attn(
-            self.res_attn.before(x), mask=mask, is_causal=is_causal, cache=cache, need_weights=need_weights
-        )
-        x = self.res_attn.after(x, a)
-        x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
-        return x, cache, weights
-
-
 class DecoderOnlyTransformer(nn.Module):
     """A causal Transformer language model over one vocabulary (``cfg.tgt_vocab_size``) with
     ``cfg.n_decoder_layers`` layers."""
@@ -101,27 +81,16 @@ class DecoderOnlyTransformer(nn.Module):
         d = cfg.d_model
         self.embed = ScaledEmbedding(cfg.tgt_vocab_size, d)
         self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
-        self.pos = positional_encoding(cfg.positional, d, cfg.max_positions)
-        self.layers = nn.ModuleList(
-            CausalLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
-            for _ in range(cfg.n_decoder_layers)
-        )
-        # Pre-norm stacks end with a LayerNorm (the residual stream is otherwise never normalised).
-        self.final_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.pos, self.layers, self.final_norm = stack_modules(cfg, cfg.n_decoder_layers, EncoderLayer)
+
+    @property
+    def decoder(self) -> TransformerStack:
+        """The stack: token embedding, positions, N layers (run causally), final norm."""
+        return TransformerStack(self.embed, self.pos, self.layers, self.final_norm, self.cfg.dropout)
 
     # --- pieces ------------------------------------------------------------------------------------
 
-    def _positional(self, positions: torch.Tensor) -> torch.Tensor:
-        """Encodings of per-row positions ``(B, T)`` -> ``(B, T, d)``."""
-        table = self.pos(int(positions.max()) + 1 if positions.numel() else 1)[0]  # (P, d)
-        return table[positions]  # (B, T, d)
-
-    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens) + self._positional(positions)  # (B, T, d)
-        return F.dropout(x, self.cfg.dropout, self.training)
-
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.final_norm(x)
         return self.embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
 
     @property
@@ -140,15 +109,9 @@ class DecoderOnlyTransformer(nn.Module):
         (pads come after it), and outputs at pad positions are ignored by the loss.
         With ``need_weights`` also returns each layer's attention weights ``(B, h, T, T)``.
         """
-        t = tokens.size(1)
-        positions = torch.arange(t, device=tokens.device).expand(tokens.size(0), t)  # (B, T)
-        x = self._embed(tokens, positions)
-        weights = []
-        for layer in self.layers:
-            x, _, w = layer(x, is_causal=True, need_weights=need_weights)
-            weights.append(w)
+        x, _, weights = self.decoder(tokens, causal=True, need_weights=need_weights)
         if features:
-            return self.final_norm(x)
+            return x
         logits = self._logits(x)
         return (logits, weights) if need_weights else logits
 
@@ -163,7 +126,7 @@ class DecoderOnlyTransformer(nn.Module):
 
     def with_separator(self, src: torch.Tensor) -> torch.Tensor:
         """``src (B, S)`` right-padded -> ``(B, S + 1)`` with ``<sep>`` after each row's last real token."""
-        lengths = (src != PAD).sum(dim=1)  # (B,)
+        lengths = real_tokens(src).sum(dim=1)  # (B,)
         out = F.pad(src, (0, 1), value=PAD)  # (B, S + 1)
         out[torch.arange(src.size(0), device=src.device), lengths] = self.sep_id
         return out
@@ -173,20 +136,11 @@ class DecoderOnlyTransformer(nn.Module):
         keys and values. For a prefix LM (``sep_id`` set) the separator is appended first."""
         if self.sep_id is not None:
             prefix = self.with_separator(prefix)
-        b, p = prefix.shape
-        real = prefix != PAD  # (B, P)
-        positions = torch.arange(p, device=prefix.device).expand(b, p)  # (B, P): padding trails, so 0..P-1
-        # Causal and padding; every position also sees itself, so that a padded query row is never
-        # fully masked (its output is unused, and later queries never see it).
-        eye = torch.eye(p, dtype=torch.bool, device=prefix.device)[None, None]  # (1, 1, P, P)
-        mask = combine(causal_mask(p, device=prefix.device), padding_mask(prefix)) | eye  # (B, 1, P, P)
-        h, d_k = self.cfg.n_heads, self.cfg.d_k
-        x = self._embed(prefix, positions)  # (B, P, d)
-        kv = []
-        for layer in self.layers:
-            empty = x.new_zeros(b, h, 0, d_k)  # (B, h, 0, d_k)
-            x, cache, _ = layer(x, mask=mask, cache=KVCache(empty, empty))
-            kv.append(cache)
+        real = real_tokens(prefix)  # (B, P)
+        # Padding trails, so every row's positions are 0..P-1; the mask is causal and hides padding.
+        decoder = self.decoder
+        caches = decoder.empty_caches(prefix.size(0), self.embed.weight)
+        _, kv, _ = decoder(prefix, mask=prefix_mask(prefix), caches=caches)
         return DecoderOnlyState(kv, real, real.sum(dim=1))
 
     def max_source_len(self) -> int | None:
@@ -206,12 +160,9 @@ class DecoderOnlyTransformer(nn.Module):
 
     def step(self, tokens: torch.Tensor, state: DecoderOnlyState) -> tuple[torch.Tensor, DecoderOnlyState]:
         """Feed one token per row ``(B,)`` -> next-token logits ``(B, V)`` and the grown state."""
-        x = self._embed(tokens[:, None], state.positions[:, None])  # (B, 1, d)
         key_mask = torch.cat([state.key_mask, state.key_mask.new_ones(tokens.size(0), 1)], dim=1)  # (B, T + 1)
-        mask = key_mask[:, None, None, :]  # (B, 1, 1, T + 1): the new query sees every real key
-        kv = []
-        for layer, cache in zip(self.layers, state.kv):
-            x, cache, _ = layer(x, mask=mask, cache=cache)
-            kv.append(cache)
+        # The new query sees every real key: the cached ones and itself.
+        x, kv, _ = self.decoder(tokens[:, None], state.positions[:, None], caches=state.kv,
+                                mask=key_padding_mask(key_mask))  # (B, 1, d)
         logits = self._logits(x)[:, 0]  # (B, V)
         return logits, DecoderOnlyState(kv, key_mask, state.positions + 1)

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import ModelConfig
-from qkv.masks import padding_mask
+from qkv.masks import padding_mask, real_tokens
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
-from qkv.nn.positional import positional_encoding
+from qkv.nn.stack import TransformerStack, stack_modules
 
 
 def mean_pool(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -59,25 +59,22 @@ class EncoderOnly(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d)
-        self.src_pos = positional_encoding(cfg.positional, d, cfg.max_positions)
-        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(cfg.n_encoder_layers))
-        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.src_pos, self.encoder_layers, self.encoder_norm = stack_modules(cfg, cfg.n_encoder_layers, EncoderLayer)
         if cfg.task == "classify":
             self.classifier = nn.Linear(d, cfg.n_classes)
         else:
             self.mlm_head = MLMHead(d, self.src_embed)
 
+    @property
+    def encoder(self) -> TransformerStack:
+        """The encoder: token embedding, positions, N encoder layers."""
+        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout)
+
     def encode(self, tokens: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
         """``tokens (B, T)`` -> states ``H (B, T, d)``, padding mask ``(B, 1, 1, T)``, attention weights."""
         mask = padding_mask(tokens)  # (B, 1, 1, T)
-        x = self.src_embed(tokens) + self.src_pos(tokens.size(1))  # (B, T, d)
-        x = F.dropout(x, self.cfg.dropout, self.training)
-        weights = []
-        for layer in self.encoder_layers:
-            x, w = layer(x, mask, need_weights)
-            weights.append(w)
-        return self.encoder_norm(x), mask, weights
+        h, _, weights = self.encoder(tokens, mask=mask, need_weights=need_weights)
+        return h, mask, weights
 
     def attention_maps(self, tokens: torch.Tensor) -> list[torch.Tensor]:
         """Every layer's self-attention weights ``(B, h, T, T)`` from one forward pass of the
@@ -92,7 +89,7 @@ class EncoderOnly(nn.Module):
         if pooling == "cls":
             return h[:, 0]  # (B, d): the <cls> token, always first
         if pooling == "mean":
-            return mean_pool(h, tokens != 0)
+            return mean_pool(h, real_tokens(tokens))
         raise ValueError(f"an encoder pools 'cls' or 'mean', not {pooling!r}")
 
     def embed(self, tokens: torch.Tensor, pooling: str | None = None) -> torch.Tensor:

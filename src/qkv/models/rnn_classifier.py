@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import PAD, ModelConfig
+from qkv.masks import real_tokens
 from qkv.models.encoder_only import mean_pool
 from qkv.nn.recurrent import Recurrent
 
@@ -42,7 +43,7 @@ class RNNClassifier(nn.Module):
 
     def encode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``tokens (B, T)`` -> outputs ``(B, T, H·dirs)`` (zero at padding) and lengths ``(B,)``."""
-        lengths = (tokens != PAD).sum(dim=1).clamp_min(1)  # (B,)
+        lengths = real_tokens(tokens).sum(dim=1).clamp_min(1)  # (B,)
         x = F.dropout(self.src_embed(tokens), self.cfg.dropout, self.training)  # (B, T, d)
         out, _ = self.encoder(x, lengths)
         return out, lengths
@@ -51,7 +52,7 @@ class RNNClassifier(nn.Module):
              pooling: str | None = None) -> torch.Tensor:
         pooling = pooling or self.cfg.pooling
         if pooling == "mean":
-            return mean_pool(out, tokens != PAD)  # (B, H·dirs)
+            return mean_pool(out, real_tokens(tokens))  # (B, H·dirs)
         if pooling == "last":
             b = torch.arange(out.size(0), device=out.device)
             h = self.cfg.d_model

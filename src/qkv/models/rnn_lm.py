@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import PAD, ModelConfig
+from qkv.masks import real_tokens
 from qkv.nn.recurrent import Recurrent, RNNState
 
 
@@ -62,7 +63,7 @@ class RNNLanguageModel(nn.Module):
         """Run ``prefix (B, P)`` (right-padded; P may be 0): the state after each row's last real token."""
         b = prefix.size(0)
         state = self.initial_state(b)
-        lengths = (prefix != PAD).sum(dim=1)  # (B,)
+        lengths = real_tokens(prefix).sum(dim=1)  # (B,)
         if prefix.size(1) == 0 or not bool(lengths.any()):
             return state
         x = self.embed(prefix)  # (B, P, d)

@@ -5,10 +5,11 @@
                -> N × DecoderLayer(masked self-attention, cross-attention to memory, FFN)
                -> Linear (shared with the embeddings) -> softmax
 
-Training runs the whole target at once (teacher forcing, causal mask). Decoding runs one position
-at a time through :meth:`Transformer.start` / :meth:`Transformer.step` with an explicit
-:class:`TransformerState`: self-attention keys/values are cached per layer, cross-attention
-keys/values are computed once per sentence.
+Each half is one :class:`~qkv.nn.stack.TransformerStack` (:attr:`Transformer.encoder`,
+:attr:`Transformer.decoder`). Training runs the whole target at once (teacher forcing, causal
+mask). Decoding runs one position at a time through :meth:`Transformer.start` /
+:meth:`Transformer.step` with an explicit :class:`TransformerState`: self-attention keys/values
+are cached per layer, cross-attention keys/values are computed once per sentence.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import ModelConfig
@@ -24,7 +24,7 @@ from qkv.masks import padding_mask
 from qkv.nn.attention import KVCache
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import DecoderLayer, DecoderLayerWeights, EncoderLayer
-from qkv.nn.positional import positional_encoding
+from qkv.nn.stack import TransformerStack, stack_modules
 
 
 @dataclass
@@ -34,7 +34,7 @@ class TransformerState:
     In beam search (``beam = k > 1``, after :meth:`expand_beams`) the decoder runs ``N * k`` rows,
     sentence-major (row ``i * k + j`` is hypothesis ``j`` of sentence ``i``), but the source side
     stays per sentence: the ``k`` hypotheses of a sentence attend to the same ``N`` keys/values
-    (see :meth:`MultiHeadAttention.forward`), which are therefore never copied per hypothesis.
+    (see :meth:`MultiHeadAttention.cross_attention`), which are therefore never copied per hypothesis.
     """
 
     memory_mask: torch.Tensor  # (N, 1, 1, S)
@@ -103,33 +103,38 @@ class Transformer(nn.Module):
         self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else ScaledEmbedding(cfg.tgt_vocab_size, d)
         self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
-        self.src_pos = positional_encoding(cfg.positional, d, cfg.max_positions)
-        self.tgt_pos = positional_encoding(cfg.positional, d, cfg.max_positions)
-        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(cfg.n_encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(cfg.n_decoder_layers))
-        # Pre-norm stacks end with a LayerNorm (the residual stream is otherwise never normalised).
-        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        src_pos, encoder_layers, encoder_norm = stack_modules(cfg, cfg.n_encoder_layers, EncoderLayer)
+        tgt_pos, decoder_layers, decoder_norm = stack_modules(cfg, cfg.n_decoder_layers, DecoderLayer)
+        # Registered in the order the model always had: parameters() keeps it, and saved optimizer states follow it.
+        self.src_pos, self.tgt_pos = src_pos, tgt_pos
+        self.encoder_layers, self.decoder_layers = encoder_layers, decoder_layers
+        self.encoder_norm, self.decoder_norm = encoder_norm, decoder_norm
+
+    @property
+    def encoder(self) -> TransformerStack:
+        """The left half of Figure 1: source embedding, positions, N encoder layers."""
+        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout)
+
+    @property
+    def decoder(self) -> TransformerStack:
+        """The right half of Figure 1, up to the output projection: target embedding, positions,
+        N decoder layers."""
+        return TransformerStack(self.tgt_embed, self.tgt_pos, self.decoder_layers, self.decoder_norm, self.cfg.dropout)
 
     # --- pieces ------------------------------------------------------------------------------------
-
-    def _embed(self, tokens: torch.Tensor, embed: ScaledEmbedding, pos: nn.Module, offset: int = 0) -> torch.Tensor:
-        x = embed(tokens) + pos(tokens.size(1), offset)  # (B, T, d)
-        return F.dropout(x, self.cfg.dropout, self.training)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.tgt_embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
 
+    def memory_kv(self, memory: torch.Tensor) -> list[KVCache]:
+        """Every decoder layer's cross-attention keys/values of the encoder output ``memory (B, S, d)``."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+
     def encode(self, src: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
         """``src (B, S)`` -> memory ``(B, S, d)``, its padding mask ``(B, 1, 1, S)``, encoder weights."""
         mask = padding_mask(src)  # (B, 1, 1, S)
-        x = self._embed(src, self.src_embed, self.src_pos)
-        weights = []
-        for layer in self.encoder_layers:
-            x, w = layer(x, mask, need_weights)
-            weights.append(w)
-        return self.encoder_norm(x), mask, weights
+        memory, _, weights = self.encoder(src, mask=mask, need_weights=need_weights)
+        return memory, mask, weights
 
     def decode(
         self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor, need_weights: bool = False,
@@ -137,12 +142,8 @@ class Transformer(nn.Module):
     ) -> tuple[torch.Tensor, list[DecoderLayerWeights]]:
         """Teacher forcing: ``tgt_in (B, T)`` (BOS + target) -> logits ``(B, T, V)`` (with
         ``features``: the final states ``(B, T, d)`` before the output projection)."""
-        x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos)
-        weights = []
-        for layer in self.decoder_layers:
-            x, _, w = layer(x, layer.cross_attn.project_kv(memory), memory_mask, need_weights=need_weights)
-            weights.append(w)
-        x = self.decoder_norm(x)
+        x, _, weights = self.decoder(tgt_in, memory_kv=self.memory_kv(memory), memory_mask=memory_mask,
+                                     need_weights=need_weights)
         return (x if features else self._logits(x)), weights
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, features: bool = False) -> torch.Tensor:
@@ -169,12 +170,7 @@ class Transformer(nn.Module):
     def start(self, src: torch.Tensor) -> TransformerState:
         """Encode ``src (B, S)`` and project the cross-attention keys/values once per layer."""
         memory, mask, _ = self.encode(src)
-        b = src.size(0)
-        cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
-        h, d_k = self.cfg.n_heads, self.cfg.d_k
-        empty = memory.new_zeros(b, h, 0, d_k)  # (B, h, 0, d_k)
-        self_kv = [KVCache(empty, empty) for _ in self.decoder_layers]
-        return TransformerState(mask, cross, self_kv, 0)
+        return TransformerState(mask, self.memory_kv(memory), self.decoder.empty_caches(src.size(0), memory), 0)
 
     def max_source_len(self) -> int | None:
         """The longest ``src`` row (EOS included) :meth:`start` reads: ``max_positions`` with learned
@@ -189,10 +185,7 @@ class Transformer(nn.Module):
     def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
         """One decoding step: the last tokens ``(B,)`` -> next-token logits ``(B, V)``
         (``B = N * state.beam`` rows for ``N`` sentences)."""
-        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_pos, offset=state.position)  # (B, 1, d)
-        new_kv = []
-        for layer, cross, cache in zip(self.decoder_layers, state.cross_kv, state.self_kv):
-            x, cache, _ = layer(x, cross, state.memory_mask, self_cache=cache, beam=state.beam)
-            new_kv.append(cache)
-        logits = self._logits(self.decoder_norm(x))[:, 0]  # (B, V)
-        return logits, replace(state, self_kv=new_kv, position=state.position + 1)
+        x, self_kv, _ = self.decoder(tokens[:, None], state.position, caches=state.self_kv, memory_kv=state.cross_kv,
+                                     memory_mask=state.memory_mask, beam=state.beam)  # (B, 1, d)
+        logits = self._logits(x)[:, 0]  # (B, V)
+        return logits, replace(state, self_kv=self_kv, position=state.position + 1)

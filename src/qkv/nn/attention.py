@@ -13,6 +13,16 @@ attention on GPUs). :func:`attention_reference` is eq. 1 written out; it also re
 when a caller asks for them (``need_weights=True``, e.g. for attention maps). A test checks the two
 agree, and that :class:`MultiHeadAttention` matches :class:`torch.nn.MultiheadAttention`.
 
+:class:`MultiHeadAttention` has two entry points, one per use in Figure 1:
+
+* :meth:`~MultiHeadAttention.self_attention`: queries, keys and values from the same sequence
+  (the encoder, the decoder's masked sublayer, the decoder-only model); with a :class:`KVCache`,
+  the new positions' keys/values are appended to those of the positions before (incremental
+  decoding);
+* :meth:`~MultiHeadAttention.cross_attention`: queries from the decoder, keys/values from the
+  encoder output, projected once per sentence (:meth:`~MultiHeadAttention.project_kv`) and
+  reused at every decoding step.
+
 Masks are boolean, True = may attend (see :mod:`qkv.masks`).
 """
 
@@ -24,6 +34,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from qkv.masks import causal_mask, combine
 
 
 def attention_reference(
@@ -42,9 +54,7 @@ def attention_reference(
     d_k = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, h, T_q, T_k)
     if is_causal:
-        t_q, t_k = scores.shape[-2:]
-        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q)
-        mask = causal if mask is None else mask & causal
+        mask = combine(mask, causal_mask(q.size(-2), k.size(-2), q.device))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # (B, h, T_q, T_k)
@@ -61,13 +71,14 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     need_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Eq. 1 through torch's fused kernel; the explicit formula when the weights are wanted."""
+    """Eq. 1 through torch's fused kernel; the explicit formula when the weights are wanted.
+
+    ``is_causal``: query i sees keys j <= i + (T_k - T_q), i.e. the queries are the last T_q
+    positions of the keys' sequence (as with a cache)."""
     if need_weights:
         return attention_reference(q, k, v, mask, dropout_p, is_causal)
-    if is_causal and mask is not None:  # SDPA takes one or the other
-        t_q, t_k = q.size(-2), k.size(-2)
-        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q)
-        mask, is_causal = mask & causal, False
+    if is_causal and (mask is not None or q.size(-2) != k.size(-2)):  # SDPA's own: no mask, T_q == T_k
+        mask, is_causal = combine(mask, causal_mask(q.size(-2), k.size(-2), q.device)), False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
     return out, None
 
@@ -151,61 +162,82 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
 
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Eq. 1 for every head, then Concat(heads) W^O: ``(B, h, T_q, d_k)`` -> ``(B, T_q, d_model)``."""
+        p = self.dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask, p, is_causal, need_weights)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T_q, h * d_v): Concat(heads)
+        return self.out_proj(out), weights
+
+    def empty_cache(self, batch_size: int, like: torch.Tensor) -> KVCache:
+        """A cache of no positions ``(B, h, 0, d_k)`` (on ``like``'s device and dtype) to decode from."""
+        empty = like.new_zeros(batch_size, self.n_heads, 0, self.d_k)  # (B, h, 0, d_k)
+        return KVCache(empty, empty)
+
+    def self_attention(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
+        """Q, K and V all from ``x (B, T, d_model)``, in one fused projection.
+
+        With a ``cache`` (incremental decoding) the new keys/values are appended to the cached
+        ones, and the queries attend to every cached position and to themselves (``causal``:
+        each query sees the positions up to its own, with ``x`` the last T positions).
+
+        Returns ``(output (B, T, d_model), the grown cache or None, weights (B, h, T, T_k) or None)``.
+        """
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, T, d_model) each: fused QKV
+        q, k, v = self._split(q), self._split(k), self._split(v)  # (B, h, T, d_k)
+        if cache is not None:
+            cache = cache.append(k, v)
+            k, v = cache.k, cache.v  # (B, h, T_past + T, d_k)
+        out, weights = self._attend(q, k, v, mask, causal, need_weights)
+        return out, cache, weights
+
     def project_kv(self, memory: torch.Tensor) -> KVCache:
-        """K = memory W^K, V = memory W^V for every head, ``(B, h, T_k, d_k)`` each."""
+        """K = memory W^K, V = memory W^V for every head, ``(B, h, T_k, d_k)`` each: what
+        :meth:`cross_attention` reads, computed once per sentence."""
         w, b = self.in_proj.weight[self.d_model :], self.in_proj.bias[self.d_model :]
         k, v = F.linear(memory, w, b).chunk(2, dim=-1)  # (B, T_k, d_model) each
         return KVCache(self._split(k), self._split(v))
 
-    def forward(
+    def cross_attention(
         self,
         x: torch.Tensor,
-        memory: torch.Tensor | None = None,
+        memory_kv: KVCache,
         mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        cache: KVCache | None = None,
-        static_kv: bool = False,
         need_weights: bool = False,
         beam: int = 1,
-    ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
-        """Attend from ``x (B, T_q, d_model)``.
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Queries from ``x (B, T_q, d_model)``, keys/values ``memory_kv`` of the encoder output
+        (:meth:`project_kv`), ``mask`` ``(B, 1, 1, T_k)``.
 
-        * self-attention: ``memory=None``; with a ``cache`` the new keys/values are appended to it
-          (incremental decoding) and the grown cache is returned;
-        * cross-attention: keys/values from ``memory (B, T_k, d_model)``, or from ``cache`` when
-          ``static_kv`` (computed once by :meth:`project_kv`).
+        ``beam``: ``x`` holds ``beam`` consecutive rows per row of ``memory_kv``, ``B = N * beam``
+        against keys/values ``(N, h, T_k, d_k)`` and a mask ``(N, 1, 1, T_k)``: the hypotheses of
+        one sentence in beam search share its source. Its ``beam`` rows are attended as
+        ``beam * T_q`` queries of that one sentence, so the keys and values are never copied per
+        hypothesis; each query's result is the same as with the keys/values repeated ``beam`` times.
 
-        ``beam`` (cross-attention from a cache only): ``x`` holds ``beam`` consecutive rows per row
-        of the cache, ``B = N * beam`` against keys/values ``(N, h, T_k, d_k)`` and a mask
-        ``(N, 1, 1, T_k)``: the hypotheses of one sentence in beam search share its source. Its
-        ``beam`` rows are attended as ``beam * T_q`` queries of that one sentence, so the keys and
-        values are never copied per hypothesis; each query's result is the same as with the cache
-        repeated ``beam`` times.
-
-        Returns ``(output (B, T_q, d_model), cache, weights (B, h, T_q, T_k) or None)``.
+        Returns ``(output (B, T_q, d_model), weights (B, h, T_q, T_k) or None)``.
         """
         b, t, _ = x.shape
-        if memory is None and not static_kv:
-            q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, T, d_model) each: fused QKV
-            q, k, v = self._split(q), self._split(k), self._split(v)  # (B, h, T, d_k)
-            if cache is not None:
-                cache = cache.append(k, v)
-                k, v = cache.k, cache.v  # (B, h, T_past + T, d_k)
-        else:
-            w, bias = self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]
-            q = self._split(F.linear(x, w, bias))  # (B, h, T_q, d_k)
-            if not static_kv:
-                cache = self.project_kv(memory)
-            k, v = cache.k, cache.v
         h, d_k = self.n_heads, self.d_k
-        assert beam == 1 or memory is not None or static_kv, "beam > 1 is for cross-attention only"
-        if beam > 1:  # (N*beam, h, T_q, d_k) -> (N, h, beam*T_q, d_k): one sentence's queries together
-            q = q.view(-1, beam, h, t, d_k).transpose(1, 2).reshape(-1, h, beam * t, d_k)
-        p = self.dropout if self.training else 0.0
-        out, weights = scaled_dot_product_attention(q, k, v, mask, p, is_causal, need_weights)
-        if beam > 1:  # (N, h, beam*T_q, ·) -> (N*beam, h, T_q, ·): back to one row per hypothesis
-            out = out.view(-1, h, beam, t, d_k).transpose(1, 2).reshape(b, h, t, d_k)
-            if weights is not None:
-                weights = weights.view(-1, h, beam, t, k.size(2)).transpose(1, 2).reshape(b, h, t, k.size(2))
-        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T_q, h * d_v): Concat(heads)
-        return self.out_proj(out), cache, weights
+        w, bias = self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]
+        q = self._split(F.linear(x, w, bias))  # (B, h, T_q, d_k)
+        if beam == 1:
+            return self._attend(q, memory_kv.k, memory_kv.v, mask, False, need_weights)
+        t_k = memory_kv.k.size(2)
+        q = q.view(-1, beam, h, t, d_k).transpose(1, 2).reshape(-1, h, beam * t, d_k)  # (N, h, beam*T_q, d_k)
+        out, weights = self._attend(q, memory_kv.k, memory_kv.v, mask, False, need_weights)  # (N, beam*T_q, d)
+        out = out.view(b, t, self.d_model)  # (N*beam, T_q, d): rows of a sentence's queries are its hypotheses
+        if weights is not None:  # (N, h, beam*T_q, T_k) -> (N*beam, h, T_q, T_k)
+            weights = weights.view(-1, h, beam, t, t_k).transpose(1, 2).reshape(b, h, t, t_k)
+        return out, weights

@@ -20,14 +20,18 @@ from qkv.config import PAD
 
 
 class ScaledEmbedding(nn.Module):
-    """``Embedding(x) · √d_model``; :meth:`logits` is the tied pre-softmax projection ``x Eᵀ``."""
+    """``Embedding(x) · √d_model``; :meth:`logits` is the tied pre-softmax projection ``x Eᵀ``.
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int = PAD):
+    The PAD row is zero and gets no gradient; ``pad_id=None``: no padding id (every id is a symbol).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = PAD):
         super().__init__()
         self.d_model = d_model
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
-        with torch.no_grad():
-            self.weight[pad_id].zero_()
+        if pad_id is not None:
+            with torch.no_grad():
+                self.weight[pad_id].zero_()
         self.pad_id = pad_id
         self.scale = math.sqrt(d_model)
 

@@ -5,7 +5,9 @@ Each sublayer is wrapped in a residual connection and layer normalisation:
     post-norm (the paper):  LayerNorm(x + Dropout(Sublayer(x)))
     pre-norm (option):      x + Dropout(Sublayer(LayerNorm(x)))     (+ a final LayerNorm per stack)
 
-Encoder layer: self-attention, then the position-wise FFN.
+Encoder layer: self-attention, then the position-wise FFN. With ``causal=True`` (masked
+self-attention) and a key/value cache it is also the layer of the decoder-only model: the
+decoder layer of Figure 1 without its cross-attention sublayer.
 Decoder layer: masked self-attention, cross-attention over the encoder output, then the FFN.
 """
 
@@ -47,14 +49,28 @@ class EncoderLayer(nn.Module):
         self.res_ffn = Residual(d_model, dropout, norm_first)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``x (B, S, d)``, ``mask (B, 1, 1, S)`` -> ``(B, S, d)`` and the self-attention weights."""
-        h = self.res_attn.before(x)
-        a, _, weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
+        """``x (B, T, d)`` -> ``(B, T, d)``, the grown cache and the self-attention weights.
+
+        ``mask`` ``(B, 1, 1, T)`` (padding) or ``(B, 1, T, T_k)``; ``causal``: position t sees
+        positions <= t only; ``cache``: the keys/values of the positions before ``x``
+        (incremental decoding), to which those of ``x`` are appended.
+        """
+        a, cache, weights = self.self_attn.self_attention(self.res_attn.before(x), mask, causal, cache, need_weights)
         x = self.res_attn.after(x, a)
         x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
-        return x, weights
+        return x, cache, weights
+
+    def keys_values(self, x: torch.Tensor) -> KVCache:
+        """The self-attention keys/values of the positions ``x (B, T, d)``, as a cache that
+        positions after them can attend to (:meth:`forward` with ``cache``)."""
+        return self.self_attn.project_kv(self.res_attn.before(x))
 
 
 @dataclass
@@ -80,26 +96,24 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         memory_kv: KVCache,
         memory_mask: torch.Tensor | None,
-        self_cache: KVCache | None = None,
+        cache: KVCache | None = None,
         need_weights: bool = False,
         beam: int = 1,
     ) -> tuple[torch.Tensor, KVCache | None, DecoderLayerWeights]:
         """``x (B, T, d)`` attends causally to itself (to the cache and itself when decoding
         incrementally) and to the encoder output's keys/values ``memory_kv`` (computed once).
         ``beam``: rows of ``x`` per sentence of ``memory_kv`` (``B = N * beam``, beam search; see
-        :meth:`MultiHeadAttention.forward`).
+        :meth:`MultiHeadAttention.cross_attention`).
 
         Returns the output ``(B, T, d)``, the grown self-attention cache, and the weights.
         """
-        h = self.res_self.before(x)
         # Training: the whole target at once, causal. Incremental decoding (T == 1 with a cache):
         # the new position may see every cached one, so no mask is needed.
-        causal = self_cache is None
-        a, self_cache, w_self = self.self_attn(h, is_causal=causal, cache=self_cache, need_weights=need_weights)
+        a, cache, w_self = self.self_attn.self_attention(
+            self.res_self.before(x), causal=cache is None, cache=cache, need_weights=need_weights)
         x = self.res_self.after(x, a)
-        h = self.res_cross.before(x)
-        a, _, w_cross = self.cross_attn(h, mask=memory_mask, cache=memory_kv, static_kv=True,
-                                     need_weights=need_weights, beam=beam)
+        a, w_cross = self.cross_attn.cross_attention(
+            self.res_cross.before(x), memory_kv, memory_mask, need_weights=need_weights, beam=beam)
         x = self.res_cross.after(x, a)
         x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
-        return x, self_cache, DecoderLayerWeights(w_self, w_cross)
+        return x, cache, DecoderLayerWeights(w_self, w_cross)

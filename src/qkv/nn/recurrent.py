@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from qkv.masks import length_mask
+
 KINDS = ("rnn", "lstm", "gru")
 NONLINEARITIES = ("tanh", "relu")
 
@@ -230,7 +232,7 @@ class Recurrent(nn.Module):
         """
         b, t_len, _ = x.shape
         lengths = torch.full((b,), t_len, dtype=torch.long, device=x.device) if lengths is None else lengths.to(x.device)
-        valid = torch.arange(t_len, device=x.device)[None, :] < lengths[:, None]  # (B, T)
+        valid = length_mask(lengths, t_len)  # (B, T)
         state = state or self.initial_state(b, x)
         h_final, c_final = [], []
         inp = x

@@ -41,9 +41,9 @@ class RestrictedSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.size(1)
         if self.dense:
-            return self.attn(x, mask=local_mask(n, self.r, x.device))[0]
+            return self.attn.self_attention(x, local_mask(n, self.r, x.device))[0]
         if n <= self.r + 1:  # every pair is within r: the window is the whole sequence
-            return self.attn(x)[0]
+            return self.attn.self_attention(x)[0]
         return self._blocked(x)
 
     def _blocked(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,103 @@
+"""One Transformer stack (section 3.1, Figure 1), for every Transformer qkv has.
+
+    tokens -> Embedding·√d_model + PE -> Dropout -> N layers (-> LayerNorm, pre-norm only)
+
+The encoder and the decoder of the encoder–decoder are each one stack (the decoder's layers also
+read the encoder output); the encoder-only model is one stack of encoder layers, the
+decoder-only model one stack of encoder layers run with the causal mask.
+
+:func:`stack_modules` builds a stack's positional encoding, N layers and final LayerNorm from a
+:class:`~qkv.config.ModelConfig`; :class:`TransformerStack` runs them after the token embedding.
+The modules belong to the model, which registers them under the names its checkpoints have always
+had (``src_pos``, ``encoder_layers``, ``encoder_norm``; ``pos``, ``layers``, ``final_norm``, ...)
+and in the same order, so that ``state_dict()`` and the parameter order a saved optimizer state
+follows stay those of every checkpoint written before; a model's ``encoder`` / ``decoder``
+property hands them to a :class:`TransformerStack` each time it runs one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.config import ModelConfig
+from qkv.nn.attention import KVCache
+from qkv.nn.positional import positional_encoding
+
+
+def stack_modules(
+    cfg: ModelConfig, n_layers: int, layer: Callable[..., nn.Module]
+) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
+    """The positional encoding, ``n_layers`` layers (``EncoderLayer`` or ``DecoderLayer``) and the
+    final norm of one stack: a LayerNorm with pre-norm layers (the residual stream is otherwise
+    never normalised), nothing with the paper's post-norm ones."""
+    pos = positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions)
+    args = (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
+    layers = nn.ModuleList(layer(*args) for _ in range(n_layers))
+    norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+    return pos, layers, norm
+
+
+@dataclass(frozen=True)
+class TransformerStack:
+    """A model's token embedding, positional encoding, layers and final norm, run as one stack."""
+
+    embed: nn.Module  # ScaledEmbedding: tokens (B, T) -> (B, T, d), already scaled by √d_model
+    pos: nn.Module  # positional encoding: (length, offset) -> (1, T, d)
+    layers: nn.ModuleList
+    norm: nn.Module
+    dropout: float
+
+    def inputs(self, tokens: torch.Tensor, positions: int | torch.Tensor = 0) -> torch.Tensor:
+        """Embedding·√d_model + PE, then dropout: ``tokens (B, T)`` -> ``(B, T, d)``.
+
+        ``positions``: the position of the first token, the same for every row, or each token's
+        own ``(B, T)`` (rows of a batch at different points of their sequences).
+        """
+        if isinstance(positions, int):
+            pe = self.pos(tokens.size(1), positions)  # (1, T, d)
+        else:
+            pe = self.pos(int(positions.max()) + 1 if positions.numel() else 1)[0][positions]  # (B, T, d)
+        x = self.embed(tokens) + pe  # (B, T, d)
+        return F.dropout(x, self.dropout, self.layers.training)  # training: as the model's modules are
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: int | torch.Tensor = 0,
+        caches: list[KVCache] | None = None,
+        memory_kv: list[KVCache] | None = None,
+        need_weights: bool = False,
+        **layer_args,
+    ) -> tuple[torch.Tensor, list[KVCache] | None, list]:
+        """Run ``tokens (B, T)`` at ``positions`` (see :meth:`inputs`) through the stack.
+
+        * ``caches``: per layer, the self-attention keys/values of the positions before ``tokens``
+          (incremental decoding, from :meth:`empty_caches`); the grown ones are returned;
+        * ``memory_kv``: per layer, the keys/values of the encoder output that its cross-attention
+          reads (the decoder of the encoder–decoder), computed once per sentence;
+        * ``layer_args`` go to every layer: ``mask`` and ``causal`` (:class:`~qkv.nn.layers.EncoderLayer`),
+          ``memory_mask`` and ``beam`` (:class:`~qkv.nn.layers.DecoderLayer`).
+
+        Returns the final states ``(B, T, d)``, the grown caches (None without ``caches``) and each
+        layer's attention weights (None unless ``need_weights``).
+        """
+        x = self.inputs(tokens, positions)
+        grown, weights = [], []
+        for i, layer in enumerate(self.layers):
+            cache = None if caches is None else caches[i]
+            if memory_kv is None:
+                x, cache, w = layer(x, cache=cache, need_weights=need_weights, **layer_args)
+            else:
+                x, cache, w = layer(x, memory_kv[i], cache=cache, need_weights=need_weights, **layer_args)
+            grown.append(cache)
+            weights.append(w)
+        return self.norm(x), (None if caches is None else grown), weights
+
+    def empty_caches(self, batch_size: int, like: torch.Tensor) -> list[KVCache]:
+        """One self-attention cache of no positions per layer, to decode from."""
+        return [layer.self_attn.empty_cache(batch_size, like) for layer in self.layers]
