@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from qkv.config import RNN_ARCHS
 from qkv.masks import length_mask
 
-KINDS = ("rnn", "lstm", "gru")
+KINDS = RNN_ARCHS  # the recurrent kinds are declared once, in qkv.config
 NONLINEARITIES = ("tanh", "relu")
 
 
@@ -153,6 +154,8 @@ def _init_uniform(module: nn.Module, hidden_size: int) -> None:
 
 CELLS = {"rnn": RNNCell, "lstm": LSTMCell, "gru": GRUCell}
 TORCH_MODULES = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+if tuple(CELLS) != KINDS or tuple(TORCH_MODULES) != KINDS:
+    raise ImportError(f"qkv.nn.recurrent implements {tuple(CELLS)}, but qkv.config.RNN_ARCHS names {KINDS}")
 
 
 # --- layers: stacked, bidirectional, packed ------------------------------------------------------------

@@ -30,7 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-SCORES = ("dot", "scaled_dot", "general", "additive", "cosine", "location")
+from qkv.config import ATTENTION_SCORES
+
+SCORES = tuple(name for name in ATTENTION_SCORES if name != "none")  # the names are declared in qkv.config
 
 
 class Score(nn.Module):
