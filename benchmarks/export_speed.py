@@ -29,7 +29,8 @@ Every system gets one output limit, the largest of qkv's per-sentence limits (ma
 max_len_b) over the sentences: CTranslate2 takes one max_decoding_length per call, and qkv is given
 the same (max_len_a 0, max_len_b = the limit), so that both do the same work. With --beam-size 1
 the outputs are then qkv's; with a beam they may differ a little: CTranslate2 ranks hypotheses by
-log P / |Y|^α where qkv's default (length_norm gnmt) uses ((5 + |Y|) / 6)^α.
+log P / |Y|^α where qkv's default (length_norm gnmt) uses ((5 + |Y|) / 6)^α; ``--length-norm
+length`` gives qkv CTranslate2's ranking.
 
 Needs: pip install -c constraints.txt -e ".[export]". Prints a table and the JSON of the run;
 --json FILE also writes it there.
@@ -87,8 +88,9 @@ def run_qkv(args, sentences: list[str]):
     model = qkv.load(args.checkpoint, quantize="int8" if args.worker == "qkv-int8" else None)
 
     def translate():  # the same limit as CTranslate2's, see limit()
+        extra = {"length_norm": args.length_norm} if args.length_norm else {}
         return model.translate(sentences, beam_size=args.beam_size, batch_size=args.batch_size, max_len_a=0.0,
-                               max_len_b=args.limit)
+                               max_len_b=args.limit, **extra)
     return translate
 
 
@@ -150,6 +152,8 @@ def launch(system: str, args, sentences: Path, ct2_dirs: dict, hyps: Path) -> di
     cmd = [sys.executable, str(Path(__file__).resolve()), args.checkpoint, "--worker", system, "--sentences", str(sentences),
            "--hyps", str(hyps), "--threads", str(args.threads), "--beam-size", str(args.beam_size),
            "--batch-size", str(args.batch_size), "--reps", str(args.reps), "--limit", str(args.limit)]
+    if args.length_norm:
+        cmd += ["--length-norm", args.length_norm]
     if system.startswith("ct2"):
         cmd += ["--ct2-dir", str(ct2_dirs[system])]
     env = dict(os.environ)
@@ -173,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2, help="timed passes over the sentences per process (median)")
     p.add_argument("--rounds", type=int, default=3, help="processes per system, launched round-robin")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ", ".join(SYSTEMS))
+    p.add_argument("--length-norm", choices=("gnmt", "length"),
+                   help="qkv's length normalisation in beam search (default: the checkpoint's); "
+                        "'length' ranks by log P / |Y|^α as CTranslate2 does")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quick", action="store_true", help="smoke test: 16 sentences, one round, one pass")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per worker process")
@@ -275,7 +282,7 @@ def summarise(args, sentences, refs, systems, runs, outputs, model, preset) -> d
 
     return {
         "checkpoint": args.checkpoint, "shapes": model, "preset": preset, "sentences": len(sentences),
-        "src": args.src, "beam_size": args.beam_size, "output_limit": args.limit, "batch_size": args.batch_size, "threads": args.threads,
+        "src": args.src, "beam_size": args.beam_size, "length_norm": args.length_norm or "checkpoint's", "output_limit": args.limit, "batch_size": args.batch_size, "threads": args.threads,
         "reps": args.reps, "rounds": args.rounds, "systems": rows,
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
@@ -296,7 +303,7 @@ def _cpu_name() -> str:
 
 def table(result: dict) -> str:
     m = result["shapes"]
-    head = (f"{result['sentences']} sentences, beam {result['beam_size']}, batch {result['batch_size']}, "
+    head = (f"{result['sentences']} sentences, beam {result['beam_size']} (qkv length norm: {result.get('length_norm')}), batch {result['batch_size']}, "
             f"at most {result['output_limit']} output tokens, "
             f"{result['threads']} thread(s); shapes: d_model {m['d_model']}, {m['n_encoder_layers']}+"
             f"{m['n_decoder_layers']} layers, d_ff {m['d_ff']}, {m['n_heads']} heads, vocabulary {m['vocab']} "

@@ -6,7 +6,8 @@ Decodes --src with beam search (n-best), scores every hypothesis again by forced
 (:func:`qkv.decoding.forced.forced_logprobs`, what `qkv score` runs) on the hypothesis' own
 token ids, and reports the largest and the mean |forced - beam| log-probability difference, and
 how many hypotheses agree within 1e-5. Beam search and forced decoding run the same step function
-but in other batch shapes, so float32 rounding may differ slightly. Prints one Markdown row.
+but in other batch shapes, so float32 rounding may differ slightly; ``--float64`` runs both in
+float64, which leaves only a difference of method. Prints one Markdown row.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def main() -> int:
     ap.add_argument("--nbest", type=int, default=5)
     ap.add_argument("--limit", type=int, default=1000, help="first N sentences (default 1000)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--float64", action="store_true",
+                    help="run the model in float64 for both searches: what is left is the algorithms' "
+                         "difference, not float32 rounding")
     args = ap.parse_args()
 
     import torch
@@ -40,6 +44,8 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     model = qkv.load(args.model)
+    if args.float64:
+        model.model.double()
     src = read_lines(args.src)[: args.limit]
     ids = model.tokenizers.src.encode(src)
     cfg = dataclasses.replace(model.decode_cfg, beam_size=args.beam_size, nbest=args.nbest)
@@ -59,7 +65,8 @@ def main() -> int:
                                 check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU, {args.threads} thread(s)"
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU, {args.threads} thread(s)" + \
+        (", float64" if args.float64 else ", float32")
     print(f"| {len(pairs)} | {max(diffs):.2e} | {sum(diffs) / len(diffs):.2e} | {100 * within / len(diffs):.2f}% | "
           f"{machine} | {datetime.date.today().isoformat()} | {commit} |")
     return 0
