@@ -18,7 +18,7 @@ from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from qkv import __version__
@@ -148,6 +148,10 @@ def create_app(models: list[Served], limits: Limits) -> FastAPI:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
         return HTMLResponse(resources.files("qkv.serve").joinpath("page.html").read_text(encoding="utf-8"))
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return Response(status_code=204)
 
     @app.get("/health", summary="is the server up: its models and their batching so far")
     async def health():
