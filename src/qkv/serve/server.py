@@ -36,7 +36,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 def config(app, log_level: str = "warning"):
     uvicorn = require("uvicorn")
-    return uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)
+    # keep-alive 30 s, not uvicorn's 5: under load the loop may take seconds to read a request that is
+    # already sent, and a connection closed as idle then loses it
+    return uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30)
 
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
