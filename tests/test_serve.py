@@ -187,6 +187,7 @@ BAD = [
     (json.dumps({"texts": ["red " * 60]}).encode(), 413, "characters"),
     (json.dumps({"texts": ["red cat " * 10]}).encode(), 413, "tokens"),
     (b'{"texts": ["' + b"x" * 30_000 + b'"]}', 413, "bytes"),
+    (json.dumps({"texts": ["red"] * 5, "n_best": 4, "attention": True}).encode(), 413, "at most 16 per request"),
 ]
 
 

@@ -26,6 +26,8 @@ class Limits:
     max_beam: int = bound(16, "beam_size of one request", high=1024)
     max_nbest: int = bound(8, "n_best of one request (at most its beam_size too)", high=1024)
     max_new_tokens: int = bound(512, "tokens one /generate request may ask for", high=10**6)
+    max_attention: int = bound(16, "hypotheses (texts × n_best) one request may ask the attention weights of "
+                                    "(each is layers × heads × target × source numbers)", high=100_000)
     max_body_bytes: int = bound(1_000_000, "bytes in one request body (larger: 413)", low=64, high=10**9)
     max_queue: int = bound(4096, "requests waiting for a model at once (more: 503, try again)", high=10**7)
     batch_wait_ms: float = bound(5.0, "how long a batch waits for more requests after its first (ms)", low=0,

@@ -148,6 +148,9 @@ class Served:
         if target_prefix:
             self.check_texts([target_prefix], "target_prefix", self.frontend.tokenizers.tgt)
         want_attention = bool(attention and self.has_cross_attention)
+        if want_attention and len(texts) * n_best > self.limits.max_attention:
+            raise RequestError(413, f"attention weights for {len(texts)} texts × n_best {n_best} hypotheses; this "
+                                    f"server gives them for at most {self.limits.max_attention} per request")
         key = ("translate", beam, n_best, target_prefix or None, bool(alignments), want_attention)
         results = await self.submit(key, texts, tokens)
         src = self.frontend.tokenizers.src
