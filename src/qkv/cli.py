@@ -14,6 +14,7 @@
     qkv viz        attention maps (PNG + HTML), the positional encoding, the schedule, a run's curves
     qkv bench      Table 1 measured (layers), long-range dependency (long-range)
     qkv export     a trained model for CTranslate2 or Hugging Face transformers
+    qkv serve      checkpoints over HTTP: a JSON API with dynamic batching, and a web page
 
 Model, training and decoding flags are generated from the fields of ``ModelConfig``,
 ``TrainConfig`` and ``DecodeConfig``. Settings are taken, later winning, from: the preset, the
@@ -424,6 +425,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from qkv.serve import Limits, serve
+
+    check_option_bounds(threads=args.threads)
+    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
+    serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log)
+    return 0
+
+
 # --- qkv bench: Table 1 and the long-range task, measured --------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -464,7 +474,7 @@ def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 COMMANDS = ("train", "translate", "score", "evaluate", "generate", "classify", "fill", "embed", "search", "average",
-            "info", "viz", "bench", "export")
+            "info", "viz", "bench", "export", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:

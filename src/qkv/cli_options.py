@@ -310,6 +310,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     vt.add_argument("--out", default="training.png", help="PNG file to write (default: %(default)s)")
     add_bench_parser(sub, handlers)
     add_export_parser(sub, handlers)
+    add_serve_parser(sub, handlers)
     return p
 
 
@@ -411,3 +412,42 @@ def add_bench_parser(sub, handlers: dict) -> None:
     blr.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     blr.add_argument("--out", default="runs/bench", help="output directory")
     blr.add_argument("--quick", action="store_true", help="a smoke run in seconds: t = 3, 5; 60 steps")
+
+
+SERVE_EPILOG = """\
+endpoints (JSON; OpenAPI at /docs; the page at /):
+  POST /translate  {"texts": [...], "beam_size", "n_best", "target_prefix", "alignments", "attention"}
+  POST /score      {"sources": [...], "targets": [...]}      log-probabilities per sentence and token
+  POST /classify   {"texts": [...]}                          POST /fill {"texts": [...], "k"}
+  POST /generate   {"prefix", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stream"}
+  GET  /models     GET /health
+Concurrent requests to a model are decoded together (up to --max-batch-tokens source tokens,
+waiting at most --batch-wait-ms for more). Needs: pip install -c constraints.txt -e ".[serve]"
+
+examples:
+  qkv serve runs/default/best                       # http://127.0.0.1:8000/
+  qkv serve ende=runs/ende/best tm=runs/tm/best --port 8080 --threads 2
+"""
+
+
+def add_serve_parser(sub, handlers: dict) -> None:
+    from qkv.serve.limits import Limits
+
+    s = sub.add_parser("serve", help="serve checkpoints over HTTP (JSON API, web page, dynamic batching)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SERVE_EPILOG,
+                       description="Serve one or more checkpoints (any task) over HTTP: a JSON API with\n"
+                                   "request bounds, a web page at / and the OpenAPI docs at /docs.")
+    s.add_argument("models", nargs="+", metavar="MODEL",
+                   help="checkpoint directory, e.g. runs/default/best (named after its run: default), or NAME=DIR")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine "
+                                                       "only; 0.0.0.0 opens it to the network)")
+    s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port)")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: 0, torch's default)")
+    group = s.add_argument_group("bounds and batching")
+    defaults = Limits()
+    for f in dataclasses.fields(Limits):
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(getattr(defaults, f.name)),
+                           default=getattr(defaults, f.name), metavar="N",
+                           help=f"{f.metadata['help']} (default: {getattr(defaults, f.name)})")
+    s.set_defaults(func=handlers["serve"])

@@ -5,7 +5,8 @@ checkpoint as the front-end its task names (``Task.frontend``; :func:`load`):
 front-end               tasks                  methods
 ======================  =====================  ======================================================
 :class:`Translator`     translate, prefix_lm   ``translate``, ``translate_nbest``, ``translate_scored``,
-                                               ``translate_lines``
+                                               ``translate_rich``, ``translate_lines``, ``score``,
+                                               ``cross_attention``, ``alignment``
 :class:`Encoder`        classify, mlm          ``classify``, ``probabilities``, ``classify_lines``,
                                                ``evaluate``, ``fill``, ``embed``, ``search``
 :class:`LanguageModel`  lm                     ``generate`` (streaming), ``score`` (perplexity, bits/char)

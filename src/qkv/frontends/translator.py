@@ -84,12 +84,14 @@ class Translator(Frontend):
         return [[Hypothesis(prefix + h.tokens, h.score, h.logprob) for h in nbest] for nbest in hyps]
 
     def translate_rich(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
-                       target_prefix: str | None = None, **overrides) -> list[list[dict]]:
+                       target_prefix: str | None = None, alignments: bool = True, attention: bool = False,
+                       **overrides) -> list[list[dict]]:
         """Per sentence, its hypotheses as dicts: ``text``, ``score``, ``logprob``, ``tokens`` (target
         pieces), ``token_logprobs`` (one per piece and EOS, by forced decoding) and ``alignment``:
         each target piece j aligned to the source piece i its last decoder layer attends to most
         (cross-attention averaged over heads), in Pharaoh ``i-j`` form (None for models without
-        cross-attention)."""
+        cross-attention; left out with ``alignments=False``). ``attention=True`` adds ``attention``:
+        the cross-attention weights of every layer and head (:meth:`cross_attention`, as lists)."""
         hyps = self.hypotheses(sentences, on_truncate, target_prefix, **overrides)
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)))
         flat = [(i, h) for i, nbest in enumerate(hyps) for h in nbest]
@@ -97,24 +99,37 @@ class Translator(Frontend):
         texts = self.tokenizers.tgt.decode([h.tokens for _, h in flat])
         out: list[list[dict]] = [[] for _ in sentences]
         for (i, h), text, lp in zip(flat, texts, logprobs):
-            out[i].append({"text": text, "score": h.score, "logprob": h.logprob,
-                           "tokens": [self.tokenizers.tgt.id_to_piece(t) for t in h.tokens],
-                           "token_logprobs": lp, "alignment": self.alignment(src_ids[i], h.tokens)})
+            rich = {"text": text, "score": h.score, "logprob": h.logprob,
+                    "tokens": [self.tokenizers.tgt.id_to_piece(t) for t in h.tokens], "token_logprobs": lp}
+            weights = self.cross_attention(src_ids[i], h.tokens) if alignments or attention else None
+            if alignments:
+                rich["alignment"] = None if weights is None or not h.tokens else pharaoh(weights, len(src_ids[i]))
+            if attention:
+                rich["attention"] = None if weights is None else weights.tolist()
+            out[i].append(rich)
         return out
 
     @torch.inference_mode()
-    def alignment(self, src: list[int], tgt: list[int]) -> str | None:
-        """``i-j`` pairs: target piece j and the source piece i that the last decoder layer's
-        cross-attention (mean over heads) weighs most when producing it; None without cross-attention."""
-        if not tgt or self.task_declaration.stack != "encoder-decoder" or not getattr(self.model, "has_attention", True):
+    def cross_attention(self, src: list[int], tgt: list[int]) -> torch.Tensor | None:
+        """The cross-attention weights of every decoder layer and head for target pieces ``tgt``
+        given source pieces ``src`` (ids, without BOS/EOS): ``(layers, heads, len(tgt) + 1, len(src) + 1)``,
+        row j the query that produces target piece j (the last row produces EOS), column i source
+        piece i (the last column: the source's EOS). A recurrent encoder-decoder's alignment a_t(s)
+        is one layer with one head. None for models without cross-attention."""
+        if self.task_declaration.stack != "encoder-decoder" or not getattr(self.model, "has_attention", True):
             return None
         batch = collate([src], [tgt]).to(self.device)
         with self.evaluating():
             maps = self.model.attention_maps(batch.src, batch.tgt_in)
-        # the Transformer: per layer (B, h, T, S), the last layer's mean over heads; a recurrent model: (B, T, S)
-        weights = maps[0] if isinstance(maps, torch.Tensor) else maps.cross[-1][0].mean(dim=0)
-        best = weights[: len(tgt), : len(src)].argmax(dim=-1).tolist()
-        return " ".join(f"{i}-{j}" for j, i in enumerate(best))
+        if isinstance(maps, torch.Tensor):  # a recurrent model: (B, T, S)
+            return maps[0][None, None].float().cpu()  # (1, 1, T, S)
+        return torch.stack([layer[0] for layer in maps.cross]).float().cpu()  # (L, h, T, S)
+
+    def alignment(self, src: list[int], tgt: list[int]) -> str | None:
+        """``i-j`` pairs: target piece j and the source piece i that the last decoder layer's
+        cross-attention (mean over heads) weighs most when producing it; None without cross-attention."""
+        weights = self.cross_attention(src, tgt) if tgt else None
+        return None if weights is None else pharaoh(weights, len(src))
 
     def translate_lines(self, lines: list[str], on_truncate: TruncationHandler | None = None, chunk: int = 0,
                         rich: bool = False, **overrides) -> Iterator[list]:
@@ -169,6 +184,12 @@ class Translator(Frontend):
                 on_truncate(cut, kept)
         return [ids[:kept] for ids in src_ids]
 
+
+def pharaoh(weights: torch.Tensor, src_len: int) -> str:
+    """``i-j`` pairs from :meth:`Translator.cross_attention` weights ``(L, h, T, S)``: each target
+    piece j and the source piece i the last layer (mean over heads) weighs most."""
+    best = weights[-1].mean(dim=0)[:-1, :src_len].argmax(dim=-1).tolist()  # (T - 1,): the EOS row left out
+    return " ".join(f"{i}-{j}" for j, i in enumerate(best))
 
 
 class Prefixed(torch.nn.Module):

@@ -1,0 +1,231 @@
+"""The web application of ``qkv serve`` (FastAPI): the endpoints, their errors, the page.
+
+    POST /translate  POST /score  POST /classify  POST /fill  POST /generate (stream: server-sent events)
+    GET /models  GET /health  GET / (the page)  GET /docs (OpenAPI)
+
+Every error is JSON ``{"error": message}`` with a 4xx status (a model failing on one request:
+500 for that request only): a malformed or oversized body, a wrong type, a bound passed, a model
+that does not serve the endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from qkv import __version__
+from qkv.errors import QkvError
+from qkv.serve.batcher import Busy
+from qkv.serve.limits import Limits
+from qkv.serve.schemas import (ClassifyRequest, FillRequest, GenerateRequest, ScoreRequest, TranslateRequest)
+from qkv.serve.service import ENDPOINTS, RequestError, Served
+
+
+def error(status: int, message: str, **extra) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets 413 (read to its end first, so that
+    the client sees the answer), one that is not UTF-8 gets 400; others reach the app whole."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        body, size, more = bytearray(), 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_bytes:
+                body += chunk
+            more = message.get("more_body", False)
+            if size > 64 * self.max_bytes:  # enough read: answer and let the connection close
+                break
+        if size > self.max_bytes:
+            return await error(413, f"the request body is {size:,}{'+' if more else ''} bytes; this server takes at "
+                                    f"most {self.max_bytes:,}")(scope, receive, send)
+        try:
+            bytes(body).decode("utf-8")
+        except UnicodeDecodeError as e:
+            return await error(400, f"the request body is not valid UTF-8 (byte {e.start})")(scope, receive, send)
+        done = False
+
+        async def replay():
+            nonlocal done
+            if not done:
+                done = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def validation_message(errors: list[dict]) -> str:
+    parts = []
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            parts.append(f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}"
+                         + (f" (at character {e['loc'][1]})" if len(e.get("loc", ())) > 1 else ""))
+            continue
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "the body"
+        parts.append(f"{where}: {e.get('msg')}")
+    return "; ".join(parts)
+
+
+def create_app(models: list[Served], limits: Limits) -> FastAPI:
+    """The application serving ``models`` (each with its batcher, started and stopped with the app)."""
+    by_name = {m.name: m for m in models}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        for m in models:
+            m.batcher.start()
+        yield
+        for m in models:
+            await m.batcher.stop()
+
+    app = FastAPI(title="qkv", version=__version__, lifespan=lifespan,
+                  description="Translation, scoring, classification and generation with qkv checkpoints. "
+                              "Every error is JSON {\"error\": message} with a 4xx status.")
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.state.models, app.state.limits = by_name, limits
+
+    def pick(name: str | None, offer: str) -> Served:
+        if name is not None:
+            if name not in by_name:
+                raise RequestError(404, f"no model named {name!r}; this server has: {', '.join(by_name)}")
+            return by_name[name]
+        able = [m for m in models if offer in m.frontend.offers]
+        if len(models) == 1 or len(able) == 1:
+            return able[0] if able else models[0]
+        if not able:
+            raise RequestError(422, f"no model here serves {ENDPOINTS[offer]} (GET /models)")
+        raise RequestError(422, f"several models serve {ENDPOINTS[offer]}: give \"model\", one of "
+                                f"{', '.join(m.name for m in able)}")
+
+    @app.exception_handler(RequestError)
+    async def refused(request, e: RequestError):
+        return error(e.status, str(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, e: RequestValidationError):
+        errors = e.errors()
+        status = 400 if any(x.get("type") == "json_invalid" for x in errors) else 422
+        return error(status, validation_message(errors),
+                     detail=[{"loc": list(x.get("loc", ())), "msg": x.get("msg"), "type": x.get("type")}
+                             for x in errors])
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e: HTTPException):
+        return error(e.status_code, str(e.detail))
+
+    @app.exception_handler(QkvError)
+    async def model_refused(request, e: QkvError):
+        return error(422, str(e))
+
+    @app.exception_handler(Busy)
+    async def busy(request, e: Busy):
+        return JSONResponse({"error": str(e)}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(Exception)
+    async def failed(request, e: Exception):
+        return error(500, f"the model failed on this request: {type(e).__name__}: {e}")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page():
+        return HTMLResponse(resources.files("qkv.serve").joinpath("page.html").read_text(encoding="utf-8"))
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return Response(status_code=204)
+
+    @app.get("/health", summary="is the server up: its models and their batching so far")
+    async def health():
+        alive = all(m.batcher.task is not None and not m.batcher.task.done() for m in models)
+        return JSONResponse({"status": "ok" if alive else "failing", "models": len(models),
+                             "batching": {m.name: m.batcher.stats.as_dict() for m in models}},
+                            status_code=200 if alive else 503)
+
+    @app.get("/models", summary="the models served: name, task, endpoints, what they offer")
+    async def list_models():
+        return {"models": [m.describe() for m in models], "limits": limits.__dict__}
+
+    @app.post("/translate", summary="translate texts: n-best hypotheses, scores, token log-probabilities, "
+                                    "alignments, cross-attention")
+    async def translate(req: TranslateRequest):
+        return await pick(req.model, "translate").translate(req.texts, req.beam_size, req.n_best, req.target_prefix,
+                                                            req.alignments, req.attention)
+
+    @app.post("/score", summary="log-probabilities of given translations, per sentence and per token")
+    async def score(req: ScoreRequest):
+        if len(req.sources) != len(req.targets):
+            raise RequestError(422, f"{len(req.sources)} sources but {len(req.targets)} targets")
+        return await pick(req.model, "score").score(list(zip(req.sources, req.targets)))
+
+    @app.post("/classify", summary="the label of each text and the probability of every label")
+    async def classify(req: ClassifyRequest):
+        return await pick(req.model, "classify").classify(req.texts)
+
+    @app.post("/fill", summary="the most probable pieces for each [MASK] (masked language models)")
+    async def fill(req: FillRequest):
+        return await pick(req.model, "fill").fill(req.texts, req.k)
+
+    @app.post("/generate", summary="continue a text with a language model (stream: server-sent events)")
+    async def generate(req: GenerateRequest):
+        model = pick(req.model, "generate")
+        model.check_generate(req.prefix, req.max_new_tokens)
+        args = (req.prefix, req.max_new_tokens, req.temperature, req.top_k, req.top_p, req.seed)
+        if not req.stream:
+            text = await model.batcher.call(lambda: "".join(model.generation(*args, threading.Event())))
+            return {"model": model.name, "prefix": req.prefix, "text": text}
+        return StreamingResponse(stream_generation(model, args), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+async def stream_generation(model: Served, args: tuple):
+    """Server-sent events: ``data: {"text": piece}`` as pieces come from the worker thread, then
+    ``event: done`` (or ``event: error`` with the message)."""
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue = asyncio.Queue()
+    stop = threading.Event()
+    end = object()
+
+    def produce():
+        try:
+            for piece in model.generation(*args, stop):
+                loop.call_soon_threadsafe(pieces.put_nowait, piece)
+        except Exception as e:  # noqa: BLE001 - sent to the client as an error event
+            loop.call_soon_threadsafe(pieces.put_nowait, e)
+        finally:
+            loop.call_soon_threadsafe(pieces.put_nowait, end)
+
+    job = asyncio.ensure_future(model.batcher.call(produce))
+    try:
+        while (piece := await pieces.get()) is not end:
+            if isinstance(piece, Exception):
+                yield f"event: error\ndata: {json.dumps({'error': f'{type(piece).__name__}: {piece}'})}\n\n"
+            else:
+                yield f"data: {json.dumps({'text': piece}, ensure_ascii=False)}\n\n"
+        yield "event: done\ndata: {}\n\n"
+    finally:
+        stop.set()  # the client went away: the worker stops at its next piece
+        job.add_done_callback(lambda j: j.cancelled() or j.exception())  # nothing left unretrieved
+
+
+__all__ = ["create_app", "BodyLimit"]

@@ -1,0 +1,51 @@
+"""The request bodies of ``qkv serve``, as pydantic models: a field of the wrong type, a field
+the endpoint does not know or a value out of range is refused with 422 before any model runs."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MODEL_HELP = "the model's name (GET /models); may be left out when one model serves the endpoint"
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(None, description=MODEL_HELP)
+
+
+class TranslateRequest(Request):
+    texts: list[str] = Field(min_length=1, description="source sentences", examples=[["three hundred twenty-one"]])
+    beam_size: int | None = Field(None, ge=1, description="beam size (1: greedy; default: the model's own)")
+    n_best: int = Field(1, ge=1, description="hypotheses per sentence, best first (at most beam_size)")
+    target_prefix: str | None = Field(None, description="every translation starts with this target text")
+    alignments: bool = Field(False, description="add each hypothesis's alignment in Pharaoh i-j form")
+    attention: bool = Field(False, description="add the cross-attention weights of every layer and head "
+                                               "([layer][head][target token][source token])")
+
+
+class ScoreRequest(Request):
+    sources: list[str] = Field(min_length=1, description="source sentences")
+    targets: list[str] = Field(min_length=1, description="their translations to score, as many as sources")
+
+
+class ClassifyRequest(Request):
+    texts: list[str] = Field(min_length=1, description="texts to label")
+
+
+class FillRequest(Request):
+    texts: list[str] = Field(min_length=1, description="texts with [MASK] pieces")
+    k: int = Field(5, ge=1, le=100, description="predictions per [MASK]")
+
+
+class GenerateRequest(Request):
+    prefix: str = Field(description="the text to continue", examples=["the time traveller"])
+    max_new_tokens: int = Field(100, ge=1, description="tokens to generate")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0: greedy; 1: the model's distribution")
+    top_k: int = Field(0, ge=0, description="sample among the k most probable tokens (0: all)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: the smallest set with this mass")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="random seed (the same seed, the same text)")
+    stream: bool = Field(False, description="answer as a text/event-stream, one event per piece of text")
+
+
+__all__ = ["TranslateRequest", "ScoreRequest", "ClassifyRequest", "FillRequest", "GenerateRequest"]

@@ -1,0 +1,99 @@
+"""Running the application: ``qkv serve`` in the foreground, or a server in a thread (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from qkv.errors import QkvError
+from qkv.serve.limits import Limits
+from qkv.serve.optional import require
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: a free one), or a QkvError saying why not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise QkvError(f"--host {host}: not an address this machine can listen on ({e})") from None
+    if not 0 <= port <= 65535:
+        raise QkvError(f"--port must be in [0, 65535], got {port}")
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        why = "is in use (another server is listening there)" if e.errno == 98 else f"cannot be used: {e.strerror}"
+        raise QkvError(f"{host}:{port} {why}; choose another --port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def config(app, log_level: str = "warning"):
+    uvicorn = require("uvicorn")
+    # keep-alive 30 s, not uvicorn's 5: under load the loop may take seconds to read a request that is
+    # already sent, and a connection closed as idle then loses it
+    return uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30)
+
+
+def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
+          device: str = "cpu", threads: int = 0, log: Callable[[str], None] = print) -> None:
+    """Load the checkpoints ``paths`` and serve them on ``host:port`` until interrupted."""
+    require("fastapi")
+    uvicorn = require("uvicorn")
+    import torch
+
+    from qkv.serve.app import create_app
+    from qkv.serve.service import load_models
+
+    limits = (limits or Limits()).validate()
+    if threads:
+        torch.set_num_threads(threads)
+    models = load_models(paths, limits, device)
+    sock = bind(host, port)
+    app = create_app(models, limits)
+    where = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
+    for m in models:
+        log(f"{m.name}: {m.path} ({m.task}; {', '.join(m.endpoints)})")
+    log(f"serving {len(models)} model(s) on {where}/ (the page), {where}/docs (the API); Ctrl-C stops")
+    uvicorn.Server(config(app, "info")).run(sockets=[sock])
+
+
+class BackgroundServer:
+    """The application on a free loopback port in a thread: ``with BackgroundServer(app) as s: s.url``.
+    Leaving the block stops it (and its batchers)."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        uvicorn = require("uvicorn")
+        self.sock = bind(host, port)
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(config(app))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def start(self, timeout: float = 30) -> "BackgroundServer":
+        self.thread.start()
+        end = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > end:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.sock.close()
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+__all__ = ["serve", "bind", "BackgroundServer"]

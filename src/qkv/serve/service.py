@@ -1,0 +1,252 @@
+"""The models a server holds, and what each request does with them (no web framework here).
+
+:class:`Served` wraps one front-end (what :func:`qkv.load` returns) with its name, its
+:class:`~qkv.serve.batcher.Batcher` and the checks a request passes before it is queued. The
+methods return JSON-ready dicts; a request the server refuses raises :class:`RequestError` with
+its HTTP status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
+
+from qkv.errors import QkvError
+from qkv.serve.batcher import Batcher, Busy
+from qkv.serve.limits import Limits
+
+# what a task offers (qkv.tasks.base.Task.offers) -> the endpoint that serves it
+ENDPOINTS = {"translate": "/translate", "score": "/score", "classify": "/classify", "fill": "/fill",
+             "generate": "/generate"}
+
+
+class RequestError(Exception):
+    """A request the server refuses: ``status`` (4xx) and a message that says why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def model_name(path: str) -> tuple[str, Path]:
+    """``NAME=PATH`` or ``PATH``: a run's checkpoint ``runs/ende/best`` is named ``ende``."""
+    if "=" in path and not Path(path).exists():
+        name, _, rest = path.partition("=")
+        if name and rest:
+            return name, Path(rest)
+    p = Path(path)
+    return (p.parent.name if p.name in ("best", "last") and p.parent.name else p.name) or "model", p
+
+
+class Served:
+    """One model as the server holds it: a front-end, a name, a batcher, and the request checks."""
+
+    def __init__(self, name: str, frontend, limits: Limits, path: str = ""):
+        self.name, self.frontend, self.limits, self.path = name, frontend, limits, path
+        self.batcher = Batcher(self.run_batch, name, limits.batch_wait_ms, limits.max_batch_tokens, limits.max_queue)
+
+    # --- what the model is ----------------------------------------------------------------------------
+
+    @property
+    def task(self) -> str:
+        return self.frontend.task
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [path for offer, path in ENDPOINTS.items() if offer in self.frontend.offers]
+
+    @property
+    def has_cross_attention(self) -> bool:
+        decl = self.frontend.task_declaration
+        return decl.stack == "encoder-decoder" and getattr(self.frontend.model, "has_attention", True)
+
+    def describe(self) -> dict:
+        f, decl = self.frontend, self.frontend.task_declaration
+        out = {"name": self.name, "task": self.task, "kind": decl.kind, "arch": f.model.cfg.arch,
+               "endpoints": self.endpoints, "path": self.path,
+               "parameters": sum(p.numel() for p in f.model.parameters())}
+        if "translate" in f.offers:
+            out.update(cross_attention=self.has_cross_attention, beam_size=f.decode_cfg.beam_size,
+                       max_beam=min(self.limits.max_beam, f.tokenizers.tgt.vocab_size),
+                       max_tokens=self.max_tokens())
+        if "classify" in f.offers:
+            out["labels"] = list(f.labels or [])
+        return out
+
+    def max_tokens(self) -> int:
+        """Tokens a text may have: the server's bound, and where the model's learned positions end."""
+        limit = self.frontend.model.max_source_len() if hasattr(self.frontend.model, "max_source_len") else None
+        if self.frontend.name == "encoder":
+            limit = self.frontend.max_len + 1
+        return self.limits.max_tokens if limit is None else min(self.limits.max_tokens, limit - 1)
+
+    def require(self, offer: str) -> None:
+        if offer not in self.frontend.offers:
+            serves = ", ".join(self.endpoints) or "nothing"
+            raise RequestError(422, f"model {self.name!r} is {self.frontend.task_declaration.kind} ({self.task}): "
+                                    f"it serves {serves}, not {ENDPOINTS[offer]}")
+
+    # --- request checks -------------------------------------------------------------------------------
+
+    def check_texts(self, texts: list[str], what: str = "text", tokenizer=None) -> int:
+        """Refuse too many texts, a text too long or not valid Unicode; the token count of all of them."""
+        lim = self.limits
+        if len(texts) > lim.max_texts:
+            raise RequestError(413, f"{len(texts)} {what}s in one request; this server takes at most {lim.max_texts}")
+        tokenizer = tokenizer or self.frontend.tokenizers.src
+        total = 0
+        for i, text in enumerate(texts, 1):
+            if len(text) > lim.max_chars:
+                raise RequestError(413, f"{what} {i} has {len(text)} characters; this server takes at most "
+                                        f"{lim.max_chars} per {what}")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError(422, f"{what} {i} is not valid Unicode (it holds a lone surrogate)") from None
+            n = len(tokenizer.encode([text])[0])
+            if n > self.max_tokens():
+                raise RequestError(413, f"{what} {i} is {n} tokens; this model takes at most {self.max_tokens()} "
+                                        f"per {what}")
+            total += n + 1
+        return total
+
+    def decode_settings(self, beam_size: int | None, n_best: int) -> tuple[int, int]:
+        lim, cfg = self.limits, self.frontend.decode_cfg
+        beam = cfg.beam_size if beam_size is None else beam_size
+        if beam > lim.max_beam:
+            raise RequestError(422, f"beam_size {beam} is more than this server allows ({lim.max_beam})")
+        if n_best > lim.max_nbest:
+            raise RequestError(422, f"n_best {n_best} is more than this server allows ({lim.max_nbest})")
+        if n_best > beam:
+            raise RequestError(422, f"n_best {n_best} is more than beam_size {beam}: a beam of {beam} "
+                                    f"has at most {beam} hypotheses")
+        try:
+            dataclasses.replace(cfg, beam_size=beam, nbest=n_best).validate()
+            self.frontend.check_beam(beam)
+        except QkvError as e:
+            raise RequestError(422, str(e)) from None
+        return beam, n_best
+
+    # --- requests -------------------------------------------------------------------------------------
+
+    async def submit(self, key: Hashable, items: list, tokens: int) -> list:
+        """The batcher's results; a model failing on this request is a 500 for it alone."""
+        try:
+            return await self.batcher.submit(key, items, tokens)
+        except (QkvError, RequestError, Busy):
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise RequestError(500, f"the model failed on this request: {type(e).__name__}: {e}") from None
+
+    async def translate(self, texts: list[str], beam_size: int | None = None, n_best: int = 1,
+                        target_prefix: str | None = None, alignments: bool = False, attention: bool = False) -> dict:
+        self.require("translate")
+        beam, n_best = self.decode_settings(beam_size, n_best)
+        tokens = self.check_texts(texts)
+        if target_prefix:
+            self.check_texts([target_prefix], "target_prefix", self.frontend.tokenizers.tgt)
+        want_attention = bool(attention and self.has_cross_attention)
+        if want_attention and len(texts) * n_best > self.limits.max_attention:
+            raise RequestError(413, f"attention weights for {len(texts)} texts × n_best {n_best} hypotheses; this "
+                                    f"server gives them for at most {self.limits.max_attention} per request")
+        key = ("translate", beam, n_best, target_prefix or None, bool(alignments), want_attention)
+        results = await self.submit(key, texts, tokens)
+        src = self.frontend.tokenizers.src
+        out = []
+        for text, hyps in zip(texts, results):
+            row = {"source": text, "hypotheses": hyps}
+            if want_attention:
+                row["source_tokens"] = [src.id_to_piece(t) for t in src.encode([text])[0]] + ["</s>"]
+            out.append(row)
+        return {"model": self.name, "beam_size": beam, "n_best": n_best, "results": out}
+
+    async def score(self, pairs: list[tuple[str, str]]) -> dict:
+        self.require("score")
+        tokens = self.check_texts([s for s, _ in pairs], "source")
+        self.check_texts([t for _, t in pairs], "target", self.frontend.tokenizers.tgt)
+        results = await self.submit(("score",), pairs, tokens)
+        return {"model": self.name, "results": [
+            {"source": s, "target": t, "logprob": sum(lp), "token_logprobs": lp,
+             "tokens": [self.frontend.tokenizers.tgt.id_to_piece(x) for x in self.frontend.tokenizers.tgt.encode([t])[0]]
+             + ["</s>"]}
+            for (s, t), lp in zip(pairs, results)]}
+
+    async def classify(self, texts: list[str]) -> dict:
+        self.require("classify")
+        for i, text in enumerate(texts, 1):
+            if not text.strip():
+                raise RequestError(422, f"text {i} is empty")
+        tokens = self.check_texts(texts)
+        rows = await self.submit(("classify",), texts, tokens)
+        labels = self.frontend.labels
+        out = []
+        for text, probs in zip(texts, rows):
+            best = max(range(len(probs)), key=probs.__getitem__)
+            out.append({"text": text, "label": labels[best], "probability": probs[best],
+                        "probabilities": dict(zip(labels, probs))})
+        return {"model": self.name, "results": out}
+
+    async def fill(self, texts: list[str], k: int) -> dict:
+        self.require("fill")
+        for i, text in enumerate(texts, 1):
+            if "[MASK]" not in text:
+                raise RequestError(422, f'text {i} has no [MASK] to fill, e.g. "the movie was [MASK]"')
+        tokens = self.check_texts(texts)
+        rows = await self.submit(("fill", k), texts, tokens)
+        return {"model": self.name, "results": [
+            {"text": t, "masks": [[{"piece": p, "probability": v} for p, v in m] for m in row]}
+            for t, row in zip(texts, rows)]}
+
+    def check_generate(self, prefix: str, max_new_tokens: int) -> None:
+        self.require("generate")
+        if max_new_tokens > self.limits.max_new_tokens:
+            raise RequestError(422, f"max_new_tokens {max_new_tokens} is more than this server allows "
+                                    f"({self.limits.max_new_tokens})")
+        self.check_texts([prefix], "prefix", self.frontend.tokenizer)
+
+    def generation(self, prefix: str, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+                   seed: int | None, stop: threading.Event) -> Iterator[str]:
+        """The pieces of a continuation (to run on the worker thread); ``stop`` ends it early."""
+        for piece in self.frontend.generate(prefix, max_new_tokens, temperature, top_k, top_p, seed):
+            if stop.is_set():
+                return
+            yield piece
+
+    # --- the batch, on the worker thread --------------------------------------------------------------
+
+    def run_batch(self, key: Hashable, items: list) -> list:
+        f = self.frontend
+        if key[0] == "translate":
+            _, beam, n_best, prefix, alignments, attention = key
+            return f.translate_rich(items, target_prefix=prefix, alignments=alignments, attention=attention,
+                                    beam_size=beam, nbest=n_best)
+        if key[0] == "score":
+            return f.score([s for s, _ in items], [t for _, t in items])
+        if key[0] == "classify":
+            return f.probabilities(items).tolist()
+        if key[0] == "fill":
+            return [f.fill(text, key[1]) for text in items]
+        raise ValueError(f"unknown batch kind {key[0]!r}")
+
+
+def load_models(paths: list[str], limits: Limits, device: str = "cpu",
+                load: Callable | None = None) -> list[Served]:
+    """The checkpoints ``paths`` (``PATH`` or ``NAME=PATH``), each opened as its front-end; names made unique."""
+    if load is None:
+        from qkv.frontends import load
+    if not paths:
+        raise QkvError("give at least one checkpoint directory to serve, e.g. runs/default/best")
+    served, names = [], set()
+    for arg in paths:
+        name, path = model_name(arg)
+        unique, n = name, 2
+        while unique in names:
+            unique, n = f"{name}-{n}", n + 1
+        names.add(unique)
+        served.append(Served(unique, load(path, device), limits, str(path)))
+    return served
+
+
+__all__ = ["Served", "RequestError", "ENDPOINTS", "load_models", "model_name"]

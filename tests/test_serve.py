@@ -1,0 +1,361 @@
+"""qkv serve: the HTTP API against the front-ends it wraps, its batching, its bounds and errors.
+
+The references are the front-ends themselves (``qkv.load(...).translate`` and friends), called
+directly on the same inputs. Needs the serve extra (``pip install -c constraints.txt -e ".[serve]"``);
+skipped without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason='qkv serve needs fastapi: pip install -c constraints.txt -e ".[serve]"')
+pytest.importorskip("uvicorn", reason='qkv serve needs uvicorn: pip install -c constraints.txt -e ".[serve]"')
+httpx = pytest.importorskip("httpx", reason='the serve tests need httpx: pip install -c constraints.txt -e ".[serve]"')
+
+import qkv  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+from qkv.cli import main  # noqa: E402
+from qkv.serve import BackgroundServer, Limits  # noqa: E402
+from qkv.serve.app import create_app  # noqa: E402
+from qkv.serve.batcher import Batcher  # noqa: E402
+from qkv.serve.service import load_models, model_name  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+NAMES = ["translate-transformer", "translate-lstm-general", "prefix_lm-transformer", "classify-transformer",
+         "mlm-transformer", "lm-transformer"]
+SOURCES = ["red cat", "the big dog sun", "small tree", "blue"]
+SMALL = Limits(max_texts=16, max_chars=200, max_tokens=40, max_beam=8, max_nbest=4, max_new_tokens=50,
+               max_body_bytes=20_000)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_models([str(FIXTURES / n) for n in NAMES], SMALL)
+
+
+@pytest.fixture(scope="module")
+def client(models):
+    with TestClient(create_app(models, SMALL)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The front-ends, loaded on their own: what the server must agree with."""
+    return {n: qkv.load(FIXTURES / n) for n in NAMES}
+
+
+def ok(response) -> dict:
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+# --- answers equal the front-ends' -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["translate-transformer", "translate-lstm-general", "prefix_lm-transformer"])
+@pytest.mark.parametrize("beam,n_best", [(1, 1), (4, 1), (4, 3)])
+def test_translate_equals_the_translator(client, reference, name, beam, n_best):
+    out = ok(client.post("/translate", json={"model": name, "texts": SOURCES, "beam_size": beam, "n_best": n_best}))
+    expected = reference[name].translate_scored(SOURCES, beam_size=beam, nbest=n_best)
+    assert [[h["text"] for h in r["hypotheses"]] for r in out["results"]] == \
+        [[text for text, _ in nbest] for nbest in expected]
+    for row, nbest in zip(out["results"], expected):
+        assert [h["score"] for h in row["hypotheses"]] == pytest.approx([s for _, s in nbest], abs=1e-5)
+        for h in row["hypotheses"]:
+            assert len(h["token_logprobs"]) == len(h["tokens"]) + 1
+            if beam > 1:  # beam search's log-probability is the sum of the forced token log-probabilities
+                assert sum(h["token_logprobs"]) == pytest.approx(h["logprob"], abs=1e-4)
+    assert [r["hypotheses"][0]["text"] for r in out["results"]] == \
+        reference[name].translate(SOURCES, beam_size=beam, nbest=n_best)
+
+
+def test_target_prefix(client, reference):
+    out = ok(client.post("/translate", json={"model": "translate-transformer", "texts": SOURCES,
+                                             "target_prefix": "cat", "n_best": 2}))
+    expected = reference["translate-transformer"].translate_scored(SOURCES, target_prefix="cat", nbest=2)
+    assert [[h["text"] for h in r["hypotheses"]] for r in out["results"]] == [[t for t, _ in n] for n in expected]
+    assert all(h["text"].startswith("cat") for r in out["results"] for h in r["hypotheses"])
+
+
+def test_score_equals_translator_score(client, reference):
+    sources, targets = ["red cat", "small tree", "blue"], ["cat red", "", "blue blue"]
+    out = ok(client.post("/score", json={"model": "translate-transformer", "sources": sources, "targets": targets}))
+    expected = reference["translate-transformer"].score(sources, targets)
+    for row, lp in zip(out["results"], expected):
+        assert row["token_logprobs"] == pytest.approx(lp, abs=1e-6)
+        assert row["logprob"] == pytest.approx(sum(lp), abs=1e-6)
+        assert len(row["tokens"]) == len(lp) and row["tokens"][-1] == "</s>"
+
+
+@pytest.mark.parametrize("name", ["translate-transformer", "translate-lstm-general"])
+def test_alignments_and_cross_attention_shapes(client, reference, models, name):
+    out = ok(client.post("/translate", json={"model": name, "texts": SOURCES, "n_best": 2, "alignments": True,
+                                             "attention": True}))
+    cfg = reference[name].model.cfg
+    layers, heads = (1, 1) if cfg.is_recurrent else (cfg.n_decoder_layers, cfg.n_heads)
+    rich = reference[name].translate_rich(SOURCES, nbest=2)
+    for row, expected in zip(out["results"], rich):
+        src = row["source_tokens"]
+        assert src[-1] == "</s>"
+        for h, ref in zip(row["hypotheses"], expected):
+            assert h["alignment"] == ref["alignment"]
+            pairs = [tuple(map(int, p.split("-"))) for p in h["alignment"].split()] if h["alignment"] else []
+            assert [j for _, j in pairs] == list(range(len(h["tokens"])))
+            assert all(0 <= i < len(src) - 1 for i, _ in pairs)
+            att = h["attention"]
+            assert (len(att), len(att[0])) == (layers, heads)
+            for layer in att:
+                for head in layer:
+                    assert len(head) == len(h["tokens"]) + 1 and all(len(r) == len(src) for r in head)
+                    assert all(sum(r) == pytest.approx(1.0, abs=1e-4) for r in head)
+
+
+def test_no_cross_attention_in_a_decoder_only_model(client):
+    out = ok(client.post("/translate", json={"model": "prefix_lm-transformer", "texts": ["red"], "attention": True,
+                                             "alignments": True}))
+    h = out["results"][0]["hypotheses"][0]
+    assert h["alignment"] is None and "attention" not in h
+
+
+def test_classify_fill_generate_equal_the_front_ends(client, reference):
+    texts = ["red cat", "the big dog", "a small tree"]
+    out = ok(client.post("/classify", json={"texts": texts}))  # the one classifier: no "model" needed
+    expected = reference["classify-transformer"].classify(texts)
+    assert [(r["label"], pytest.approx(r["probability"], abs=1e-6)) for r in out["results"]] == expected
+    assert all(sum(r["probabilities"].values()) == pytest.approx(1.0, abs=1e-5) for r in out["results"])
+
+    out = ok(client.post("/fill", json={"texts": ["red [MASK] cat"], "k": 3}))
+    expected = reference["mlm-transformer"].fill("red [MASK] cat", k=3)
+    assert [[(p["piece"], pytest.approx(p["probability"], abs=1e-6)) for p in m] for m in out["results"][0]["masks"]] \
+        == expected
+
+    args = dict(prefix="red cat", max_new_tokens=20, temperature=0.8, top_k=0, top_p=1.0, seed=7)
+    expected = "".join(reference["lm-transformer"].generate(**args))
+    assert ok(client.post("/generate", json=args))["text"] == expected
+    streamed = client.post("/generate", json={**args, "stream": True})
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    events = streamed.text.strip().split("\n\n")
+    assert events[-1] == "event: done\ndata: {}"
+    assert "".join(json.loads(e.removeprefix("data: "))["text"] for e in events[:-1]) == expected
+
+
+def test_models_health_page_docs(client):
+    listed = {m["name"]: m for m in ok(client.get("/models"))["models"]}
+    assert set(listed) == set(NAMES)
+    assert listed["translate-transformer"]["endpoints"] == ["/translate", "/score"]
+    assert listed["translate-transformer"]["cross_attention"] is True
+    assert listed["prefix_lm-transformer"]["cross_attention"] is False
+    assert listed["classify-transformer"]["labels"] and listed["lm-transformer"]["endpoints"] == ["/generate"]
+    assert ok(client.get("/health"))["status"] == "ok"
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page.text), "the page fetches nothing from outside"
+    assert "fetch(" in page.text and "<style>" in page.text
+    assert client.get("/docs").status_code == 200
+    assert "/translate" in ok(client.get("/openapi.json"))["paths"]
+
+
+# --- refused requests: 4xx with a message, and the server still answers -------------------------------
+
+BAD = [
+    (b"{not json", 400, "not valid JSON"),
+    (b'{"texts": "red cat"}', 422, "texts"),
+    (b'{"texts": [1, 2]}', 422, "texts.0"),
+    (b'{"texts": ["red"], "beam_size": "four"}', 422, "beam_size"),
+    (b'{"texts": ["red"], "beam_size": 10000}', 422, "beam_size 10000"),
+    (b'{"texts": ["red"], "n_best": 5, "beam_size": 8}', 422, "n_best 5"),
+    (b'{"texts": ["red"], "n_best": 3, "beam_size": 2}', 422, "n_best 3 is more than beam_size 2"),
+    (b'{"texts": ["red"], "beam_size": 0}', 422, "beam_size"),
+    (b'{"texts": []}', 422, "texts"),
+    (b'{"texts": ["red"], "colour": "blue"}', 422, "colour"),
+    (b'[1, 2]', 422, "dictionary"),
+    (b'{"texts": ["\\ud800"]}', 422, "lone surrogate"),
+    (b'{"texts": ["red"], "model": "nope"}', 404, "no model named 'nope'"),
+    (b'\xff\xfe{"texts": []}', 400, "UTF-8"),
+    (json.dumps({"texts": ["red"] * 17}).encode(), 413, "at most 16"),
+    (json.dumps({"texts": ["red " * 60]}).encode(), 413, "characters"),
+    (json.dumps({"texts": ["red cat " * 10]}).encode(), 413, "tokens"),
+    (b'{"texts": ["' + b"x" * 30_000 + b'"]}', 413, "bytes"),
+    (json.dumps({"texts": ["red"] * 5, "n_best": 4, "attention": True}).encode(), 413, "at most 16 per request"),
+]
+
+
+@pytest.mark.parametrize("body,status,message", BAD, ids=[f"{i}-{s}" for i, (_, s, _) in enumerate(BAD)])
+def test_bad_requests_are_refused_by_name(client, body, status, message):
+    if b'"model"' not in body and body.startswith(b"{") and b"nope" not in body:
+        body = body.replace(b"{", b'{"model": "translate-transformer", ', 1) if body != b"{not json" else body
+    r = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]
+    assert ok(client.get("/health"))["status"] == "ok"
+
+
+@pytest.mark.parametrize("path,body,status,message", [
+    ("/classify", {"model": "translate-transformer", "texts": ["a"]}, 422, "serves /translate, /score, not /classify"),
+    ("/translate", {"texts": ["a"]}, 422, "several models serve /translate"),
+    ("/classify", {"texts": ["  "]}, 422, "text 1 is empty"),
+    ("/fill", {"texts": ["no mask here"]}, 422, "no [MASK]"),
+    ("/score", {"model": "translate-transformer", "sources": ["a", "b"], "targets": ["a"]}, 422, "2 sources but 1"),
+    ("/generate", {"prefix": "red", "max_new_tokens": 51}, 422, "max_new_tokens 51"),
+    ("/generate", {"prefix": "red", "temperature": -1}, 422, "temperature"),
+    ("/generate", {"prefix": "red", "top_p": 0}, 422, "top_p"),
+    ("/nowhere", {}, 404, "Not Found"),
+])
+def test_other_refusals(client, path, body, status, message):
+    r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]
+    assert client.get("/translate").status_code == 405
+
+
+# --- batching ----------------------------------------------------------------------------------------
+
+def test_concurrent_requests_are_batched_and_equal_one_at_a_time(models):
+    """8 concurrent requests on a real server: fewer batches than requests, the same answers as
+    the requests sent one at a time."""
+    model = next(m for m in models if m.name == "translate-transformer")
+    limits = Limits(batch_wait_ms=300, max_batch_tokens=10_000)
+    served = load_models([str(FIXTURES / "translate-transformer")], limits)
+    batches = []
+    served[0].batcher.on_batch = lambda key, requests, items: batches.append(requests)
+    texts = [[s] for s in SOURCES] + [SOURCES[:2], SOURCES[1:3], ["red"], ["tree cat"]]
+    with BackgroundServer(create_app(served, limits)) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        one_at_a_time = [c.post("/translate", json={"texts": t, "n_best": 2}).json() for t in texts]
+        assert len(batches) == len(texts)
+        batches.clear()
+        barrier = threading.Barrier(len(texts))
+
+        def send(t):
+            barrier.wait()
+            return c.post("/translate", json={"texts": t, "n_best": 2}).json()
+
+        with ThreadPoolExecutor(len(texts)) as pool:
+            together = list(pool.map(send, texts))
+        health = c.get("/health").json()["batching"]["translate-transformer"]
+    assert sum(batches) == len(texts) and len(batches) < len(texts), batches
+    assert health["largest_batch"] > 1
+    for a, b in zip(one_at_a_time, together):
+        assert [[h["text"] for h in r["hypotheses"]] for r in a["results"]] == \
+            [[h["text"] for h in r["hypotheses"]] for r in b["results"]]
+        assert [h["score"] for r in a["results"] for h in r["hypotheses"]] == \
+            pytest.approx([h["score"] for r in b["results"] for h in r["hypotheses"]], abs=1e-5)
+    assert model.batcher.stats.failed == 0
+
+
+def test_settings_batch_separately_and_a_failing_request_fails_alone():
+    """Requests with different settings run in different batches; a batch that raises is re-run one
+    request at a time, so only the bad request gets the error; the batcher goes on."""
+    calls = []
+
+    def run(key, items):
+        calls.append((key, list(items)))
+        if "boom" in items:
+            raise ValueError("boom")
+        return [f"{key}:{x}" for x in items]
+
+    async def scenario():
+        b = Batcher(run, wait_ms=100)
+        b.start()
+        results = await asyncio.gather(b.submit("a", ["1"], 1), b.submit("b", ["2"], 1), b.submit("a", ["3", "4"], 2),
+                                       b.submit("a", ["boom"], 1), return_exceptions=True)
+        after = await b.submit("a", ["5"], 1)
+        await b.stop()
+        return results, after, b.stats
+
+    results, after, stats = asyncio.run(scenario())
+    assert results[:3] == [["a:1"], ["b:2"], ["a:3", "a:4"]]
+    assert isinstance(results[3], ValueError) and after == ["a:5"]
+    assert calls[0] == ("a", ["1", "3", "4", "boom"]) and ("b", ["2"]) in calls
+    assert stats.failed == 1 and stats.requests == 4
+
+
+def test_a_model_error_is_a_500_for_that_request_only(models, monkeypatch):
+    served = load_models([str(FIXTURES / "translate-transformer")], Limits(batch_wait_ms=200))
+    translator = served[0].frontend
+    real = translator.translate_rich
+
+    def flaky(texts, **kw):
+        if "blue" in texts:
+            raise RuntimeError("the model broke")
+        return real(texts, **kw)
+
+    monkeypatch.setattr(translator, "translate_rich", flaky)
+    with TestClient(create_app(served, Limits())) as c, ThreadPoolExecutor(3) as pool:
+        rs = list(pool.map(lambda t: c.post("/translate", json={"texts": [t]}), ["red cat", "blue", "small tree"]))
+        assert [r.status_code for r in rs] == [200, 500, 200]
+        assert "the model broke" in rs[1].json()["error"]
+        assert ok(c.post("/translate", json={"texts": ["red"]}))["results"]
+        assert ok(c.get("/health"))["status"] == "ok"
+
+
+def test_a_real_server_refuses_a_10_mb_body_and_stays_up():
+    served = load_models([str(FIXTURES / "translate-transformer")], Limits())
+    with BackgroundServer(create_app(served, Limits())) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        big = c.post("/translate", content=b'{"texts": ["' + b"a" * 10_000_000 + b'"]}',
+                     headers={"content-type": "application/json"})
+        assert big.status_code == 413 and "at most 1,000,000" in big.json()["error"]
+        chunked = c.post("/translate", content=iter([b'{"texts": ["', b"a" * 1_500_000, b'"]}']),
+                         headers={"content-type": "application/json"})
+        assert chunked.status_code == 413
+        assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
+
+
+# --- the command ---------------------------------------------------------------------------------------
+
+def test_model_names():
+    assert model_name("runs/ende/best") == ("ende", Path("runs/ende/best"))
+    assert model_name("en=runs/x/last") == ("en", Path("runs/x/last"))
+    assert model_name("exported/model") == ("model", Path("exported/model"))
+
+
+def test_cli_errors_exit_2_without_a_traceback(capsys, monkeypatch):
+    model = str(FIXTURES / "translate-transformer")
+    assert main(["serve", str(FIXTURES / "missing")]) == 2
+    assert "qkv serve: error:" in capsys.readouterr().err
+    assert main(["serve", model, "--max-beam", "0"]) == 2
+    assert "--max-beam" in capsys.readouterr().err
+    assert main(["serve", model, "--port", "70000"]) == 2
+    assert "--port" in capsys.readouterr().err
+    from qkv.serve import bind
+
+    taken = bind("127.0.0.1", 0)
+    try:
+        assert main(["serve", model, "--port", str(taken.getsockname()[1])]) == 2
+        assert "in use" in capsys.readouterr().err
+    finally:
+        taken.close()
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if the serve extra were not installed
+    assert main(["serve", model]) == 2
+    assert 'pip install -c constraints.txt -e ".[serve]"' in capsys.readouterr().err
+
+
+def test_the_command_serves_until_stopped(tmp_path):
+    """``qkv serve MODEL --port 0`` in a process of its own: it says where it listens, answers, stops."""
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "serve", f"tt={FIXTURES / 'translate-transformer'}",
+                             "--port", "0", "--threads", "1"], stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")})
+    try:
+        url, start = None, time.monotonic()
+        while url is None and time.monotonic() - start < 120:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+            m = re.search(r"on (http://127\.0\.0\.1:\d+)/", line)
+            url = m.group(1) if m else None
+        assert url, "the server did not say where it listens"
+        r = httpx.post(url + "/translate", json={"texts": ["red cat"]}, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "tt"
+    finally:
+        proc.terminate()
+        proc.wait(30)

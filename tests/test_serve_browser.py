@@ -1,0 +1,99 @@
+"""The page of qkv serve in a real browser: headless Chromium driven by Playwright.
+
+Set-up (no browser download: Playwright drives the system's Chromium)::
+
+    apt-get install -y chromium
+    pip install -c constraints.txt -e ".[serve,test]"
+
+Skipped where Playwright or Chromium is missing. ``QKV_SCREENSHOT=path.png`` also saves the
+screenshot there (how docs/img/serve.png is made).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason='qkv serve needs fastapi: pip install -c constraints.txt -e ".[serve]"')
+pytest.importorskip("uvicorn", reason='qkv serve needs uvicorn: pip install -c constraints.txt -e ".[serve]"')
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason='the browser test needs playwright: pip install -c constraints.txt -e ".[test]"')
+
+from qkv.serve import BackgroundServer, Limits  # noqa: E402
+from qkv.serve.app import create_app  # noqa: E402
+from qkv.serve.service import load_models  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+CHROMIUM = next((p for p in (os.environ.get("QKV_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
+                             shutil.which("chromium") or "") if p and Path(p).is_file()), None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install -y chromium "
+                                                         "(or set QKV_CHROMIUM to its executable)")
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = os.environ.get("QKV_SERVE_MODEL", str(FIXTURES / "translate-transformer"))
+    served = load_models([model, str(FIXTURES / "lm-transformer")], Limits())
+    with BackgroundServer(create_app(served, Limits())) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def test_translate_click_a_word_see_its_attention(server, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1000, "height": 760})
+    outside = []
+    page.on("request", lambda r: None if r.url.startswith(server.url) else outside.append(r.url))
+    page.goto(server.url + "/")
+    page.wait_for_selector("#translate-panel:not([hidden])")
+    page.fill("#src", os.environ.get("QKV_SERVE_TEXT", "red cat"))
+    page.fill("#nbest", "2")
+    page.click("#translate")
+    page.wait_for_selector("#translate-out .hyp .text")
+    assert page.locator("#translate-out .hyp").count() == 2
+    words = page.locator("#translate-out .hyp").first.locator(".tok")
+    words.nth(min(3, words.count() - 2)).click()
+    page.wait_for_selector("#attention:not([hidden]) #heat-table")
+    cells = page.locator("#heat-table tr.w td")
+    weights = [float(cells.nth(i).inner_text()) for i in range(cells.count())]
+    assert weights and abs(sum(weights) - 1) < 0.05  # the mean over heads of one row: sums to 1
+    page.select_option("#layer", index=0)
+    page.select_option("#head", index=1)  # head 1 (index 0: the mean)
+    page.wait_for_selector("#heat-table")
+    layers, heads = page.locator("#layer option").count(), page.locator("#head option").count()
+    assert layers >= 1 and heads >= 2  # heads: mean, 1, ...
+    page.select_option("#layer", index=layers - 1)  # by index: a value "1" would match the label "1" too
+    page.select_option("#head", value="mean")
+    assert page.locator("#heat-table tr.w td").count() == len(weights)
+    assert page.locator("#layer").input_value() == str(layers - 1)
+    shot = tmp_path / "serve.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("QKV_SCREENSHOT"):
+        page.screenshot(path=os.environ["QKV_SCREENSHOT"], full_page=True)
+    assert not outside, f"the page fetched from outside: {outside}"
+
+
+def test_generate_streams_into_the_page(server, browser):
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model option", state="attached")
+    page.select_option("#model", label="lm-transformer (lm)")
+    page.wait_for_selector("#generate-panel:not([hidden])")
+    assert page.locator("#translate-panel").is_hidden()
+    page.fill("#gen-prefix", "red cat")
+    page.fill("#gen-n", "20")
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#generate').disabled === false && "
+                           "document.querySelector('#gen-out').textContent.length > 'red cat'.length")
+    assert page.locator("#gen-out .prompt").inner_text() == "red cat"
+    assert not page.locator("#gen-out .error").count()
