@@ -1,7 +1,8 @@
 """The web application of ``qkv serve`` (FastAPI): the endpoints, their errors, the page.
 
     POST /translate  POST /score  POST /classify  POST /fill  POST /generate (stream: server-sent events)
-    GET /models  GET /health  GET / (the page)  GET /docs (OpenAPI)
+    GET /models  GET /health  GET / (the page)  GET /openapi.json
+    GET /docs (Swagger UI)  GET /redoc (ReDoc): their scripts served from here too, nothing fetched from outside
 
 Every error is JSON ``{"error": message}`` with a 4xx status (a model failing on one request:
 500 for that request only): a malformed or oversized body, a wrong type, a bound passed, a model
@@ -15,16 +16,20 @@ import contextlib
 import json
 import threading
 from importlib import resources
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from qkv import __version__
 from qkv.errors import QkvError
 from qkv.serve.batcher import Busy
 from qkv.serve.limits import Limits
+from qkv.serve.optional import INSTALL
 from qkv.serve.schemas import (ClassifyRequest, FillRequest, GenerateRequest, ScoreRequest, TranslateRequest)
 from qkv.serve.service import ENDPOINTS, RequestError, Served
 
@@ -86,6 +91,59 @@ def validation_message(errors: list[dict]) -> str:
     return "; ".join(parts)
 
 
+DOCS_FILES = "/static/docs"  # where Swagger UI's and ReDoc's scripts are served
+
+
+def docs_files() -> Path | None:
+    """The folder of Swagger UI's and ReDoc's scripts and styles that the fastapi-offline package
+    ships (the serve extra), or None where it is not installed."""
+    try:
+        folder = Path(str(resources.files("fastapi_offline") / "static"))
+    except ModuleNotFoundError:
+        return None
+    return folder if (folder / "swagger-ui-bundle.js").is_file() else None
+
+
+def add_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) for ``/openapi.json``, with their scripts, styles
+    and icon served by this app from local files, so that both work where nothing outside can be
+    reached. Without those files both answer 404 with a page that says how to install them."""
+    folder = docs_files()
+    if folder is None:
+        missing = (f"<!doctype html><title>qkv: no API docs</title><p>The API docs pages need the fastapi-offline "
+                   f"package, which is not installed: <code>{INSTALL}</code>. The OpenAPI description itself is "
+                   f"at <a href=\"openapi.json\">/openapi.json</a>.</p>")
+
+        @app.get("/docs", include_in_schema=False)
+        @app.get("/redoc", include_in_schema=False)
+        async def no_docs():
+            return HTMLResponse(missing, status_code=404)
+        return
+    app.mount(DOCS_FILES, StaticFiles(directory=folder), name="docs-files")
+
+    def urls(request: Request) -> tuple[str, str]:
+        root = request.scope.get("root_path", "").rstrip("/")  # behind a proxy that serves the app under a path
+        return root + app.openapi_url, root + DOCS_FILES
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request):
+        openapi, files = urls(request)
+        return get_swagger_ui_html(openapi_url=openapi, title=f"{app.title} - Swagger UI",
+                                   swagger_js_url=f"{files}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{files}/swagger-ui.css",
+                                   swagger_favicon_url=f"{files}/favicon.png")
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request):
+        openapi, files = urls(request)
+        page = get_redoc_html(openapi_url=openapi, title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{files}/redoc.standalone.js", redoc_favicon_url=f"{files}/favicon.png",
+                              with_google_fonts=False)
+        # ReDoc shows its maker's logo from the maker's site: images only from here, so the browser does not try
+        page.headers["Content-Security-Policy"] = "img-src 'self' data:"
+        return page
+
+
 def create_app(models: list[Served], limits: Limits) -> FastAPI:
     """The application serving ``models`` (each with its batcher, started and stopped with the app)."""
     by_name = {m.name: m for m in models}
@@ -98,11 +156,12 @@ def create_app(models: list[Served], limits: Limits) -> FastAPI:
         for m in models:
             await m.batcher.stop()
 
-    app = FastAPI(title="qkv", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="qkv", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Translation, scoring, classification and generation with qkv checkpoints. "
                               "Every error is JSON {\"error\": message} with a 4xx status.")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.state.models, app.state.limits = by_name, limits
+    add_docs(app)
 
     def pick(name: str | None, offer: str) -> Served:
         if name is not None:
@@ -228,4 +287,4 @@ async def stream_generation(model: Served, args: tuple):
         job.add_done_callback(lambda j: j.cancelled() or j.exception())  # nothing left unretrieved
 
 
-__all__ = ["create_app", "BodyLimit"]
+__all__ = ["create_app", "BodyLimit", "add_docs", "docs_files"]

@@ -9,7 +9,7 @@ from types import ModuleType
 from qkv.errors import QkvError
 
 INSTALL = 'pip install -c constraints.txt -e ".[serve]"'
-PINNED = {"fastapi": "0.165.0", "uvicorn": "0.54.0", "httpx": "0.28.1"}  # what pyproject.toml's serve extra pins
+PINNED = {"fastapi": "0.165.0", "uvicorn": "0.54.0", "httpx": "0.28.1", "fastapi_offline": "1.7.7"}  # what pyproject.toml's serve extra pins
 
 
 def require(package: str) -> ModuleType:
