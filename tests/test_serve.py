@@ -162,8 +162,43 @@ def test_models_health_page_docs(client):
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page.text), "the page fetches nothing from outside"
     assert "fetch(" in page.text and "<style>" in page.text
-    assert client.get("/docs").status_code == 200
     assert "/translate" in ok(client.get("/openapi.json"))["paths"]
+
+
+def local_references(html: str) -> list[str]:
+    """Every src= and href= of a page, each checked to be a path on this server (nothing from outside)."""
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", html)
+    outside = [u for u in urls if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:|//", u)]  # a scheme or another host
+    assert not outside, f"the page fetches from outside: {outside}"
+    assert not re.search(r"https?://", html), "no address outside this server, even in the page's script"
+    return urls
+
+
+@pytest.mark.parametrize("path,scripts", [("/docs", ["swagger-ui-bundle.js", "swagger-ui.css", "favicon.png"]),
+                                          ("/redoc", ["redoc.standalone.js", "favicon.png"])])
+def test_api_docs_pages_are_served_from_local_files(client, path, scripts):
+    pytest.importorskip("fastapi_offline", reason="/docs and /redoc need fastapi-offline: "
+                                                  'pip install -c constraints.txt -e ".[serve]"')
+    page = client.get(path)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    urls = local_references(page.text)
+    assert "/openapi.json" in page.text
+    assert sorted(u.rsplit("/", 1)[-1] for u in urls) == sorted(scripts)
+    for url in urls:
+        got = client.get(url)
+        assert got.status_code == 200 and len(got.content) > 500, url
+    if path == "/redoc":  # ReDoc's logo from its maker's site: the browser is told not to fetch it
+        assert page.headers["content-security-policy"] == "img-src 'self' data:"
+
+
+def test_api_docs_pages_say_how_to_install_their_files(models, monkeypatch):
+    monkeypatch.setattr("qkv.serve.app.docs_files", lambda: None)
+    with TestClient(create_app(models, SMALL)) as c:
+        for path in ("/docs", "/redoc"):
+            page = c.get(path)
+            assert page.status_code == 404 and "fastapi-offline" in page.text and ".[serve]" in page.text
+            local_references(page.text)
+        assert "/translate" in ok(c.get("/openapi.json"))["paths"]
 
 
 # --- refused requests: 4xx with a message, and the server still answers -------------------------------

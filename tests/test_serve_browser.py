@@ -97,3 +97,34 @@ def test_generate_streams_into_the_page(server, browser):
                            "document.querySelector('#gen-out').textContent.length > 'red cat'.length")
     assert page.locator("#gen-out .prompt").inner_text() == "red cat"
     assert not page.locator("#gen-out .error").count()
+
+
+def offline_page(browser, server):
+    """A page that can reach only this server: every request elsewhere is aborted and recorded."""
+    page = browser.new_page(viewport={"width": 1000, "height": 760})
+    outside = []
+
+    def only_here(route):
+        if route.request.url.startswith(server.url + "/"):
+            return route.continue_()
+        outside.append(route.request.url)
+        return route.abort()
+
+    page.route("**/*", only_here)
+    return page, outside
+
+
+@pytest.mark.parametrize("path,shown", [("/docs", ".opblock-summary-path"), ("/redoc", "[data-section-id]")])
+def test_api_docs_render_with_nothing_from_outside(server, browser, path, shown):
+    pytest.importorskip("fastapi_offline", reason="/docs and /redoc need fastapi-offline: "
+                                                  'pip install -c constraints.txt -e ".[serve]"')
+    page, outside = offline_page(browser, server)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.url + path)
+    page.wait_for_selector(shown)
+    for endpoint in ("/translate", "/generate", "/models"):
+        page.get_by_text(endpoint, exact=True).first.wait_for()
+    assert "Unable to render" not in page.inner_text("body")
+    assert not errors, errors
+    assert not outside, f"{path} tried to fetch from outside: {outside}"
