@@ -415,7 +415,7 @@ def add_bench_parser(sub, handlers: dict) -> None:
 
 
 SERVE_EPILOG = """\
-endpoints (JSON; OpenAPI at /docs; the page at /):
+endpoints (JSON; OpenAPI at /docs and /redoc, from local files; the page at /):
   POST /translate  {"texts": [...], "beam_size", "n_best", "target_prefix", "alignments", "attention"}
   POST /score      {"sources": [...], "targets": [...]}      log-probabilities per sentence and token
   POST /classify   {"texts": [...]}                          POST /fill {"texts": [...], "k"}
@@ -436,7 +436,7 @@ def add_serve_parser(sub, handlers: dict) -> None:
     s = sub.add_parser("serve", help="serve checkpoints over HTTP (JSON API, web page, dynamic batching)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SERVE_EPILOG,
                        description="Serve one or more checkpoints (any task) over HTTP: a JSON API with\n"
-                                   "request bounds, a web page at / and the OpenAPI docs at /docs.")
+                                   "request bounds, a web page at / and the OpenAPI docs at /docs and /redoc.")
     s.add_argument("models", nargs="+", metavar="MODEL",
                    help="checkpoint directory, e.g. runs/default/best (named after its run: default), or NAME=DIR")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine "
