@@ -193,12 +193,12 @@ def test_api_docs_pages_are_served_from_local_files(client, path, scripts):
 
 def test_api_docs_pages_say_how_to_install_their_files(models, monkeypatch):
     monkeypatch.setattr("qkv.serve.app.docs_files", lambda: None)
-    with TestClient(create_app(models, SMALL)) as c:
-        for path in ("/docs", "/redoc"):
-            page = c.get(path)
-            assert page.status_code == 404 and "fastapi-offline" in page.text and ".[serve]" in page.text
-            local_references(page.text)
-        assert "/translate" in ok(c.get("/openapi.json"))["paths"]
+    c = TestClient(create_app(models, SMALL))  # not entered: the shared models' batchers are left running
+    for path in ("/docs", "/redoc"):
+        page = c.get(path)
+        assert page.status_code == 404 and "fastapi-offline" in page.text and ".[serve]" in page.text
+        local_references(page.text)
+    assert "/translate" in ok(c.get("/openapi.json"))["paths"]
 
 
 # --- refused requests: 4xx with a message, and the server still answers -------------------------------
