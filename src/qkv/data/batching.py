@@ -16,10 +16,10 @@ Sorting first keeps the padding small (see :func:`padding_fraction`).
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
@@ -101,38 +101,113 @@ def token_budget_batches(
     With ``shuffle``, ties in the sort are broken randomly and the batch order is shuffled,
     both from a generator seeded by ``(seed, epoch)``: the same arguments give the same batches,
     another epoch gives others. ``tgt_lens=None`` batches on the source side only.
+
+    The lists of :func:`budget_batches`, which computes them (the form large corpora use).
     """
+    return budget_batches(src_lens, tgt_lens, max_tokens, shuffle, seed, epoch).tolist()
+
+
+class BatchPlan:
+    """The batches of one epoch in two arrays: ``order`` (example indices, batch after batch) and
+    ``bounds`` (batch ``b`` is ``order[bounds[b]:bounds[b + 1]]``). Indexing gives a batch as a list
+    of ints, slicing a list of them; 30 million examples take 8 bytes each, not Python lists."""
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray) -> None:
+        self.order, self.bounds = order, bounds
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, b):
+        if isinstance(b, slice):
+            return [self[i] for i in range(*b.indices(len(self)))]
+        if b < 0:
+            b += len(self)
+        if not 0 <= b < len(self):
+            raise IndexError(b)
+        return self.order[self.bounds[b] : self.bounds[b + 1]].tolist()
+
+    def __iter__(self):
+        for b in range(len(self)):
+            yield self[b]
+
+    def tolist(self) -> list[list[int]]:
+        return list(self)
+
+
+def budget_batches(
+    src_lens: Sequence[int] | np.ndarray,
+    tgt_lens: Sequence[int] | np.ndarray | None,
+    max_tokens: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    epoch: int = 0,
+) -> BatchPlan:
+    """:func:`token_budget_batches` as a :class:`BatchPlan`, computed with numpy: stable sorts of
+    the lengths (after a seeded permutation when shuffling) and a greedy cut that looks at one batch's
+    worth of examples at a time."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-    if tgt_lens is None:
-        tgt_lens = [0] * len(src_lens)
-    if len(tgt_lens) != len(src_lens):
-        raise ValueError(f"{len(src_lens)} source lengths but {len(tgt_lens)} target lengths")
-    rng = random.Random(f"{seed}:{epoch}")
+    src = np.asarray(src_lens)
+    tgt = np.zeros(len(src), dtype=np.int64) if tgt_lens is None else np.asarray(tgt_lens)
+    if len(tgt) != len(src):
+        raise ValueError(f"{len(src)} source lengths but {len(tgt)} target lengths")
+    n = len(src)
+    if n == 0:
+        return BatchPlan(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
+    rng = np.random.default_rng([seed, epoch]) if shuffle else None
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    if rng is not None:
+        rng.shuffle(order)
+    # sort by (source, target) length, stable: equal lengths keep the (random) order above
+    top_t = int(tgt.max()) + 1
+    if (int(src.max()) + 1) * top_t <= 2**16:  # one 16-bit key: one radix sort
+        key = src[order].astype(np.uint16) * np.uint16(top_t) + tgt[order].astype(np.uint16)
+        order = order[np.argsort(key, kind="stable")]
+    else:
+        order = order[np.argsort(_sort_key(tgt[order]), kind="stable")]
+        order = order[np.argsort(_sort_key(src[order]), kind="stable")]
+    s = src[order].astype(np.int64) + 1  # padded widths: + EOS / BOS
+    t = tgt[order].astype(np.int64) + 1
+    bounds = _cut(s, t, max_tokens)
+    if rng is not None:
+        perm = rng.permutation(len(bounds) - 1)
+        sizes = np.diff(bounds)[perm]
+        starts = bounds[:-1][perm]
+        order = np.concatenate([order[a : a + k] for a, k in zip(starts.tolist(), sizes.tolist())]) \
+            if len(perm) < 4096 else _gather(order, starts, sizes)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return BatchPlan(order, bounds.astype(np.int64))
 
-    order = list(range(len(src_lens)))
-    if shuffle:
-        rng.shuffle(order)  # the sort below is stable: equal lengths keep this random order
-    order.sort(key=lambda i: (src_lens[i], tgt_lens[i]))
 
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    longest_src = longest_tgt = 0
-    for i in order:
-        s, t = max(longest_src, src_lens[i] + 1), max(longest_tgt, tgt_lens[i] + 1)
-        fits = (len(batch) + 1) * s <= max_tokens and (len(batch) + 1) * t <= max_tokens
-        if batch and not fits:
-            batches.append(batch)
-            batch = []
-            s, t = src_lens[i] + 1, tgt_lens[i] + 1
-        batch.append(i)
-        longest_src, longest_tgt = s, t
-    if batch:
-        batches.append(batch)
+def _sort_key(lengths: np.ndarray) -> np.ndarray:
+    """Lengths as the narrowest unsigned type (numpy's stable sort is a radix sort for 16 bits)."""
+    top = int(lengths.max()) if len(lengths) else 0
+    return lengths.astype(np.uint16 if top < 2**16 else np.int64, copy=False)
 
-    if shuffle:
-        rng.shuffle(batches)
-    return batches
+
+def _gather(order: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``order[starts[0]:starts[0]+sizes[0]], order[starts[1]:...], ...`` concatenated, vectorized."""
+    ends = np.cumsum(sizes)
+    idx = np.arange(ends[-1], dtype=np.int64) - np.repeat(ends - sizes - starts, sizes)
+    return order[idx]
+
+
+def _cut(s: np.ndarray, t: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Batch boundaries of the greedy cut over examples sorted by source width ``s`` (widths
+    ``s``, ``t`` include the added token): a batch grows while ``size * longest <= max_tokens`` on
+    both sides; the first example of a batch always joins it."""
+    n = len(s)
+    bounds = [0]
+    p = 0
+    while p < n:
+        w = min(n - p, max_tokens // int(s[p]) + 1)  # s grows along the order: no batch is longer
+        k = np.arange(1, w + 1)
+        fits = (k * s[p : p + w] <= max_tokens) & (k * np.maximum.accumulate(t[p : p + w]) <= max_tokens)
+        bad = np.flatnonzero(~fits[1:])
+        p += 1 + int(bad[0]) if len(bad) else w
+        bounds.append(p)
+    return np.asarray(bounds, dtype=np.int64)
 
 
 def padding_fraction(

@@ -1,0 +1,149 @@
+"""Data at scale: plain files (read whole, encoded in memory) against ``qkv preprocess`` + ``--data``.
+
+    python benchmarks/scale.py generate --pairs 30000000 --out /tmp/qkv-scale/30M
+    python benchmarks/scale.py run --sizes 30k,300k,3M,30M --root /tmp/qkv-scale
+
+``generate`` makes a parallel corpus of any size from the Multi30k En-De training pairs
+(``../shared/data/multi30k``): every generated pair is one Multi30k pair, or two joined by a space
+(even odds), drawn at random with replacement from a seeded generator, so the corpus has
+Multi30k's vocabulary and a similar length distribution but few repeated lines.
+
+``run`` measures, for each size, each path in a child process (``resource.getrusage`` of the
+children gives the peak RSS; ``/usr/bin/time`` is not needed): preprocessing time and peak RSS,
+time to the first update, time to resume, tokens/s over a few hundred steps of a tiny model, and
+peak RSS of training in one process and in 2 gloo processes (``torchrun --nproc_per_node 2``).
+Every child runs under a wall-clock timeout and an address-space limit; a path that hits one is
+recorded with the limit it hit, not run forever. Results go to
+``benchmarks/results/scale-DATE.json`` and the plot to ``docs/img/scale.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+if not MULTI30K.is_dir():
+    MULTI30K = Path("/work/shared/data/multi30k")
+SIZES = {"30k": 30_000, "300k": 300_000, "3M": 3_000_000, "30M": 30_000_000}
+
+
+def read_gz(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [line.rstrip("\n") for line in fh]
+
+
+def generate(pairs: int, out: Path, seed: int = 1) -> None:
+    """``out/train.en``, ``out/train.de`` (``pairs`` lines) and the Multi30k validation files."""
+    en, de = read_gz(MULTI30K / "train.en.gz"), read_gz(MULTI30K / "train.de.gz")
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    n = len(en)
+    tmp_en, tmp_de = out / ".train.en.tmp", out / ".train.de.tmp"
+    with open(tmp_en, "w", encoding="utf-8") as fe, open(tmp_de, "w", encoding="utf-8") as fd:
+        done = 0
+        while done < pairs:
+            k = min(100_000, pairs - done)
+            be, bd = [], []
+            for _ in range(k):
+                i = rng.randrange(n)
+                if rng.random() < 0.5:
+                    j = rng.randrange(n)
+                    be.append(f"{en[i]} {en[j]}\n")
+                    bd.append(f"{de[i]} {de[j]}\n")
+                else:
+                    be.append(en[i] + "\n")
+                    bd.append(de[i] + "\n")
+            fe.writelines(be)
+            fd.writelines(bd)
+            done += k
+    os.replace(tmp_en, out / "train.en")
+    os.replace(tmp_de, out / "train.de")
+    for lang in ("en", "de"):
+        (out / f"valid.{lang}").write_text("\n".join(read_gz(MULTI30K / f"val.{lang}.gz")) + "\n", encoding="utf-8")
+
+
+# --- measuring ---------------------------------------------------------------------------------------
+
+MODEL = ["--preset", "tiny", "--d-model", "64", "--d-ff", "128", "--n-heads", "2", "--n-encoder-layers", "1",
+         "--n-decoder-layers", "1", "--max-tokens", "2048", "--max-len", "100", "--warmup-steps", "100",
+         "--eval-bleu-samples", "0", "--threads", "1", "--seed", "1"]
+
+
+WRAP = ("import resource, subprocess, sys; r = subprocess.call(sys.argv[1:]); "
+        "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)")
+
+
+def child(cmd: list[str], timeout: float, mem_gb: float, env: dict | None = None, mark: str = "step 1/") -> dict:
+    """Run ``cmd`` under a time and address-space limit: wall time, peak RSS of its largest process (MB),
+    seconds until a line containing ``mark`` was printed (the first update), exit status, the limit hit."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (int(mem_gb * 2**30), int(mem_gb * 2**30)))
+
+    e = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(env or {})}
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", WRAP, *cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=e, preexec_fn=limit, cwd=ROOT, bufsize=1)
+    lines, first, hit = [], None, None
+    deadline = started + timeout
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            proc.kill()
+            hit = f"time limit {timeout:.0f} s"
+            break
+        if not sel.select(timeout=min(left, 5)):
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if first is None and mark and mark in line:
+            first = time.perf_counter() - started
+    proc.wait()
+    wall = time.perf_counter() - started
+    out = "".join(lines)
+    peak = re.search(r"PEAK_RSS_KB (\d+)", out)
+    if hit is None and proc.returncode != 0 and re.search(r"MemoryError|Cannot allocate|bad_alloc|out of memory", out):
+        hit = f"memory limit {mem_gb:g} GB (address space)"
+    return {"cmd": " ".join(cmd), "wall_s": round(wall, 2), "rc": proc.returncode, "limit_hit": hit,
+            "first_update_s": None if first is None else round(first, 2),
+            "peak_rss_mb": round(int(peak.group(1)) / 1024, 1) if peak else None, "tail": out[-1500:]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--pairs", required=True, help="30k, 300k, 3M, 30M or a number")
+    g.add_argument("--out", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--sizes", default="30k,300k,3M,30M")
+    r.add_argument("--root", default="/tmp/qkv-scale")
+    r.add_argument("--steps", type=int, default=300)
+    r.add_argument("--timeout", type=float, default=1800)
+    r.add_argument("--mem-gb", type=float, default=12)
+    args = p.parse_args()
+    if args.cmd == "generate":
+        generate(SIZES.get(args.pairs) or int(args.pairs), Path(args.out))
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
