@@ -126,6 +126,112 @@ def child(cmd: list[str], timeout: float, mem_gb: float, env: dict | None = None
             "peak_rss_mb": round(int(peak.group(1)) / 1024, 1) if peak else None, "tail": out[-1500:]}
 
 
+def qkv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "qkv", *args]
+
+
+def rate(run: Path, after: int = 50) -> float | None:
+    """Mean training tokens/s of metrics.jsonl's progress records from step ``after`` on."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    values = [r["tokens_per_s"] for r in map(json.loads, path.read_text().splitlines())
+              if "tokens_per_s" in r and r["step"] >= after]
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def time_v(log: Path) -> dict:
+    """Wall time and peak RSS from the output of ``/usr/bin/time -v``."""
+    text = log.read_text()
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", text)
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    parts = [float(x) for x in wall.group(1).split(":")] if wall else []
+    seconds = sum(v * 60 ** i for i, v in enumerate(reversed(parts))) if parts else None
+    return {"cmd": "/usr/bin/time -v qkv preprocess ... (run beside this script)", "wall_s": seconds,
+            "peak_rss_mb": round(int(rss.group(1)) / 1024, 1) if rss else None, "rc": 0, "limit_hit": None}
+
+
+def measure_size(name: str, root: Path, args) -> dict:
+    d = root / name
+    if not (d / "train.en").is_file():
+        generate(SIZES[name], d)
+    out: dict = {"pairs": SIZES[name]}
+    bin_dir = d / "bin"
+    saved = d / "preprocess.json"
+    if (bin_dir / "manifest.json").is_file() and saved.is_file():
+        out["preprocess"] = json.loads(saved.read_text())
+    elif (bin_dir / "manifest.json").is_file() and (d / "preprocess.log").is_file():
+        out["preprocess"] = time_v(d / "preprocess.log")
+    else:
+        import shutil
+
+        shutil.rmtree(bin_dir, ignore_errors=True)
+        out["preprocess"] = child(qkv("preprocess", "--src-train", str(d / "train.en"), "--tgt-train", str(d / "train.de"),
+                                      "--src-valid", str(d / "valid.en"), "--tgt-valid", str(d / "valid.de"),
+                                      "--vocab-size", "8000", "--workers", "2", "--out", str(bin_dir)),
+                                  args.timeout, args.mem_gb, mark="")
+    saved.write_text(json.dumps(out["preprocess"], indent=1))
+    if bin_dir.joinpath("manifest.json").is_file():
+        manifest = json.loads((bin_dir / "manifest.json").read_text())
+        out["preprocess"]["pairs_kept"] = manifest["splits"]["train"]["pairs"]
+        out["preprocess"]["skipped"] = manifest["splits"]["train"]["skipped"]
+        out["preprocess"]["bytes_written"] = sum(f["size"] for f in manifest["files"].values())
+        out["preprocess"]["input_bytes"] = sum((d / f).stat().st_size for f in ("train.en", "train.de"))
+        if out["preprocess"].get("wall_s"):
+            out["preprocess"]["pairs_per_s"] = round(SIZES[name] / out["preprocess"]["wall_s"], 1)
+    plain = ["--src-train", str(d / "train.en"), "--tgt-train", str(d / "train.de"), "--src-valid",
+             str(d / "valid.en"), "--tgt-valid", str(d / "valid.de"), "--tokenizer-from", str(bin_dir)]
+    paths = {"new": ["--data", str(bin_dir)], "old": plain}
+    for path, data in paths.items():
+        if path == "old" and name not in args.old_sizes.split(","):
+            out[path] = {"skipped": f"not run at {name}: see old_limit"}
+            continue
+        run_dir = d / f"run-{path}"
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)
+        res = {}
+        res["train"] = child(qkv("train", *data, *MODEL, "--max-steps", str(args.steps), "--eval-every",
+                                 str(args.steps), "--out", str(run_dir)), args.timeout, args.mem_gb)
+        res["train"]["tokens_per_s"] = rate(run_dir)
+        if res["train"]["rc"] == 0:
+            res["resume"] = child(qkv("train", *data, "--resume", "--max-steps", str(args.steps + 1), "--out",
+                                      str(run_dir)), args.timeout, args.mem_gb, mark="first update since resuming")
+            ddp_dir = d / f"run-{path}-ddp"
+            shutil.rmtree(ddp_dir, ignore_errors=True)
+            if name in args.ddp_sizes.split(","):
+                res["ddp2"] = child([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                     "--master_port", str(29500 + random.randrange(400)), "-m", "qkv", "train", *data,
+                                     *MODEL, "--max-steps", str(args.ddp_steps), "--eval-every", str(args.ddp_steps),
+                                     "--out", str(ddp_dir)], args.timeout, args.mem_gb)
+        for r in res.values():
+            r.pop("tail", None) if r.get("rc") == 0 else None
+        out[path] = res
+        print(json.dumps({name: {path: res}}, indent=1), flush=True)
+    return out
+
+
+def run(args) -> None:
+    import datetime
+    import platform
+
+    root = Path(args.root)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    result_path = ROOT / "benchmarks" / "results" / f"scale-{datetime.date.today()}.json"
+    results = json.loads(result_path.read_text()) if result_path.is_file() else {}
+    results.update({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                    "commit": commit, "nproc": os.cpu_count(), "machine": platform.platform(),
+                    "cpu": platform.processor() or platform.machine(), "model": MODEL, "steps": args.steps,
+                    "ddp_steps": args.ddp_steps, "timeout_s": args.timeout, "mem_limit_gb": args.mem_gb,
+                    "corpus": "Multi30k En-De train pairs drawn with replacement, each alone or two joined "
+                              "(benchmarks/scale.py generate)"})
+    results.setdefault("sizes", {})
+    for name in args.sizes.split(","):
+        results["sizes"][name] = measure_size(name, root, args)
+        result_path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {result_path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -135,8 +241,11 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--sizes", default="30k,300k,3M,30M")
     r.add_argument("--root", default="/tmp/qkv-scale")
-    r.add_argument("--steps", type=int, default=300)
-    r.add_argument("--timeout", type=float, default=1800)
+    r.add_argument("--steps", type=int, default=200)
+    r.add_argument("--ddp-steps", type=int, default=60)
+    r.add_argument("--old-sizes", default="30k,300k,3M", help="sizes at which to run the plain-file path")
+    r.add_argument("--ddp-sizes", default="30k,300k,3M,30M")
+    r.add_argument("--timeout", type=float, default=1200)
     r.add_argument("--mem-gb", type=float, default=12)
     args = p.parse_args()
     if args.cmd == "generate":

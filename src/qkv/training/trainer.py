@@ -561,6 +561,7 @@ class Trainer:
                    disable=not (main and sys.stderr.isatty()), file=sys.stderr)
         window_tokens, window_start = 0, time.perf_counter()
         last_record: dict = {}
+        logged = False
         self._shrink_on_plateau()  # a run resumed with more shrinks allowed than it had when it stopped
         if self.step == 0 and self.saved_last < 0:  # a new run commits its start: a kill before the first
             rank_rng = self.gather_rng()            # validation resumes from here, never starts over a run dir
@@ -582,6 +583,10 @@ class Trainer:
                     if self.step % 50 == 0 or self.step == 1:
                         self._log_progress(stats, tok_s, bar)
                         window_tokens, window_start = 0, now
+                    elif not logged and bar.disable and main:  # a resumed run says when it trains again
+                        self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
+                                 "(the first update since resuming)")
+                    logged = True
                 reason = self._stop_reason(started)
                 if reason or (not stats["skipped"] and self.step % c.eval_every == 0):
                     self.elapsed += time.perf_counter() - started
