@@ -361,7 +361,8 @@ def add_preprocess_parser(sub, handlers: dict) -> None:
     pp.add_argument("--out", required=True, help="the directory to write (must not exist, or be empty)")
     pp.add_argument("--tokenizer-from", help="reuse this tokenizer: a preprocessed or checkpoint directory, or a "
                                              "SentencePiece .model (else one is trained)")
-    pp.add_argument("--tokenizer", choices=["bpe", "unigram"], default="bpe", help="SentencePiece model type")
+    pp.add_argument("--tokenizer", choices=["bpe", "unigram", "char"], default="bpe",
+                    help="SentencePiece model type (char reads the whole training text into memory)")
     pp.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
     pp.add_argument("--separate-vocab", action="store_true", help="one vocabulary per side instead of a joint one")
     pp.add_argument("--sample", type=int, default=1_000_000,

@@ -105,8 +105,8 @@ class Tokenizer:
             sentences = iter(sentences)
         if byte_fallback:
             extra["byte_fallback"] = True
-            if model_type != "char":
-                vocab_size = max(vocab_size, 4 + 256 + 1 + len(extra.get("user_defined_symbols", ())))
+            vocab_size = vocab_size + 256 if model_type == "char" else \
+                max(vocab_size, 4 + 256 + 1 + len(extra.get("user_defined_symbols", ())))
         buffer = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
