@@ -92,6 +92,7 @@ def child(cmd: list[str], timeout: float, mem_gb: float, env: dict | None = None
         resource.setrlimit(resource.RLIMIT_AS, (int(mem_gb * 2**30), int(mem_gb * 2**30)))
 
     e = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(env or {})}
+    load = os.getloadavg()[0]  # the machine is shared: how busy it was
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", WRAP, *cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=e, preexec_fn=limit, cwd=ROOT, bufsize=1)
@@ -123,7 +124,8 @@ def child(cmd: list[str], timeout: float, mem_gb: float, env: dict | None = None
         hit = f"memory limit {mem_gb:g} GB (address space)"
     return {"cmd": " ".join(cmd), "wall_s": round(wall, 2), "rc": proc.returncode, "limit_hit": hit,
             "first_update_s": None if first is None else round(first, 2),
-            "peak_rss_mb": round(int(peak.group(1)) / 1024, 1) if peak else None, "tail": out[-1500:]}
+            "peak_rss_mb": round(int(peak.group(1)) / 1024, 1) if peak else None, "load_1min": round(load, 2),
+            "tail": out[-1500:]}
 
 
 def qkv(*args: str) -> list[str]:
@@ -181,6 +183,9 @@ def measure_size(name: str, root: Path, args) -> dict:
             out["preprocess"]["pairs_per_s"] = round(SIZES[name] / out["preprocess"]["wall_s"], 1)
     plain = ["--src-train", str(d / "train.en"), "--tgt-train", str(d / "train.de"), "--src-valid",
              str(d / "valid.en"), "--tgt-valid", str(d / "valid.de"), "--tokenizer-from", str(bin_dir)]
+    # the floor under every time to first update: starting Python and importing torch and qkv's trainer
+    out["startup"] = child([sys.executable, "-c", "import torch, qkv.training.run; print('imported')"],
+                           args.timeout, args.mem_gb, mark="imported")
     paths = {"new": ["--data", str(bin_dir)], "old": plain}
     for path, data in paths.items():
         if path == "old" and name not in args.old_sizes.split(","):

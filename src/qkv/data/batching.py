@@ -167,8 +167,8 @@ def budget_batches(
     else:
         order = order[np.argsort(_sort_key(tgt[order]), kind="stable")]
         order = order[np.argsort(_sort_key(src[order]), kind="stable")]
-    s = src[order].astype(np.int64) + 1  # padded widths: + EOS / BOS
-    t = tgt[order].astype(np.int64) + 1
+    s = src[order].astype(np.int32) + 1  # padded widths: + EOS / BOS
+    t = tgt[order].astype(np.int32) + 1
     bounds = _cut(s, t, max_tokens)
     if rng is not None:
         perm = rng.permutation(len(bounds) - 1)
