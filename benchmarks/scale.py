@@ -204,7 +204,7 @@ def measure_size(name: str, root: Path, args) -> dict:
                                       str(run_dir)), args.timeout, args.mem_gb, mark="first update since resuming")
             ddp_dir = d / f"run-{path}-ddp"
             shutil.rmtree(ddp_dir, ignore_errors=True)
-            if name in args.ddp_sizes.split(","):
+            if name in (args.ddp_sizes if path == "new" else args.old_ddp_sizes).split(","):
                 res["ddp2"] = child([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                                      "--master_port", str(29500 + random.randrange(400)), "-m", "qkv", "train", *data,
                                      *MODEL, "--max-steps", str(args.ddp_steps), "--eval-every", str(args.ddp_steps),
@@ -237,6 +237,56 @@ def run(args) -> None:
     print(f"wrote {result_path}")
 
 
+def plot(result_path: Path, png: Path) -> None:
+    """Peak RSS of training, and the times to the first update, against the corpus size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = json.loads(result_path.read_text())
+    names = [n for n in SIZES if n in results["sizes"]]
+    x = {n: SIZES[n] for n in names}
+
+    def series(path: str, run: str, key: str):
+        pts = [(x[n], results["sizes"][n].get(path, {}).get(run, {}).get(key)) for n in names]
+        return [p for p in pts if p[1] is not None and results["sizes"][n_of(p[0])].get(path, {}).get(run, {}).get("rc") == 0]
+
+    def n_of(value: int) -> str:
+        return next(n for n in names if x[n] == value)
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for path, run, label, style in (("new", "train", "--data, 1 process", "o-"), ("new", "ddp2", "--data, 2 gloo processes (each)", "s--"),
+                                    ("old", "train", "text files, 1 process", "x-"), ("old", "ddp2", "text files, 2 processes (each)", "d--")):
+        pts = series(path, run, "peak_rss_mb")
+        if pts:
+            a.plot(*zip(*pts), style, label=label)
+    a.axhline(4096, color="grey", lw=0.8, ls=":")
+    a.text(x[names[0]], 4096 * 1.05, "4 GB goal", color="grey", fontsize=8)
+    a.set(xscale="log", yscale="log", xlabel="training pairs", ylabel="peak RSS while training (MB)",
+          title="Memory of training")
+    a.legend(fontsize=8)
+    for path, run, label, style in (("new", "train", "--data: first update", "o-"), ("new", "resume", "--data: resume to first update", "s--"),
+                                    ("old", "train", "text files: first update", "x-"), ("old", "resume", "text files: resume", "d--")):
+        pts = series(path, run, "first_update_s")
+        if pts:
+            b.plot(*zip(*pts), style, label=label)
+    floor = [(x[n], results["sizes"][n]["startup"]["first_update_s"]) for n in names
+             if results["sizes"][n].get("startup", {}).get("first_update_s")]
+    if floor:
+        b.plot(*zip(*floor), ":", color="grey", label="importing torch + qkv (floor)")
+    b.axhline(10, color="grey", lw=0.8, ls=":")
+    b.set(xscale="log", yscale="log", xlabel="training pairs", ylabel="seconds from start",
+          title="Time to the first update")
+    b.legend(fontsize=8)
+    fig.suptitle(f"qkv preprocess + train --data against text files (commit {results['commit']}, "
+                 f"{results['nproc']}-core shared CPU)", fontsize=9)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -250,10 +300,16 @@ def main() -> None:
     r.add_argument("--ddp-steps", type=int, default=60)
     r.add_argument("--old-sizes", default="30k,300k,3M", help="sizes at which to run the plain-file path")
     r.add_argument("--ddp-sizes", default="30k,300k,3M,30M")
+    r.add_argument("--old-ddp-sizes", default="30k,300k", help="sizes at which to run the plain-file path in 2 processes")
     r.add_argument("--timeout", type=float, default=1200)
     r.add_argument("--mem-gb", type=float, default=12)
+    pl = sub.add_parser("plot")
+    pl.add_argument("result", help="benchmarks/results/scale-DATE.json")
+    pl.add_argument("--out", default=str(ROOT / "docs" / "img" / "scale.png"))
     args = p.parse_args()
-    if args.cmd == "generate":
+    if args.cmd == "plot":
+        plot(Path(args.result), Path(args.out))
+    elif args.cmd == "generate":
         generate(SIZES.get(args.pairs) or int(args.pairs), Path(args.out))
     else:
         run(args)
