@@ -157,7 +157,7 @@ def measure_size(name: str, root: Path, args) -> dict:
     d = root / name
     if not (d / "train.en").is_file():
         generate(SIZES[name], d)
-    out: dict = {"pairs": SIZES[name]}
+    out: dict = {"pairs": SIZES[name], "steps": args.steps, "ddp_steps": args.ddp_steps}
     bin_dir = d / "bin"
     saved = d / "preprocess.json"
     if (bin_dir / "manifest.json").is_file() and saved.is_file():
@@ -287,6 +287,45 @@ def plot(result_path: Path, png: Path) -> None:
     print(f"wrote {png}")
 
 
+def table(result_path: Path) -> str:
+    """The Markdown table of docs/results.md ("Data at scale") from a results file."""
+    results = json.loads(result_path.read_text())
+
+    def cell(r: dict | None, key: str, fmt: str = "{:.1f}") -> str:
+        if not r:
+            return "—"
+        if r.get("skipped"):
+            return "not run"
+        if r.get("rc") != 0:
+            return f"**failed** ({r.get('limit_hit') or 'exit ' + str(r.get('rc'))})"
+        v = r.get(key)
+        return "—" if v is None else fmt.format(v)
+
+    rows = ["| pairs | path | preprocess s (pairs/s) | preprocess peak RSS MB | first update s | peak RSS MB, 1 process "
+            "| peak RSS MB, 2 processes (each) | resume to first update s | tokens/s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in SIZES:
+        size = results["sizes"].get(name)
+        if not size:
+            continue
+        pre = size.get("preprocess", {})
+        for path in ("new", "old"):
+            runs = size.get(path, {})
+            label = "`preprocess` + `--data`" if path == "new" else "text files"
+            if path == "new":
+                p_s = f"{pre['wall_s']:.0f} ({pre.get('pairs_per_s', 0):,.0f})" if pre.get("wall_s") else "—"
+                p_m = f"{pre['peak_rss_mb']:.0f}" if pre.get("peak_rss_mb") else "—"
+            else:
+                p_s = p_m = "(in training)"
+            if runs.get("skipped"):
+                rows.append(f"| {name} | {label} | {p_s} | {p_m} | {runs.get('note', 'not run')} | | | | |")
+                continue
+            rows.append(f"| {name} | {label} | {p_s} | {p_m} | {cell(runs.get('train'), 'first_update_s')} | "
+                        f"{cell(runs.get('train'), 'peak_rss_mb', '{:.0f}')} | {cell(runs.get('ddp2'), 'peak_rss_mb', '{:.0f}')} | "
+                        f"{cell(runs.get('resume'), 'first_update_s')} | {cell(runs.get('train'), 'tokens_per_s', '{:,.0f}')} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -306,8 +345,12 @@ def main() -> None:
     pl = sub.add_parser("plot")
     pl.add_argument("result", help="benchmarks/results/scale-DATE.json")
     pl.add_argument("--out", default=str(ROOT / "docs" / "img" / "scale.png"))
+    tb = sub.add_parser("table")
+    tb.add_argument("result")
     args = p.parse_args()
-    if args.cmd == "plot":
+    if args.cmd == "table":
+        print(table(Path(args.result)))
+    elif args.cmd == "plot":
         plot(Path(args.result), Path(args.out))
     elif args.cmd == "generate":
         generate(SIZES.get(args.pairs) or int(args.pairs), Path(args.out))
