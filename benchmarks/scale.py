@@ -237,6 +237,35 @@ def run(args) -> None:
     print(f"wrote {result_path}")
 
 
+def speed(args) -> None:
+    """Training tokens/s of the two paths, interleaved (new, old, new, old, ...) on one size, so that
+    a shared machine's load falls on both alike; the preprocessed directory must exist."""
+    import datetime
+    import shutil
+
+    d = Path(args.root) / args.size
+    bin_dir = d / "bin"
+    data = {"new": ["--data", str(bin_dir)],
+            "old": ["--src-train", str(d / "train.en"), "--tgt-train", str(d / "train.de"), "--src-valid",
+                    str(d / "valid.en"), "--tgt-valid", str(d / "valid.de"), "--tokenizer-from", str(bin_dir)]}
+    rounds = []
+    for _ in range(args.rounds):
+        for path in ("new", "old"):
+            run_dir = d / f"speed-{path}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            r = child(qkv("train", *data[path], *MODEL, "--max-steps", str(args.steps), "--eval-every",
+                          str(args.steps), "--out", str(run_dir)), args.timeout, args.mem_gb)
+            rounds.append({"path": path, "tokens_per_s": rate(run_dir), "load_1min": r["load_1min"], "rc": r["rc"]})
+            print(rounds[-1], flush=True)
+    mean = {p: sum(r["tokens_per_s"] for r in rounds if r["path"] == p) / args.rounds for p in data}
+    result_path = ROOT / "benchmarks" / "results" / f"scale-{datetime.date.today()}.json"
+    results = json.loads(result_path.read_text()) if result_path.is_file() else {}
+    results["speed_interleaved"] = {"size": args.size, "steps": args.steps, "rounds": rounds,
+                                    "mean_tokens_per_s": mean, "new_over_old": round(mean["new"] / mean["old"], 4)}
+    result_path.write_text(json.dumps(results, indent=1) + "\n")
+    print(results["speed_interleaved"])
+
+
 def plot(result_path: Path, png: Path) -> None:
     """Peak RSS of training, and the times to the first update, against the corpus size."""
     import matplotlib
@@ -345,10 +374,19 @@ def main() -> None:
     pl = sub.add_parser("plot")
     pl.add_argument("result", help="benchmarks/results/scale-DATE.json")
     pl.add_argument("--out", default=str(ROOT / "docs" / "img" / "scale.png"))
+    sp = sub.add_parser("speed")
+    sp.add_argument("--size", default="300k")
+    sp.add_argument("--root", default="/tmp/qkv-scale")
+    sp.add_argument("--steps", type=int, default=150)
+    sp.add_argument("--rounds", type=int, default=3)
+    sp.add_argument("--timeout", type=float, default=1200)
+    sp.add_argument("--mem-gb", type=float, default=12)
     tb = sub.add_parser("table")
     tb.add_argument("result")
     args = p.parse_args()
-    if args.cmd == "table":
+    if args.cmd == "speed":
+        speed(args)
+    elif args.cmd == "table":
         print(table(Path(args.result)))
     elif args.cmd == "plot":
         plot(Path(args.result), Path(args.out))
