@@ -161,14 +161,17 @@ def budget_batches(
         rng.shuffle(order)
     # sort by (source, target) length, stable: equal lengths keep the (random) order above
     top_t = int(tgt.max()) + 1
-    if (int(src.max()) + 1) * top_t <= 2**16:  # one 16-bit key: one radix sort
-        key = src[order].astype(np.uint16) * np.uint16(top_t) + tgt[order].astype(np.uint16)
-        order = order[np.argsort(key, kind="stable")]
+    n_keys = (int(src.max()) + 1) * top_t
+    if n_keys <= 2**16:  # one 16-bit key (one radix sort), and the sorted widths from its counts
+        key = src.astype(np.uint16) * np.uint16(top_t) + tgt.astype(np.uint16)  # in the file's order: no gather
+        order = order[np.argsort(key[order], kind="stable")]
+        sorted_key = np.repeat(np.arange(n_keys, dtype=np.int32), np.bincount(key, minlength=n_keys))
+        s, t = sorted_key // top_t + 1, sorted_key % top_t + 1  # padded widths: + EOS / BOS
     else:
         order = order[np.argsort(_sort_key(tgt[order]), kind="stable")]
         order = order[np.argsort(_sort_key(src[order]), kind="stable")]
-    s = src[order].astype(np.int32) + 1  # padded widths: + EOS / BOS
-    t = tgt[order].astype(np.int32) + 1
+        s = src[order].astype(np.int32) + 1  # padded widths: + EOS / BOS
+        t = tgt[order].astype(np.int32) + 1
     bounds = _cut(s, t, max_tokens)
     if rng is not None:
         perm = rng.permutation(len(bounds) - 1)
@@ -194,18 +197,56 @@ def _gather(order: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndar
 
 
 def _cut(s: np.ndarray, t: np.ndarray, max_tokens: int) -> np.ndarray:
-    """Batch boundaries of the greedy cut over examples sorted by source width ``s`` (widths
+    """Batch boundaries of the greedy cut over examples sorted by (source, target) width (widths
     ``s``, ``t`` include the added token): a batch grows while ``size * longest <= max_tokens`` on
-    both sides; the first example of a batch always joins it."""
+    both sides; the first example of a batch always joins it.
+
+    Within a run of equal source width ``S`` the target widths are sorted, so a batch of k examples
+    starting at p fits iff ``k * S <= max_tokens`` and ``k * t[p + k - 1] <= max_tokens``: its size is
+    found from the previous batch's by a few integer steps. A batch that reaches the end of its run
+    may go on into the next and is cut by :func:`_cut_one`, which looks at every example."""
     n = len(s)
     bounds = [0]
+    change = (np.flatnonzero(s[1:] != s[:-1]) + 1).tolist()
     p = 0
-    while p < n:
-        w = min(n - p, max_tokens // int(s[p]) + 1)  # s grows along the order: no batch is longer
-        k = np.arange(1, w + 1)
-        fits = (k * s[p : p + w] <= max_tokens) & (k * np.maximum.accumulate(t[p : p + w]) <= max_tokens)
-        bad = np.flatnonzero(~fits[1:])
-        p += 1 + int(bad[0]) if len(bad) else w
+    for g0, g1 in zip([0, *change], [*change, n]):
+        if p >= g1:
+            continue
+        width = int(s[g0])
+        cap = max_tokens // width
+        tg = t[g0:g1].tolist()  # sorted within the run
+        k = 1
+        while p < g1:
+            hi = min(cap, g1 - p)
+            if hi < 1:  # one example wider than the budget: a batch of its own
+                k = 1
+            else:
+                k = max(1, min(k, hi))
+                while k < hi and (k + 1) * tg[p + k - g0] <= max_tokens:
+                    k += 1
+                while k > 1 and k * tg[p + k - 1 - g0] > max_tokens:
+                    k -= 1
+            if p + k == g1 and g1 < n:  # up to the end of the run: it may take examples of the next
+                k = _cut_one(s, t, p, max_tokens) - p
+            p += k
+            bounds.append(p)
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def _cut_one(s: np.ndarray, t: np.ndarray, p: int, max_tokens: int) -> int:
+    """The end of the batch that starts at ``p``, looking at every example it could take."""
+    w = min(len(s) - p, max_tokens // int(s[p]) + 1)  # s grows along the order: no batch is longer
+    k = np.arange(1, w + 1)
+    fits = (k * s[p : p + w] <= max_tokens) & (k * np.maximum.accumulate(t[p : p + w]) <= max_tokens)
+    bad = np.flatnonzero(~fits[1:])
+    return p + (1 + int(bad[0]) if len(bad) else w)
+
+
+def _cut_reference(s: np.ndarray, t: np.ndarray, max_tokens: int) -> np.ndarray:
+    """:func:`_cut` example by example (for tests)."""
+    bounds, p = [0], 0
+    while p < len(s):
+        p = _cut_one(s, t, p, max_tokens)
         bounds.append(p)
     return np.asarray(bounds, dtype=np.int64)
 

@@ -111,7 +111,23 @@ class TokenArray:
                 arrays.append(np.load(path, mmap_mode="r"))
             except (OSError, ValueError) as e:
                 raise CorpusError(f"{path}: cannot map the array: {e}") from None
+            if part != "lengths":  # read a sentence at a time, in random order: no read-ahead around it
+                _advise_random(arrays[-1])
         return cls(*arrays)
+
+
+def _advise_random(array: np.ndarray) -> None:
+    """madvise(MADV_RANDOM) on a memory-mapped array where the platform has it: the kernel then
+    maps the pages a batch touches, not the read-ahead window around each (which would fill the
+    process's resident memory with sentences it never reads)."""
+    import mmap
+
+    m = getattr(array, "_mmap", None)
+    if m is not None and hasattr(m, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        try:
+            m.madvise(mmap.MADV_RANDOM)
+        except OSError:
+            pass
 
 
 def _length_dtype(lengths: np.ndarray) -> np.dtype:
