@@ -154,13 +154,19 @@ def check_output(output: str | None, **inputs: str | None) -> None:
     check_output_file(output)
 
 
+def streamed_input(args: argparse.Namespace, lines_per_chunk: int):
+    """The texts, ``--input`` file or stdin in lists of lines, read as they are translated (a big file
+    is never held whole), and the number of lines for the progress bar (0: unknown, stdin)."""
+    total = len(args.text) if args.text else count_lines(args.input) if args.input and args.input != "-" else 0
+    return input_chunks(args.text, args.input, lines_per_chunk), total
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     check_output(args.output, input=args.input)
     model = load_translator(args)
     overrides = flags_for(args, DecodeConfig)
     nbest = dataclasses.replace(model.decode_cfg, **overrides).validate().nbest  # a bad flag fails first
-    chunks = input_chunks(args.text, args.input, 8 * overrides.get("batch_size", model.decode_cfg.batch_size))
-    total = len(args.text) if args.text else count_lines(args.input) if args.input and args.input != "-" else 0
+    chunks, total = streamed_input(args, 8 * overrides.get("batch_size", model.decode_cfg.batch_size))
     warn = truncation_warning("translate", args, "translated")
     rich = args.output_format == "jsonl"
     with output_stream(args.output) as out_fh, progress(total, "translate") as bar:
