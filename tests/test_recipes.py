@@ -295,3 +295,30 @@ def test_distill_sh_refuses_an_unknown_mode_before_any_work(tmp_path):
     assert "'scratch'" in proc.stderr and "'finetuning'" in proc.stderr
     after = sorted(p.name for p in (ROOT / "runs").iterdir()) if (ROOT / "runs").is_dir() else []
     assert after == before
+
+
+def test_wmt14_readme_commands_parse():
+    """Every qkv command of recipes/wmt14/README.md (torchrun ones too) parses with qkv's own parser,
+    so a renamed or misspelt option in the recipe fails here."""
+    import re
+    import shlex
+
+    from qkv.cli_options import build_parser
+
+    text = (ROOT / "recipes" / "wmt14" / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    commands = [" ".join(c.split()) for b in blocks for c in b.replace("\\\n", " ").splitlines() if c.strip()]
+    assert len(commands) >= 6, commands
+    parser = build_parser({name: (lambda a: 0) for name in ("train", "preprocess", "translate", "score", "evaluate",
+                                                             "generate", "classify", "fill", "embed", "search",
+                                                             "average", "info", "viz", "bench", "export")})
+    seen = set()
+    for command in commands:
+        words = shlex.split(command)
+        if words[0] == "torchrun":
+            words = words[words.index("qkv"):]
+        assert words[0] == "qkv", command
+        args, extra = parser.parse_known_args(words[1:])
+        assert not extra, f"{command}: unknown {extra}"
+        seen.add(args.command)
+    assert seen >= {"preprocess", "train", "average", "translate", "evaluate"}

@@ -3,8 +3,11 @@
     python recipes/multi30k/run.py en-de [--data ../shared/data/multi30k] [--out runs/multi30k-en-de]
 
 Steps (each skipped when its output already exists, so an interrupted recipe continues):
-1. ``qkv train --config recipes/multi30k/PAIR.toml`` on train, validating on val (settings are
-   chosen on val only); ``--resume`` if the run exists;
+0. ``qkv preprocess`` of train and val into ``OUT/data-bin`` (the tokenizer the config asks for, trained
+   on the training text, and the token ids as memory-mapped arrays); the pairs dropped are those
+   ``qkv train`` drops from text files (an empty side, a side over ``max_len`` tokens);
+1. ``qkv train --data OUT/data-bin --config recipes/multi30k/PAIR.toml``, validating on val (settings
+   are chosen on val only); ``--resume`` if the run exists;
 2. ``qkv average``: the last 5 and the last 10 step checkpoints;
 3. choose on val only: decode val with each candidate (best, last, average of 5, average of 10)
    and each length penalty α of ``--length-penalties``, and keep the pair with the highest val
@@ -116,6 +119,23 @@ def prepare_lowercase_tokenized(files: dict[str, Path], folder: Path) -> dict[st
     return prepared
 
 
+def preprocess_command(qkv: list[str], config: str, files: dict[str, Path], src: str, tgt: str, out: Path,
+                       tokenizer_from: str | None) -> list[str]:
+    """``qkv preprocess`` with the tokenizer and ``max_len`` of the config's [train] table (or its
+    defaults), keeping every pair ``qkv train`` would keep from the text files."""
+    from qkv.config import TrainConfig, load_toml
+
+    t = {**{k: getattr(TrainConfig(), k) for k in ("tokenizer", "vocab_size", "joint_vocab", "max_len")},
+         **load_toml(config).get("train", {})}
+    cmd = qkv + ["preprocess", "--src-train", str(files[f"train.{src}"]), "--tgt-train", str(files[f"train.{tgt}"]),
+                 "--src-valid", str(files[f"val.{src}"]), "--tgt-valid", str(files[f"val.{tgt}"]),
+                 "--max-len", str(t["max_len"]), "--max-ratio", "0", "--keep-identical", "--out", str(out)]
+    if tokenizer_from:
+        return cmd + ["--tokenizer-from", tokenizer_from]
+    return cmd + ["--tokenizer", t["tokenizer"], "--vocab-size", str(t["vocab_size"])] + \
+        ([] if t["joint_vocab"] else ["--separate-vocab"])
+
+
 def run_facts(out: Path, translator) -> dict:
     """Parameters, training seconds (all resumed parts) and mean training tokens/s of the run in ``out``."""
     import torch
@@ -210,17 +230,16 @@ def main() -> int:
     choice_file = out / f"val_choice{suffix}.json"
 
     started = time.time()
-    train = qkv + ["train", "--config", config, "--out", str(out),
-                   "--src-train", str(files[f"train.{src}"]), "--tgt-train", str(files[f"train.{tgt}"]),
-                   "--src-valid", str(files[f"val.{src}"]), "--tgt-valid", str(files[f"val.{tgt}"])]
+    binarized = out / "data-bin"
+    if not (binarized / "manifest.json").is_file():
+        run(preprocess_command(qkv, config, files, src, tgt, binarized, args.tokenizer_from))
+    train = qkv + ["train", "--config", config, "--out", str(out), "--data", str(binarized)]
     if args.threads:
         train += ["--threads", str(args.threads)]
     if args.max_time is not None:
         train += ["--max-time", str(args.max_time)]
     if args.max_steps is not None:
         train += ["--max-steps", str(args.max_steps)]
-    if args.tokenizer_from and not (out / "last").exists():
-        train += ["--tokenizer-from", args.tokenizer_from]
     if (out / "last").exists():
         train += ["--resume"]
     run(train)

@@ -1,6 +1,7 @@
 """The ``qkv`` command: a thin layer over the public functions.
 
     qkv train      train a model (on the embedded default task when no data is given)
+    qkv preprocess binarize a parallel corpus (memory-mapped token ids) for qkv train --data
     qkv translate  translate arguments, a file or stdin with a trained model
     qkv generate   continue a text with a language model (sampling, streamed)
     qkv evaluate   sacreBLEU and chrF of a hypothesis file, or of a model's output, against references;
@@ -33,7 +34,7 @@ from qkv.cli_options import build_parser
 from qkv.config import SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml, override, preset
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
-from qkv.data.corpus import read_inputs
+from qkv.data.corpus import count_lines, input_chunks, read_inputs
 from qkv.files import check_not_input, check_output_dir, check_output_file, os_error_message, output_stream, write_lines
 
 # --- configs: preset < --config < flags -------------------------------------------------------------
@@ -92,17 +93,28 @@ def train_command(args: argparse.Namespace) -> int:
     from qkv.training.run import check_paths, run_training
 
     paths = DataPaths(args.train, args.valid, args.src_train, args.tgt_train, args.src_valid, args.tgt_valid,
-                      args.text_field, args.label_field, args.strip_gutenberg, args.valid_fraction)
+                      args.text_field, args.label_field, args.strip_gutenberg, args.valid_fraction, args.data)
     check_paths(paths)
     out = Path(args.out)
-    embedded = not (args.src_train or args.train)
+    embedded = not (args.src_train or args.train or args.data)
     configs = resolve_configs(args, resume_from=out / "last" if args.resume else None, embedded=embedded)
-    result = run_training(*configs, paths, out, args.resume, log)
+    result = run_training(*configs, paths, out, args.resume, log, tensorboard=args.tensorboard)
     if embedded and result.is_main:  # under torchrun, rank 0 alone
         from qkv.data.toy import held_out_report
         from qkv.frontends import load
 
         print(held_out_report(load(out / "best"), out))
+    return 0
+
+
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    from qkv.data.binarized import Filters, preprocess
+
+    check_output_dir(args.out, "--out")
+    filters = Filters(max_len=args.max_len, max_ratio=args.max_ratio, drop_identical=not args.keep_identical)
+    preprocess(args.src_train, args.tgt_train, args.out, args.src_valid, args.tgt_valid,
+               tokenizer_from=args.tokenizer_from, vocab_size=args.vocab_size, model_type=args.tokenizer,
+               joint=not args.separate_vocab, sample=args.sample, filters=filters, workers=args.workers, log=log)
     return 0
 
 
@@ -143,17 +155,24 @@ def check_output(output: str | None, **inputs: str | None) -> None:
     check_output_file(output)
 
 
+def streamed_input(args: argparse.Namespace, lines_per_chunk: int):
+    """The texts, ``--input`` file or stdin in lists of lines, read as they are translated (a big file
+    is never held whole), and the number of lines for the progress bar (0: unknown, stdin)."""
+    total = len(args.text) if args.text else count_lines(args.input) if args.input and args.input != "-" else 0
+    return input_chunks(args.text, args.input, lines_per_chunk), total
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     check_output(args.output, input=args.input)
     model = load_translator(args)
     overrides = flags_for(args, DecodeConfig)
     nbest = dataclasses.replace(model.decode_cfg, **overrides).validate().nbest  # a bad flag fails first
-    lines = read_inputs(args.text, args.input)
+    chunks, total = streamed_input(args, 8 * overrides.get("batch_size", model.decode_cfg.batch_size))
     warn = truncation_warning("translate", args, "translated")
     rich = args.output_format == "jsonl"
-    with output_stream(args.output) as out_fh, progress(len(lines), "translate") as bar:
-        for k, hyps in enumerate(model.translate_lines(lines, warn, rich=rich, target_prefix=args.target_prefix,
-                                                       **overrides)):
+    with output_stream(args.output) as out_fh, progress(total, "translate") as bar:
+        for k, hyps in enumerate(model.translate_stream(chunks, warn, rich=rich, target_prefix=args.target_prefix,
+                                                        **overrides)):
             bar.update(1)
             out_fh.write(json.dumps({"line": k + 1, "hypotheses": hyps}, ensure_ascii=False) + "\n" if rich else
                          "".join(f"{k}\t{score:.4f}\t{text}\n" for text, score in hyps) if nbest > 1
@@ -473,8 +492,8 @@ def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
                  args.lr, args.seed, args.quick, log=log)
 
 
-COMMANDS = ("train", "translate", "score", "evaluate", "generate", "classify", "fill", "embed", "search", "average",
-            "info", "viz", "bench", "export", "serve")
+COMMANDS = ("train", "preprocess", "translate", "score", "evaluate", "generate", "classify", "fill", "embed", "search",
+            "average", "info", "viz", "bench", "export", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,7 +111,11 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     t.add_argument("--tgt-train", help="training target file (same number of lines)")
     t.add_argument("--src-valid", help="validation source file")
     t.add_argument("--tgt-valid", help="validation target file")
+    t.add_argument("--data", metavar="DIR", help="translate: a directory written by qkv preprocess (token ids "
+                                                "memory-mapped, its tokenizer), instead of --src-train/--tgt-train")
     t.add_argument("--out", default="runs/default", help="run directory")
+    t.add_argument("--tensorboard", metavar="DIR", help="also log the scalars of OUT/metrics.jsonl to TensorBoard "
+                                                        "event files in DIR (pip install 'qkv[tensorboard]')")
     t.add_argument("--resume", action="store_true", help="continue the run in OUT from OUT/last exactly where it stopped")
     t.add_argument("--preset", choices=PRESETS, help="model and training preset (default: small, or the "
                                                       "embedded task's own recipe when no data is given)")
@@ -120,6 +124,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     add_config_flags(t, TrainConfig, "training (TrainConfig)")
     add_config_flags(t, DecodeConfig, "decoding for validation and the saved model (DecodeConfig)")
     t.set_defaults(func=handlers["train"])
+
+    add_preprocess_parser(sub, handlers)
 
     tr = sub.add_parser("translate", help="translate with a trained model",
                         description="Translate sentences given as arguments, a file (--input) or stdin, one "
@@ -333,6 +339,42 @@ examples:
   qkv export runs/ende/best --format hf --out exported/ende-hf --src test.en --ref test.de --license cc-by-4.0
   qkv export runs/tm/best --format ctranslate2 --out exported/tm-ct2     # a language model
 """
+
+
+def add_preprocess_parser(sub, handlers: dict) -> None:
+    pp = sub.add_parser("preprocess", help="binarize a parallel corpus for qkv train --data",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        description="Tokenize a parallel corpus once, in worker processes and one streaming pass, "
+                                    "into memory-mapped token arrays that 'qkv train --data OUT' reads on demand "
+                                    "(fairseq-preprocess's role). Trains a SentencePiece tokenizer on a random "
+                                    "sample of the training text (with byte fallback: no character becomes "
+                                    "<unk>) or reuses one (--tokenizer-from). Filters the training pairs (empty, "
+                                    "identical sides, over --max-len tokens, length ratio over --max-ratio) and "
+                                    "counts each in OUT/manifest.json, with the sha256 of every file. Writes a "
+                                    "temporary directory renamed to OUT at the end.",
+                        epilog="example:\n  qkv preprocess --src-train train.en --tgt-train train.de --src-valid "
+                               "val.en --tgt-valid val.de --vocab-size 10000 --workers 4 --out data/en-de\n"
+                               "  qkv train --data data/en-de --preset base --out runs/en-de")
+    pp.add_argument("--src-train", required=True, help="training source file (plain or gzip)")
+    pp.add_argument("--tgt-train", required=True, help="training target file (same number of lines)")
+    pp.add_argument("--src-valid", help="validation source file")
+    pp.add_argument("--tgt-valid", help="validation target file")
+    pp.add_argument("--out", required=True, help="the directory to write (must not exist, or be empty)")
+    pp.add_argument("--tokenizer-from", help="reuse this tokenizer: a preprocessed or checkpoint directory, or a "
+                                             "SentencePiece .model (else one is trained)")
+    pp.add_argument("--tokenizer", choices=["bpe", "unigram", "char"], default="bpe",
+                    help="SentencePiece model type (char reads the whole training text into memory)")
+    pp.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
+    pp.add_argument("--separate-vocab", action="store_true", help="one vocabulary per side instead of a joint one")
+    pp.add_argument("--sample", type=int, default=1_000_000,
+                    help="sentences SentencePiece learns from, drawn at random from the training text")
+    pp.add_argument("--max-len", type=int, default=256, help="skip training pairs with a side over this many tokens")
+    pp.add_argument("--max-ratio", type=float, default=9.0,
+                    help="skip training pairs whose longer side has more than this many times the tokens of the "
+                         "shorter (0: no such filter)")
+    pp.add_argument("--keep-identical", action="store_true", help="keep training pairs whose sides are identical")
+    pp.add_argument("--workers", type=int, default=1, help="encoding processes")
+    pp.set_defaults(func=handlers["preprocess"])
 
 
 def add_export_parser(sub, handlers: dict) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,6 +179,88 @@ def filter_by_length(
     if report is not None:
         report.max_len = max_len
     return kept
+
+
+def _open_binary(path: Path):
+    """A binary file handle, decompressing if the file is gzip (told apart by its magic bytes)."""
+    if not path.exists():
+        raise CorpusError(f"{path}: no such file")
+    if path.is_dir():
+        raise CorpusError(f"{path}: is a directory, expected a text file")
+    try:
+        fh = open(path, "rb")
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
+    if fh.read(2) == _GZIP_MAGIC:
+        fh.close()
+        return gzip.open(path, "rb")
+    fh.seek(0)
+    return fh
+
+
+def stream_lines(path: str | Path) -> Iterator[bytes]:
+    """The raw lines of a text file (plain or gzip) without their line endings, read in a stream.
+    A UTF-8 byte-order mark at the start is dropped; lines are decoded where they are used."""
+    path = Path(path)
+    fh = _open_binary(path)
+    try:
+        first = True
+        for raw in fh:
+            if first:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
+                first = False
+            yield raw.removesuffix(b"\n").removesuffix(b"\r")
+    except (OSError, EOFError) as e:
+        raise CorpusError(f"{path}: cannot read (corrupt gzip?): {e}") from None
+    finally:
+        fh.close()
+
+
+def decode_line(raw: bytes, path: str, number: int) -> str:
+    """One line as text; invalid UTF-8 or an absurd length is a CorpusError naming ``path:number``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{path}:{number}: invalid UTF-8 at byte {e.start} of the line: {e.reason}") from None
+    if len(text) > MAX_LINE_CHARS:
+        raise CorpusError(f"{path}:{number}: line of {len(text)} characters (limit {MAX_LINE_CHARS}); "
+                          "is this a text file with one sentence per line?")
+    return text
+
+
+def count_lines(path: str | Path) -> int:
+    """The lines of a text file (plain or gzip), counted in a stream (for a progress bar's total)."""
+    n, last = 0, b"\n"
+    fh = _open_binary(Path(path))
+    try:
+        while block := fh.read(1 << 22):
+            n += block.count(b"\n")
+            last = block[-1:]
+    finally:
+        fh.close()
+    return n + (last != b"\n")
+
+
+def input_chunks(texts: list[str] | None, path: str | None, size: int) -> Iterator[list[str]]:
+    """:func:`read_inputs` in a stream: the lines in lists of at most ``size``, the file (or stdin)
+    read as they are needed, never whole; invalid UTF-8 is a CorpusError naming the file and line."""
+    if texts:
+        yield list(texts)
+        return
+    import sys
+
+    if path and path != "-":
+        raw, name = stream_lines(path), str(path)
+    else:
+        raw, name = (line.removesuffix(b"\n").removesuffix(b"\r") for line in sys.stdin.buffer), "<stdin>"
+    chunk: list[str] = []
+    for number, line in enumerate(raw, start=1):
+        chunk.append(decode_line(line.removeprefix(b"\xef\xbb\xbf") if number == 1 else line, name, number))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def read_inputs(texts: list[str] | None, path: str | None) -> list[str]:

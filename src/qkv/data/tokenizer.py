@@ -62,6 +62,9 @@ class Tokenizer:
         model_type: str = "bpe",
         character_coverage: float = 1.0,
         specials: bool = False,
+        byte_fallback: bool = False,
+        input_sentence_size: int = 0,
+        seed: int = 1,
     ) -> "Tokenizer":
         """Train a SentencePiece model on ``texts`` (one sentence per item), silently.
 
@@ -70,19 +73,44 @@ class Tokenizer:
         the vocabulary is exactly the characters the corpus needs, whatever ``vocab_size`` says.
         A ``vocab_size`` smaller than the corpus' characters (+4 specials) is a :class:`QkvError`.
         ``specials``: also reserve ``<cls>``, ``[MASK]``, ``<sep>`` at ids 4, 5, 6.
+
+        For large corpora (``qkv preprocess``): ``input_sentence_size`` > 0 streams ``texts`` (never
+        held in a list) and SentencePiece learns from a random sample of that many sentences
+        (``shuffle_input_sentence``, seeded by ``seed``); ``byte_fallback`` spells a character the
+        vocabulary lacks as its UTF-8 bytes (pieces ``<0x00>``..``<0xFF>``) instead of ``<unk>``.
+        Models trained without these options load and encode exactly as before.
         """
         if model_type not in MODEL_TYPES:
             raise QkvError(f"unknown tokenizer model type {model_type!r}; choose one of {', '.join(MODEL_TYPES)}")
-        sentences = [t for t in texts if t.strip()]
-        if not sentences:
-            raise QkvError("cannot train a tokenizer on an empty corpus")
-        if model_type == "char":
-            vocab_size = _char_vocab_bound(sentences) + (len(SPECIAL_PIECES) if specials else 0)
-        extra = {"user_defined_symbols": [SPECIAL_PIECES[i] for i in sorted(SPECIAL_PIECES)]} if specials else {}
+        extra: dict = {"user_defined_symbols": [SPECIAL_PIECES[i] for i in sorted(SPECIAL_PIECES)]} if specials else {}
+        if input_sentence_size > 0 and model_type != "char":
+            seen = [False]
+
+            def stream():
+                for t in texts:
+                    if t.strip():
+                        seen[0] = True
+                        yield t
+
+            sentences = stream()
+            extra.update(input_sentence_size=max(input_sentence_size, 101), shuffle_input_sentence=True)  # its minimum
+            spm.set_random_generator_seed(seed)
+        else:
+            sentences = [t for t in texts if t.strip()]
+            seen = [bool(sentences)]
+            if not sentences:
+                raise QkvError("cannot train a tokenizer on an empty corpus")
+            if model_type == "char":
+                vocab_size = _char_vocab_bound(sentences) + (len(SPECIAL_PIECES) if specials else 0)
+            sentences = iter(sentences)
+        if byte_fallback:
+            extra["byte_fallback"] = True
+            vocab_size = vocab_size + 256 if model_type == "char" else \
+                max(vocab_size, 4 + 256 + 1 + len(extra.get("user_defined_symbols", ())))
         buffer = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences),
+                sentence_iterator=sentences,
                 model_writer=buffer,
                 model_type=model_type,
                 vocab_size=vocab_size,
@@ -96,6 +124,8 @@ class Tokenizer:
                 **extra,
             )
         except RuntimeError as e:
+            if not seen[0]:
+                raise QkvError("cannot train a tokenizer on an empty corpus") from None
             raise QkvError(f"tokenizer training failed ({model_type}, vocab_size={vocab_size}): {e}") from None
         tok = cls(buffer.getvalue())
         if specials and not tok.has_specials:

@@ -13,7 +13,7 @@ then detokenized and returned in input order.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -149,6 +149,18 @@ class Translator(Frontend):
             done = dict(zip(keep, translate([part[i] for i in keep], on_truncate=warn, **overrides) if keep else []))
             for i in range(len(part)):
                 yield done.get(i, [] if rich else [("", 0.0)] * nbest)
+
+    def translate_stream(self, chunks: Iterable[Sequence[str]], on_truncate: TruncationHandler | None = None,
+                         rich: bool = False, **overrides) -> Iterator[list]:
+        """:meth:`translate_lines` over a stream of lists of lines (a big file read a chunk at a time,
+        e.g. :func:`qkv.data.corpus.input_chunks`), in order; ``on_truncate`` hears indices counted
+        from the first line of the stream."""
+        done = 0
+        for lines in chunks:
+            warn = None if on_truncate is None else \
+                (lambda idx, kept, base=done: on_truncate([base + i for i in idx], kept))
+            yield from self.translate_lines(list(lines), warn, rich=rich, **overrides)
+            done += len(lines)
 
     def score(self, sources: list[str], targets: list[str], on_truncate: TruncationHandler | None = None,
               ) -> list[list[float]]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from qkv.config import DecodeConfig, TrainConfig
-from qkv.data.batching import Batch, collate, token_budget_batches
+from qkv.data.batching import Batch, BatchPlan, budget_batches, collate
+from qkv.data.binarized import BinarizedCorpus, TokenArray, open_corpus
 from qkv.data.corpus import CorpusReport, filter_by_length, read_parallel
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError
@@ -37,22 +39,58 @@ class ParallelData:
 
 
 @dataclass
-class EncodedSplit:
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-    raw_src: list[str]
-    raw_tgt: list[str]
+class BinarizedData:
+    """A split of a directory written by ``qkv preprocess`` (:mod:`qkv.data.binarized`): nothing
+    but its manifest is read until the split is encoded, which maps its arrays."""
+
+    corpus: BinarizedCorpus
+    split: str = "train"
+
+    @property
+    def name(self) -> str:
+        return f"{self.corpus.path}:{self.split}"
+
+    @property
+    def fingerprint(self) -> str:
+        """The manifest's digest of its files' checksums (what --resume compares)."""
+        return self.corpus.fingerprint
+
+    @property
+    def tokenizers(self) -> TokenizerPair:
+        return self.corpus.tokenizers()
 
     def __len__(self) -> int:
-        return len(self.src_ids)
+        return self.corpus.pairs(self.split)
 
-    def batches(self, max_tokens: int, shuffle: bool, seed: int, epoch: int) -> list[list[int]]:
-        return token_budget_batches(
-            [len(s) for s in self.src_ids], [len(t) for t in self.tgt_ids], max_tokens, shuffle, seed, epoch
-        )
+
+@dataclass
+class EncodedSplit:
+    """Token ids of both sides as :class:`~qkv.data.binarized.TokenArray` (in memory for plain files,
+    memory-mapped for a preprocessed directory): one batching and collation path for both.
+    ``raw_src``/``raw_tgt``: the text (for validation BLEU; None for a mapped training split)."""
+
+    src: TokenArray
+    tgt: TokenArray
+    raw_src: list[str] | None = None
+    raw_tgt: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @property
+    def src_ids(self) -> list[list[int]]:
+        return self.src.tolist()
+
+    @property
+    def tgt_ids(self) -> list[list[int]]:
+        return self.tgt.tolist()
+
+    def batches(self, max_tokens: int, shuffle: bool, seed: int, epoch: int) -> BatchPlan:
+        return budget_batches(self.src.lengths, self.tgt.lengths, max_tokens, shuffle, seed, epoch)
 
     def collate(self, indices: list[int]) -> Batch:
-        return collate([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices])
+        """Reads only these sentences (from the memory map, for a preprocessed directory)."""
+        return collate(self.src.rows(indices), self.tgt.rows(indices))
 
 
 def encode_split(data: ParallelData, tokenizers: TokenizerPair, max_len: int | None, log) -> EncodedSplit:
@@ -66,12 +104,33 @@ def encode_split(data: ParallelData, tokenizers: TokenizerPair, max_len: int | N
         keep = filter_by_length(src_ids, tgt_ids, max_len, lines, report)
         if len(keep) < len(src_ids):
             log(f"{data.name}: skipped {len(src_ids) - len(keep)} pair(s) longer than max_len={max_len} tokens")
-    return EncodedSplit([src_ids[i] for i in keep], [tgt_ids[i] for i in keep],
+    vocab = max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size)
+    return EncodedSplit(TokenArray.from_lists([src_ids[i] for i in keep], vocab),
+                        TokenArray.from_lists([tgt_ids[i] for i in keep], vocab),
                         [data.src[i] for i in keep], [data.tgt[i] for i in keep])
 
 
-def read_parallel_data(paths: DataPaths, log) -> tuple[ParallelData, ParallelData | None]:
-    """--src-train/--tgt-train (+ --src-valid/--tgt-valid): line-aligned files, empty pairs skipped."""
+def mapped_split(data: BinarizedData, max_len: int | None, log) -> EncodedSplit:
+    """A preprocessed split, memory-mapped; with ``max_len``, pairs over it (by the lengths arrays) left out."""
+    src, tgt = data.corpus.side(data.split, "src"), data.corpus.side(data.split, "tgt")
+    if max_len is not None and max(data.corpus.manifest["splits"][data.split]["max_length"].values()) > max_len:
+        keep = np.flatnonzero((np.asarray(src.lengths) <= max_len) & (np.asarray(tgt.lengths) <= max_len))
+        log(f"{data.name}: skipped {len(src) - len(keep)} pair(s) longer than max_len={max_len} tokens")
+        src, tgt = src.select(keep), tgt.select(keep)
+    raw = data.corpus.texts(data.split) if data.split != "train" else (None, None)
+    return EncodedSplit(src, tgt, *raw)
+
+
+def read_parallel_data(paths: DataPaths, log) -> tuple[ParallelData | BinarizedData, ParallelData | BinarizedData | None]:
+    """--src-train/--tgt-train (+ --src-valid/--tgt-valid): line-aligned files, empty pairs skipped;
+    or --data DIR, a directory written by ``qkv preprocess``: its manifest only (checked against its
+    files' sizes, and checksums unless ``paths.verify_data`` is off), the arrays mapped later."""
+    if paths.data:
+        corpus = open_corpus(paths.data, checksums=paths.verify_data)
+        log(f"{paths.data}: {corpus.pairs('train')} training pairs"
+            + (f", {corpus.pairs('valid')} validation pairs" if corpus.has("valid") else "")
+            + (" (checksums verified)" if paths.verify_data else " (file sizes checked)"))
+        return BinarizedData(corpus, "train"), BinarizedData(corpus, "valid") if corpus.has("valid") else None
     if not (paths.src_train and paths.tgt_train):
         raise QkvError("give both --src-train and --tgt-train (or neither, for the embedded default task)")
     if bool(paths.src_valid) != bool(paths.tgt_valid):
@@ -98,10 +157,17 @@ class TranslateTask(Task):
         return read_parallel_data(paths, log)
 
     def check_data(self, train_data, valid_data, saved):
-        if not train_data.src:
+        if not len(train_data):
             raise QkvError(f"{train_data.name}: no training pairs left to train on")
 
     def train_tokenizers(self, train_data: ParallelData, train_cfg: TrainConfig) -> TokenizerPair:
+        if isinstance(train_data, BinarizedData):  # the ids are in its vocabulary
+            tokenizers = train_data.tokenizers
+            start = checkpoint_tokenizers(train_cfg.init_from) if train_cfg.init_from else tokenizers
+            if (start.src.model_bytes, start.tgt.model_bytes) != (tokenizers.src.model_bytes, tokenizers.tgt.model_bytes):
+                raise QkvError(f"init_from {train_cfg.init_from}: its tokenizer is not the one of {train_data.name}; "
+                               f"preprocess with --tokenizer-from {train_cfg.init_from}")
+            return tokenizers
         if train_cfg.init_from:
             return checkpoint_tokenizers(train_cfg.init_from)
         return TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size, train_cfg.tokenizer,
@@ -115,8 +181,10 @@ class TranslateTask(Task):
                               f"location-based attention covers max_positions={model_cfg.max_positions} source positions")
 
     def encode(self, data: ParallelData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> EncodedSplit:
-        split = encode_split(data, tokenizers, train_cfg.max_len if train else None, log)
-        if train and not split.src_ids:
+        max_len = train_cfg.max_len if train else None
+        split = mapped_split(data, max_len, log) if isinstance(data, BinarizedData) else \
+            encode_split(data, tokenizers, max_len, log)
+        if train and not len(split):
             raise QkvError(f"{data.name}: every pair is longer than max_len={train_cfg.max_len}")
         return split
 
@@ -124,7 +192,7 @@ class TranslateTask(Task):
         return token_loss(module, (batch.src, batch.tgt_in), batch.tgt_out, train_cfg)  # logits (B, T, V)
 
     def metrics(self, model, split: EncodedSplit, tokenizers, decode_cfg: DecodeConfig, train_cfg: TrainConfig) -> dict:
-        n = min(train_cfg.eval_bleu_samples, len(split.raw_src))
+        n = min(train_cfg.eval_bleu_samples, len(split.raw_src)) if split.raw_src is not None else 0
         if n <= 0:
             return {}
         from qkv.decoding.batch import decode_sentences  # the decoding loop the Translator front-end runs

@@ -3,6 +3,7 @@ default task), check it against a resumed run, and train."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,10 +32,13 @@ def check_paths(paths: DataPaths) -> None:
         raise QkvError("give both --src-valid and --tgt-valid (or neither)")
     if paths.valid and not paths.train:
         raise QkvError("--valid needs --train")
+    if paths.data and (paths.src_train or paths.src_valid or paths.train or paths.valid):
+        raise QkvError("--data DIR holds the training and validation data (from qkv preprocess): give it "
+                       "without --src-train/--tgt-train/--src-valid/--tgt-valid/--train/--valid")
 
 
 def has_data(paths: DataPaths) -> bool:
-    return bool(paths.src_train or paths.train)
+    return bool(paths.src_train or paths.train or paths.data)
 
 
 def check_resume_data(out: Path, paths: DataPaths, model_cfg: ModelConfig) -> None:
@@ -43,14 +47,15 @@ def check_resume_data(out: Path, paths: DataPaths, model_cfg: ModelConfig) -> No
     if saved not in (None, EMBEDDED) and not has_data(paths):
         parallel = get_task(model_cfg.task).data_kind == "parallel"
         raise QkvError(f"{out} was trained on {saved}: give the same "
-                       f"{'--src-train and --tgt-train' if parallel else '--train'} to resume it")
+                       f"{'--data (or --src-train and --tgt-train)' if parallel else '--train'} to resume it")
     if saved == EMBEDDED and has_data(paths):
         raise QkvError(f"{out} was trained on the embedded default task: resume it without --src-train")
 
 
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, decode_cfg: DecodeConfig, paths: DataPaths,
-                 out: Path, resume: bool, log: Callable[[str], None]) -> TrainResult:
-    """Train on the files of ``paths`` (or the embedded default task when none are given) into ``out``."""
+                 out: Path, resume: bool, log: Callable[[str], None], tensorboard: str | None = None) -> TrainResult:
+    """Train on the files of ``paths`` (or the embedded default task when none are given) into ``out``;
+    ``tensorboard``: a directory for TensorBoard event files of the scalars in ``out/metrics.jsonl``."""
     task = get_task(model_cfg.task)
     if resume:
         check_resume_data(out, paths, model_cfg)
@@ -63,13 +68,23 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, decode_cfg: Dec
         if task.data_kind == "parallel" and paths.train:
             raise QkvError(f"--task {task.name} reads parallel files: --src-train/--tgt-train (and --src-valid/"
                            f"--tgt-valid); --train/--valid are for one-sided tasks (classify, mlm, lm)")
+        if paths.data:
+            if task.data_kind != "parallel":
+                raise QkvError(f"--data (a directory from qkv preprocess) holds parallel text; --task {task.name} "
+                               "reads --train/--valid")
+            if train_cfg.tokenizer_from and not resume:
+                raise QkvError("--data brings its own tokenizer (the ids are in its vocabulary): give "
+                               "--tokenizer-from to qkv preprocess instead of qkv train")
+            # a resumed run trusts the files it checked when it started: their sizes only, no checksums
+            paths = replace(paths, verify_data=not resume)
         train_data, valid_data = task.read_data(paths, log)
     else:
         log("no data given: training on the embedded default task, English number words -> German number words")
         splits = toy.default_splits()
         train_data = ParallelData([s for s, _ in splits["train"]], [t for _, t in splits["train"]], name=EMBEDDED)
         valid_data = ParallelData([s for s, _ in splits["valid"]], [t for _, t in splits["valid"]], name="toy/valid")
-    return train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out, resume=resume, log=log)
+    return train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out, resume=resume, log=log,
+                 tensorboard=tensorboard)
 
 
 __all__ = ["run_training", "check_paths", "check_resume_data", "trained_on"]

@@ -25,6 +25,7 @@ from typing import Callable
 
 from qkv.errors import QkvError
 from qkv.checkpoint import MANIFEST, fsync_dir, is_complete
+from qkv.data.binarized import is_corpus
 
 try:
     import fcntl
@@ -121,11 +122,12 @@ def recover(run_dir: str | os.PathLike, log: Callable[[str], None]) -> None:
 
 
 def holds_checkpoints(run_dir: str | os.PathLike) -> list[str]:
-    """Names of the checkpoints in ``run_dir`` (last, best, step_N), for refusing to start over them."""
+    """Names of the checkpoints in ``run_dir`` (last, best, step_N), for refusing to start over them;
+    a corpus from ``qkv preprocess`` kept there (its manifest says so) is not one."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    return sorted(p.name for p in run_dir.iterdir() if p.is_dir() and (p / MANIFEST).is_file())
+    return sorted(p.name for p in run_dir.iterdir() if p.is_dir() and (p / MANIFEST).is_file() and not is_corpus(p))
 
 
 def missing_last_message(run_dir: str | os.PathLike) -> str:

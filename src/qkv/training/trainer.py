@@ -55,6 +55,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
+from qkv.data.binarized import is_corpus, tokenizer_of
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import QkvError, TrainingDiverged
 from qkv.files import os_error_reason
@@ -190,6 +191,7 @@ class Trainer:
         self.data_fingerprint = ""  # and a digest of its content, checked on --resume
         self.saved_last = -1  # the step last/ holds (-1: none written by this process)
         self.stop_flag: _StopFlag | None = None  # set by Ctrl-C / SIGTERM while run() is active
+        self.tensorboard = None  # a SummaryWriter (rank 0, with --tensorboard): the scalars of metrics.jsonl
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -315,6 +317,11 @@ class Trainer:
         except OSError as e:
             raise QkvError(f"cannot write {self.metrics_path}: {os_error_reason(e)} (the checkpoints in "
                            f"{self.out_dir} are as the last save left them)") from None
+        if self.tensorboard is not None:  # the same scalars, at the same step
+            for key, value in entry.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tensorboard.add_scalar(key, value, entry.get("step", self.step))
+            self.tensorboard.flush()
 
     # --- the loop ------------------------------------------------------------------------------------
 
@@ -554,6 +561,7 @@ class Trainer:
                    disable=not (main and sys.stderr.isatty()), file=sys.stderr)
         window_tokens, window_start = 0, time.perf_counter()
         last_record: dict = {}
+        logged = False
         self._shrink_on_plateau()  # a run resumed with more shrinks allowed than it had when it stopped
         if self.step == 0 and self.saved_last < 0:  # a new run commits its start: a kill before the first
             rank_rng = self.gather_rng()            # validation resumes from here, never starts over a run dir
@@ -575,6 +583,10 @@ class Trainer:
                     if self.step % 50 == 0 or self.step == 1:
                         self._log_progress(stats, tok_s, bar)
                         window_tokens, window_start = 0, now
+                    elif not logged and bar.disable and main:  # a resumed run says when it trains again
+                        self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
+                                 "(the first update since resuming)")
+                    logged = True
                 reason = self._stop_reason(started)
                 if reason or (not stats["skipped"] and self.step % c.eval_every == 0):
                     self.elapsed += time.perf_counter() - started
@@ -659,7 +671,11 @@ def _stop_on_signals():
 
 def data_fingerprint(data) -> str:
     """A digest of the training examples (both sides, the labels), recorded with the run so that
-    ``--resume`` with other data is refused."""
+    ``--resume`` with other data is refused. Preprocessed data carry their own (the digest of their
+    manifest's checksums), so a resumed run reads nothing but the manifest."""
+    recorded = getattr(data, "fingerprint", None)
+    if recorded:
+        return recorded
     h = hashlib.sha256()
     for name in ("src", "tgt", "texts", "labels"):
         lines = getattr(data, name, None)
@@ -680,6 +696,7 @@ def train(
     out_dir: str | Path,
     resume: bool = False,
     log: Callable[[str], None] = _log_stderr,
+    tensorboard: str | Path | None = None,
 ) -> TrainResult:
     """Train a model on ``train_data``; validate on ``valid_data``; checkpoints under ``out_dir``.
 
@@ -698,6 +715,9 @@ def train(
     with the same arguments and they train one model together with DistributedDataParallel
     (see :mod:`qkv.training.distributed`); rank 0 trains the tokenizer (the others load it from
     ``out_dir/tokenizer``), logs, validates and writes every file.
+
+    ``tensorboard``: a directory where rank 0 also writes every scalar of ``metrics.jsonl`` as
+    TensorBoard events (``torch.utils.tensorboard``; the ``tensorboard`` package is needed).
     """
     train_cfg.validate()
     decode_cfg.validate()
@@ -712,6 +732,8 @@ def train(
     if train_cfg.threads:
         torch.set_num_threads(train_cfg.threads)
     task = get_task(model_cfg.task)
+    if tensorboard:
+        summary_writer_class()  # a clear error now, before any data is read, if tensorboard is missing
     device = distributed.resolve_device(train_cfg.device, train_cfg.amp, distributed.env_local_rank())
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls for what runs in float32
@@ -726,7 +748,8 @@ def train(
             fingerprint = data_fingerprint(train_data)
             _check_same_data(saved, fingerprint, train_data.name, out_dir)
             return _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir, resume,
-                          log if info.is_main else _quiet, device, info, task, fingerprint)
+                          log if info.is_main else _quiet, device, info, task, fingerprint,
+                          tensorboard if info.is_main else None)
     finally:
         distributed.cleanup(info)
 
@@ -750,7 +773,8 @@ def _saved_config(last: Path) -> dict | None:
 
 
 def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Path, resume: bool, log,
-           device: torch.device, info: DistInfo, task: Task, fingerprint: str = "") -> TrainResult:
+           device: torch.device, info: DistInfo, task: Task, fingerprint: str = "",
+           tensorboard: str | Path | None = None) -> TrainResult:
     last = out_dir / "last"
     if resume:
         if not last.exists():
@@ -765,12 +789,14 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
         shared_tokenizer = out_dir / "tokenizer"  # where the other ranks find rank 0's tokenizer
         if train_cfg.tokenizer_from:  # every rank reads the same files
             source = Path(train_cfg.tokenizer_from)
-            tokenizers = checkpoint_tokenizers(source) if (source / MANIFEST).is_file() else \
-                TokenizerPair.from_path(source)
+            tokenizers = tokenizer_of(source) if is_corpus(source) else checkpoint_tokenizers(source) \
+                if (source / MANIFEST).is_file() else TokenizerPair.from_path(source)
             log(f"reusing the tokenizer of {train_cfg.tokenizer_from} ({tokenizers!r}); "
                 f"the tokenizer and vocab_size settings are not used")
         elif info.is_main:
-            if train_cfg.init_from:
+            if getattr(train_data, "tokenizers", None) is not None:  # preprocessed data carry their vocabulary
+                log(f"tokenizer: the one of {train_data.name}")
+            elif train_cfg.init_from:
                 log(f"tokenizer: the one of {train_cfg.init_from} (init_from)")
             else:
                 joint = train_cfg.joint_vocab or task.data_kind == "text"
@@ -791,6 +817,8 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
     trainer = Trainer(model_cfg, train_cfg, decode_cfg, tokenizers, train_split, valid_split, out_dir, log,
                       data_name=train_data.name, device=device, dist_info=info, task=task)
     trainer.data_fingerprint = fingerprint
+    if tensorboard:
+        trainer.tensorboard = summary_writer_class()(log_dir=str(tensorboard))
     if train_cfg.init_from and not resume:
         init_weights(trainer.model, train_cfg.init_from, log)
     if resume:
@@ -819,4 +847,18 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
     log(f"device: {device}" + (f", amp {c.amp}" if c.amp != "none" else "") + (", compiled" if c.compile else "")
         + (f"; {info.world_size} processes ({info.backend}), {c.update_freq} x {info.world_size} batches per update"
            if info.distributed else ""))
-    return trainer.run()
+    try:
+        return trainer.run()
+    finally:
+        if trainer.tensorboard is not None:
+            trainer.tensorboard.close()
+
+
+def summary_writer_class():
+    """``torch.utils.tensorboard.SummaryWriter``, or a QkvError saying how to install it."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise QkvError("--tensorboard needs the tensorboard package: pip install 'qkv[tensorboard]' "
+                       "(or pip install tensorboard)") from None
+    return SummaryWriter

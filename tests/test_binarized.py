@@ -1,0 +1,252 @@
+"""qkv preprocess and qkv train --data: memory-mapped token arrays that train exactly as the plain files do."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.config import TrainConfig
+from qkv.data.binarized import Filters, open_corpus, preprocess
+from qkv.errors import CorpusError, QkvError
+from qkv.tasks import DataPaths
+from qkv.tasks.translate import TranslateTask
+
+torch.set_num_threads(1)
+
+EN = "the a small big red blue dog cat man woman child runs sits eats looks at in on with house street park".split()
+DE = "der die ein kleine grosse rote blaue hund katze mann frau kind lauft sitzt isst schaut auf im mit haus strasse park".split()
+
+
+def corpus(n: int = 240, seed: int = 0) -> tuple[list[str], list[str]]:
+    """Word-for-word 'translations' of random sentences: no pair empty, identical or oddly long."""
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        idx = [rng.randrange(len(EN)) for _ in range(rng.randint(3, 12))]
+        src.append(" ".join(EN[i] for i in idx))
+        tgt.append(" ".join(DE[i] for i in idx))
+    return src, tgt
+
+
+def write(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("corpus")
+    src, tgt = corpus(240)
+    vsrc, vtgt = corpus(30, seed=1)
+    return {"src_train": write(d / "train.en", src), "tgt_train": write(d / "train.de", tgt),
+            "src_valid": write(d / "valid.en", vsrc), "tgt_valid": write(d / "valid.de", vtgt)}
+
+
+@pytest.fixture(scope="module")
+def data(files, tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("bin") / "data"
+    code = main(["preprocess", "--src-train", files["src_train"], "--tgt-train", files["tgt_train"],
+                 "--src-valid", files["src_valid"], "--tgt-valid", files["tgt_valid"], "--vocab-size", "300",
+                 "--workers", "2", "--out", str(out)])
+    assert code == 0
+    return str(out)
+
+
+TRAIN = ["--preset", "tiny", "--threads", "1", "--seed", "5", "--max-tokens", "160", "--max-len", "40", "--eval-every", "4",
+         "--eval-bleu-samples", "2"]
+
+
+def test_layout_and_manifest(data, files):
+    manifest = json.loads((Path(data) / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["pairs"] == 240 and manifest["splits"]["valid"]["pairs"] == 30
+    assert manifest["tokenizer"]["files"] == ["spm.model"]
+    for side in ("src", "tgt"):
+        tokens = np.load(Path(data) / f"train.{side}.tokens.npy", mmap_mode="r")
+        offsets = np.load(Path(data) / f"train.{side}.offsets.npy", mmap_mode="r")
+        lengths = np.load(Path(data) / f"train.{side}.lengths.npy", mmap_mode="r")
+        assert tokens.dtype == np.uint16 and offsets.dtype == np.int64 and len(lengths) == 240
+        assert int(offsets[-1] + lengths[-1]) == len(tokens)
+        assert manifest["splits"]["train"]["tokens"][side] == len(tokens)
+    corpus = open_corpus(data)
+    tok = corpus.tokenizers()
+    first = Path(files["src_train"]).read_text().splitlines()[0]
+    assert corpus.side("train", "src")[0] == tok.src.encode([first])[0]
+    assert set(manifest["files"]) >= {"spm.model", "train.src.tokens.npy", "valid.tgt.txt"}
+
+
+def test_byte_fallback_spells_unseen_characters(data):
+    tok = open_corpus(data).tokenizers().src
+    ids = tok.encode(["the dog ☃"])[0]
+    assert 1 not in ids  # no <unk>
+    assert tok.decode([ids]) == ["the dog ☃"]
+
+
+def splits(data: str, files: dict, epoch: int):
+    task, cfg = TranslateTask(), TrainConfig(max_len=256)
+    tr_b, _ = task.read_data(DataPaths(data=data), lambda m: None)
+    tok = task.train_tokenizers(tr_b, cfg)
+    tr_p, _ = task.read_data(DataPaths(src_train=files["src_train"], tgt_train=files["tgt_train"]), lambda m: None)
+    return (task.encode(tr_b, tok, cfg, lambda m: None, train=True),
+            task.encode(tr_p, tok, cfg, lambda m: None, train=True))
+
+
+@pytest.mark.parametrize("epoch", [0, 3])
+def test_same_batches_as_plain_files(data, files, epoch):
+    mapped, plain = splits(data, files, epoch)
+    assert isinstance(mapped.src.tokens, np.memmap) and not isinstance(plain.src.tokens, np.memmap)
+    a = list(mapped.batches(160, True, 5, epoch))
+    b = list(plain.batches(160, True, 5, epoch))
+    assert a == b and len(a) > 5
+    for ix in a:
+        x, y = mapped.collate(ix), plain.collate(ix)
+        for name in ("src", "tgt_in", "tgt_out"):
+            assert torch.equal(getattr(x, name), getattr(y, name))
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run: Path) -> list[tuple]:
+    keep = ("step", "train_loss", "train_nll", "valid_loss", "valid_nll")
+    return [tuple(r.get(k) for k in keep) for r in records(run)]
+
+
+def weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def test_train_from_data_equals_plain_files_and_resumes(data, files, tmp_path):
+    plain, mapped, resumed = tmp_path / "plain", tmp_path / "mapped", tmp_path / "resumed"
+    assert main(["train", *[f"--{k.replace('_', '-')}={v}" for k, v in files.items()], "--tokenizer-from", data,
+                 *TRAIN, "--max-steps", "8", "--out", str(plain)]) == 0
+    assert main(["train", "--data", data, *TRAIN, "--max-steps", "8", "--out", str(mapped)]) == 0
+    assert losses(plain) == losses(mapped)
+    for name, t in weights(plain / "last").items():
+        assert torch.equal(t, weights(mapped / "last")[name]), name
+    # stopped at 4, resumed to 8: the same run
+    assert main(["train", "--data", data, *TRAIN, "--max-steps", "4", "--out", str(resumed)]) == 0
+    assert main(["train", "--data", data, "--resume", "--max-steps", "8", "--out", str(resumed)]) == 0
+    assert losses(resumed) == losses(mapped)
+    for name, t in weights(mapped / "last").items():
+        assert torch.equal(t, weights(resumed / "last")[name]), name
+    saved = json.loads((mapped / "last" / "config.json").read_text())["data"]
+    assert saved["fingerprint"] == open_corpus(data).fingerprint
+
+
+def test_resume_refuses_other_data(data, files, tmp_path, capsys):
+    other = tmp_path / "other"
+    assert main(["preprocess", "--src-train", files["src_train"], "--tgt-train", files["tgt_train"],
+                 "--vocab-size", "340", "--out", str(other)]) == 0
+    run = tmp_path / "run"
+    assert main(["train", "--data", data, *TRAIN, "--max-steps", "2", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", str(other), "--resume", "--max-steps", "4", "--out", str(run)]) == 2
+    assert "differ from the data" in capsys.readouterr().err
+
+
+def test_checksum_mismatch_is_a_clear_error(data, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)
+    path = copy / "train.tgt.tokens.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF  # same size, other content
+    path.write_bytes(bytes(raw))
+    assert main(["train", "--data", str(copy), *TRAIN, "--max-steps", "2", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "train.tgt.tokens.npy: sha256 checksum mismatch" in err and "qkv preprocess again" in err
+    assert not (tmp_path / "run").exists()
+    path.write_bytes(bytes(raw[:-1]))  # and a size that differs is found without reading the file
+    with pytest.raises(CorpusError, match="bytes, the manifest says"):
+        open_corpus(copy, checksums=False)
+
+
+def test_filters_counted(tmp_path):
+    src, tgt = corpus(40, seed=3)
+    # hand-made lines (1-based line numbers in comments)
+    src[4], tgt[4] = "", "ein hund"                               # line 5: empty
+    src[9], tgt[9] = "   ", "   "                                  # line 10: empty (blank)
+    src[14], tgt[14] = "the same dog", "the same dog"             # line 15: identical
+    src[19], tgt[19] = " ".join(["dog"] * 70), "hund"             # line 20: too long (70 > 60 tokens)
+    src[24], tgt[24] = "dog", " ".join(["hund sitzt"] * 15)       # line 25: ratio (30 > 9 x 1... tokens)
+    src[29], tgt[29] = "cat", "katze"                             # line 30: kept (1 : 1)
+    a, b = write(tmp_path / "a.en", src), write(tmp_path / "b.de", tgt)
+    manifest = preprocess(a, b, tmp_path / "out", vocab_size=300, filters=Filters(max_len=60, max_ratio=9.0),
+                          log=lambda m: None)
+    train = manifest["splits"]["train"]
+    assert train["skipped"] == {"empty": 2, "identical": 1, "too_long": 1, "ratio": 1}
+    assert train["skipped_lines"] == {"empty": [5, 10], "identical": [15], "too_long": [20], "ratio": [25]}
+    assert train["lines"] == 40 and train["pairs"] == 35
+
+
+def test_bad_input_names_file_and_line(tmp_path, capsys):
+    src, tgt = corpus(20)
+    a, b = write(tmp_path / "a.en", src), write(tmp_path / "b.de", tgt)
+    short = write(tmp_path / "short.de", tgt[:17])
+    assert main(["preprocess", "--src-train", a, "--tgt-train", short, "--out", str(tmp_path / "o1")]) == 2
+    err = capsys.readouterr().err
+    assert "short.de has 17 lines" in err and "line 18" in err
+    bad = tmp_path / "bad.en"
+    bad.write_bytes("\n".join(src[:6]).encode() + b"\nthe \xff dog\n" + "\n".join(src[7:]).encode() + b"\n")
+    assert main(["preprocess", "--src-train", str(bad), "--tgt-train", b, "--out", str(tmp_path / "o2")]) == 2
+    assert f"{bad}:7: invalid UTF-8" in capsys.readouterr().err
+    assert main(["preprocess", "--src-train", str(tmp_path / "missing.en"), "--tgt-train", b,
+                 "--out", str(tmp_path / "o3")]) == 2
+    assert "missing.en: no such file" in capsys.readouterr().err
+    # nothing half-written: no output, no temporary directory
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.en", "b.de", "bad.en", "short.de"]
+
+
+def test_invalid_utf8_found_while_encoding(tmp_path):
+    """Past the tokenizer's sample (a tokenizer reused), the encoding pass names the line too."""
+    src, tgt = corpus(30)
+    a, b = write(tmp_path / "a.en", src), write(tmp_path / "b.de", tgt)
+    first = tmp_path / "first"
+    preprocess(a, b, first, vocab_size=300, log=lambda m: None)
+    bad = tmp_path / "bad.de"
+    bad.write_bytes("\n".join(tgt[:24]).encode() + b"\n\xc3(\n" + "\n".join(tgt[25:]).encode() + b"\n")
+    with pytest.raises(CorpusError, match=r"bad.de:25: invalid UTF-8"):
+        preprocess(a, bad, tmp_path / "o", tokenizer_from=first, workers=2, log=lambda m: None)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(QkvError, match="exists"):
+        preprocess(a, b, first, vocab_size=300, log=lambda m: None)
+
+
+def test_translate_streams_a_file(data, files, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "--data", data, *TRAIN, "--max-steps", "2", "--out", str(run)]) == 0
+    out = tmp_path / "out.txt"
+    assert main(["translate", str(run / "last"), "--input", files["src_valid"], "--output", str(out),
+                 "--batch-size", "2"]) == 0
+    n = len(Path(files["src_valid"]).read_text().splitlines())
+    assert len(out.read_text().splitlines()) == n
+
+
+def test_tensorboard_scalars_equal_metrics(data, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed (pip install 'qkv[tensorboard]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, tb = tmp_path / "run", tmp_path / "tb"
+    assert main(["train", "--data", data, *TRAIN, "--max-steps", "8", "--out", str(run), "--tensorboard", str(tb)]) == 0
+    events = EventAccumulator(str(tb))
+    events.Reload()
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for r in records(run):
+        for k, v in r.items():
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                expected.setdefault(k, []).append((r["step"], float(v)))
+    assert set(events.Tags()["scalars"]) == set(expected)
+    for tag, points in expected.items():
+        got = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert [s for s, _ in got] == [s for s, _ in points]
+        assert np.allclose([v for _, v in got], [v for _, v in points], rtol=1e-6, atol=0)  # float32 events
