@@ -303,15 +303,14 @@ def test_wmt14_readme_commands_parse():
     import re
     import shlex
 
+    from qkv.cli import COMMANDS
     from qkv.cli_options import build_parser
 
     text = (ROOT / "recipes" / "wmt14" / "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     commands = [" ".join(c.split()) for b in blocks for c in b.replace("\\\n", " ").splitlines() if c.strip()]
     assert len(commands) >= 6, commands
-    parser = build_parser({name: (lambda a: 0) for name in ("train", "preprocess", "translate", "score", "evaluate",
-                                                             "generate", "classify", "fill", "embed", "search",
-                                                             "average", "info", "viz", "bench", "export")})
+    parser = build_parser({name: (lambda a: 0) for name in COMMANDS})
     seen = set()
     for command in commands:
         words = shlex.split(command)
