@@ -1,6 +1,6 @@
 """Measure the embedded default: `qkv train` with no data, timed end to end.
 
-Target (issue 2): >= 95% exact match on the held-out split in under 5 minutes on 2 CPU cores.
+Target: >= 95% exact match on the held-out split in under 5 minutes on 2 CPU cores.
 
     python benchmarks/embedded_default.py [--threads 2] [--out runs/bench-default]
 

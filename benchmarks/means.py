@@ -1,4 +1,4 @@
-"""Measure qkv's speed techniques ("the means", issue 7), each against its absence.
+"""Measure qkv's speed techniques ("the means"), each against its absence.
 
     python benchmarks/means.py [--threads 2] [--rounds 5] [--only fused,kvcache,...] [--quick]
 

@@ -122,7 +122,7 @@ def test_rank_0_alone_writes_one_set_of_files(runs):
 
 def test_resume_in_ddp_continues_to_the_same_weights(runs):
     d, _, _ = runs
-    # ddp/step_000006 was written by the resumed session: it equals the uninterrupted reference
+    # ddp/step_000006 was written by the resumed run: it equals the uninterrupted reference
     assert max_diff(d / "ref" / "step_000006", d / "ddp" / "last") < ATOL
 
 
