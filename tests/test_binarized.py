@@ -171,6 +171,30 @@ def test_checksum_mismatch_is_a_clear_error(data, tmp_path, capsys):
         open_corpus(copy, checksums=False)
 
 
+def test_checksum_mismatch_stops_two_processes(data, tmp_path):
+    """Under torchrun rank 0 alone reads the files for their checksums (the other rank checks sizes and
+    waits for it at the process group's start): a changed file still stops the run before any update."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)
+    path = copy / "train.src.tokens.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "qkv",
+           "train", "--data", str(copy), *TRAIN, "--max-steps", "2", "--out", str(run)]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "train.src.tokens.npy: sha256 checksum mismatch" in proc.stdout + proc.stderr
+    assert not (run / "last").exists()
+
+
 def test_filters_counted(tmp_path):
     src, tgt = corpus(40, seed=3)
     # hand-made lines (1-based line numbers in comments)
