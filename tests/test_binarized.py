@@ -80,6 +80,18 @@ def test_layout_and_manifest(data, files):
     assert set(manifest["files"]) >= {"spm.model", "train.src.tokens.npy", "valid.tgt.txt"}
 
 
+def test_loaded_arrays_read_sentences_with_pread(data):
+    """A loaded side reads offsets and tokens from its files (pread), not through the maps: the same
+    sentences as slicing the maps, also after select (its offsets then in memory)."""
+    side = open_corpus(data).side("train", "tgt")
+    assert sorted(side.files) == ["offsets", "tokens"]
+    by_map = [side.tokens[int(o) : int(o) + int(n)].tolist() for o, n in zip(side.offsets, side.lengths)]
+    assert side.rows(range(len(side))) == by_map
+    keep = np.array([5, 0, 239, 17])
+    picked = side.select(keep)
+    assert sorted(picked.files) == ["tokens"] and picked.rows(range(4)) == [by_map[i] for i in keep]
+
+
 def test_byte_fallback_spells_unseen_characters(data):
     tok = open_corpus(data).tokenizers().src
     ids = tok.encode(["the dog ☃"])[0]
