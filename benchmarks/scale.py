@@ -9,7 +9,8 @@
 Multi30k's vocabulary and a similar length distribution but few repeated lines.
 
 ``run`` measures, for each size, each path in a child process (``resource.getrusage`` of the
-children gives the peak RSS; ``/usr/bin/time`` is not needed): preprocessing time and peak RSS,
+children gives the peak RSS; ``/usr/bin/time`` is not needed; the peak ``RssAnon``, the process's own
+memory, and ``RssFile``, pages of mapped files, are sampled apart from ``/proc``): preprocessing time and peak RSS,
 time to the first update, time to resume, tokens/s over a few hundred steps of a tiny model, and
 peak RSS of training in one process and in 2 gloo processes (``torchrun --nproc_per_node 2``).
 Every child runs under a wall-clock timeout and an address-space limit; a path that hits one is

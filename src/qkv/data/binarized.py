@@ -16,8 +16,9 @@ directory that training maps into memory instead of reading and encoding text ag
 
 Sentence i of a side is ``tokens[offsets[i] : offsets[i] + lengths[i]]``. :func:`open_corpus` reads
 the manifest, checks the files (sizes always, sha256 when asked) and maps the arrays with
-``np.load(mmap_mode="r")``: nothing is read until a batch asks for its sentences, and processes that
-map the same files (DDP ranks) share the operating system's page cache.
+``np.load(mmap_mode="r")``: nothing is read until a batch asks for its sentences (read then with
+``pread``, see :class:`TokenArray`), and processes that read the same files (DDP ranks) share the
+operating system's page cache.
 
 The plain-file path of training builds the same :class:`TokenArray` in memory
 (:meth:`TokenArray.from_lists`), so batching and collation are one code path for both.
