@@ -9,7 +9,8 @@
 Multi30k's vocabulary and a similar length distribution but few repeated lines.
 
 ``run`` measures, for each size, each path in a child process (``resource.getrusage`` of the
-children gives the peak RSS; ``/usr/bin/time`` is not needed): preprocessing time and peak RSS,
+children gives the peak RSS; ``/usr/bin/time`` is not needed; the peak ``RssAnon``, the process's own
+memory, and ``RssFile``, pages of mapped files, are sampled apart from ``/proc``): preprocessing time and peak RSS,
 time to the first update, time to resume, tokens/s over a few hundred steps of a tiny model, and
 peak RSS of training in one process and in 2 gloo processes (``torchrun --nproc_per_node 2``).
 Every child runs under a wall-clock timeout and an address-space limit; a path that hits one is
@@ -80,8 +81,42 @@ MODEL = ["--preset", "tiny", "--d-model", "64", "--d-ff", "128", "--n-heads", "2
          "--eval-bleu-samples", "0", "--threads", "1", "--seed", "1"]
 
 
-WRAP = ("import resource, subprocess, sys; r = subprocess.call(sys.argv[1:]); "
-        "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)")
+# Runs the command; prints the peak RSS of its largest process (ru_maxrss: anonymous and file-backed
+# pages together), and, sampled every 20 ms from /proc/PID/status of the command and its descendants,
+# the peak RssAnon (the process's own memory) and the peak RssFile (pages of mapped files, the memory
+# maps of --data among them: shared between processes and reclaimable), each the largest of any process.
+WRAP = """
+import os, resource, subprocess, sys, threading, time
+proc = subprocess.Popen(sys.argv[1:])
+peak = {'RssAnon': 0, 'RssFile': 0}
+def tree(pid):
+    pids = [pid]
+    try:
+        for tid in os.listdir(f'/proc/{pid}/task'):
+            with open(f'/proc/{pid}/task/{tid}/children') as fh:
+                for c in fh.read().split():
+                    pids += tree(int(c))
+    except OSError:
+        pass
+    return pids
+def sample():
+    while proc.poll() is None:
+        for pid in tree(proc.pid):
+            try:
+                with open(f'/proc/{pid}/status') as fh:
+                    for line in fh:
+                        key = line.split(':')[0]
+                        if key in peak:
+                            peak[key] = max(peak[key], int(line.split()[1]))
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.02)
+threading.Thread(target=sample, daemon=True).start()
+r = proc.wait()
+print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)
+print('PEAK_RSS_ANON_KB', peak['RssAnon'], 'PEAK_RSS_FILE_KB', peak['RssFile'], file=sys.stderr)
+sys.exit(r)
+"""
 
 
 def child(cmd: list[str], timeout: float, mem_gb: float, env: dict | None = None, mark: str = "step 1/") -> dict:
@@ -120,11 +155,14 @@ def child(cmd: list[str], timeout: float, mem_gb: float, env: dict | None = None
     wall = time.perf_counter() - started
     out = "".join(lines)
     peak = re.search(r"PEAK_RSS_KB (\d+)", out)
+    parts = re.search(r"PEAK_RSS_ANON_KB (\d+) PEAK_RSS_FILE_KB (\d+)", out)
     if hit is None and proc.returncode != 0 and re.search(r"MemoryError|Cannot allocate|bad_alloc|out of memory", out):
         hit = f"memory limit {mem_gb:g} GB (address space)"
     return {"cmd": " ".join(cmd), "wall_s": round(wall, 2), "rc": proc.returncode, "limit_hit": hit,
             "first_update_s": None if first is None else round(first, 2),
-            "peak_rss_mb": round(int(peak.group(1)) / 1024, 1) if peak else None, "load_1min": round(load, 2),
+            "peak_rss_mb": round(int(peak.group(1)) / 1024, 1) if peak else None,
+            "peak_rss_anon_mb": round(int(parts.group(1)) / 1024, 1) if parts else None,
+            "peak_rss_file_mb": round(int(parts.group(2)) / 1024, 1) if parts else None, "load_1min": round(load, 2),
             "tail": out[-1500:]}
 
 
@@ -222,7 +260,7 @@ def run(args) -> None:
 
     root = Path(args.root)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    result_path = ROOT / "benchmarks" / "results" / f"scale-{datetime.date.today()}.json"
+    result_path = Path(args.result) if args.result else ROOT / "benchmarks" / "results" / f"scale-{datetime.date.today()}.json"
     results = json.loads(result_path.read_text()) if result_path.is_file() else {}
     results.update({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     "commit": commit, "nproc": os.cpu_count(), "machine": platform.platform(),
@@ -371,6 +409,8 @@ def main() -> None:
     r.add_argument("--old-ddp-sizes", default="30k,300k", help="sizes at which to run the plain-file path in 2 processes")
     r.add_argument("--timeout", type=float, default=1200)
     r.add_argument("--mem-gb", type=float, default=12)
+    r.add_argument("--result", help="the results file (default benchmarks/results/scale-DATE.json; sizes measured "
+                                    "again replace theirs)")
     pl = sub.add_parser("plot")
     pl.add_argument("result", help="benchmarks/results/scale-DATE.json")
     pl.add_argument("--out", default=str(ROOT / "docs" / "img" / "scale.png"))

@@ -102,6 +102,52 @@ def test_source_only_batching() -> None:
     assert batches == [[0, 1], [2, 3], [4]]
 
 
+def reference_batches(src, tgt, max_tokens, shuffle, seed, epoch) -> list[list[int]]:
+    """Example by example: the seeded permutation, a stable sort by (source, target) length, the
+    greedy cut (a batch grows while size * widest <= max_tokens per side), the seeded batch order."""
+    import numpy as np
+
+    n = len(src)
+    tgt = [0] * n if tgt is None else tgt
+    rng = np.random.default_rng([seed, epoch]) if shuffle else None
+    order = np.arange(n, dtype=np.int32)
+    if rng is not None:
+        rng.shuffle(order)
+    order = sorted(order.tolist(), key=lambda i: (src[i], tgt[i]))
+    batches: list[list[int]] = []
+    for i in order:
+        b = batches[-1] if batches else None
+        if b is not None:
+            k = len(b) + 1
+            if k * max(src[j] + 1 for j in [*b, i]) <= max_tokens and k * max(tgt[j] + 1 for j in [*b, i]) <= max_tokens:
+                b.append(i)
+                continue
+        batches.append([i])
+    if rng is not None and batches:
+        batches = [batches[p] for p in rng.permutation(len(batches)).tolist()]
+    return batches
+
+
+@pytest.mark.parametrize("chunk,max_keys", [(1 << 20, 1 << 22), (7, 1 << 22), (5, 1)])
+def test_budget_batches_equal_the_example_by_example_reference(monkeypatch, chunk, max_keys) -> None:
+    """The counting sort (done a chunk at a time) and the cut on the counts of each length pair give the
+    batches of the plain definition; so does the fallback for lengths too large to count (max_keys 1)."""
+    from qkv.data import batching
+
+    monkeypatch.setattr(batching, "_CHUNK", chunk)
+    monkeypatch.setattr(batching, "_MAX_KEYS", max_keys)
+    rng = random.Random(5)
+    for case in range(150):
+        n = rng.randrange(0, 120)
+        top = rng.choice([2, 6, 40, 300])
+        src = [rng.randrange(top) for _ in range(n)]
+        tgt = None if case % 5 == 0 else [rng.randrange(rng.choice([2, 6, 40, 300])) for _ in range(n)]
+        max_tokens = rng.choice([1, 4, 30, 200, 2000])
+        shuffle = case % 3 != 0
+        got = token_budget_batches(src, tgt, max_tokens, shuffle=shuffle, seed=case, epoch=2)
+        assert got == reference_batches(src, tgt, max_tokens, shuffle, case, 2), case
+
+
 # --- padding ----------------------------------------------------------------------------------------
 
 

@@ -80,6 +80,18 @@ def test_layout_and_manifest(data, files):
     assert set(manifest["files"]) >= {"spm.model", "train.src.tokens.npy", "valid.tgt.txt"}
 
 
+def test_loaded_arrays_read_sentences_with_pread(data):
+    """A loaded side reads offsets and tokens from its files (pread), not through the maps: the same
+    sentences as slicing the maps, also after select (its offsets then in memory)."""
+    side = open_corpus(data).side("train", "tgt")
+    assert sorted(side.files) == ["offsets", "tokens"]
+    by_map = [side.tokens[int(o) : int(o) + int(n)].tolist() for o, n in zip(side.offsets, side.lengths)]
+    assert side.rows(range(len(side))) == by_map
+    keep = np.array([5, 0, 239, 17])
+    picked = side.select(keep)
+    assert sorted(picked.files) == ["tokens"] and picked.rows(range(4)) == [by_map[i] for i in keep]
+
+
 def test_byte_fallback_spells_unseen_characters(data):
     tok = open_corpus(data).tokenizers().src
     ids = tok.encode(["the dog ☃"])[0]
@@ -169,6 +181,30 @@ def test_checksum_mismatch_is_a_clear_error(data, tmp_path, capsys):
     path.write_bytes(bytes(raw[:-1]))  # and a size that differs is found without reading the file
     with pytest.raises(CorpusError, match="bytes, the manifest says"):
         open_corpus(copy, checksums=False)
+
+
+def test_checksum_mismatch_stops_two_processes(data, tmp_path):
+    """Under torchrun rank 0 alone reads the files for their checksums (the other rank checks sizes and
+    waits for it at the process group's start): a changed file still stops the run before any update."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)
+    path = copy / "train.src.tokens.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "qkv",
+           "train", "--data", str(copy), *TRAIN, "--max-steps", "2", "--out", str(run)]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "train.src.tokens.npy: sha256 checksum mismatch" in proc.stdout + proc.stderr
+    assert not (run / "last").exists()
 
 
 def test_filters_counted(tmp_path):

@@ -108,15 +108,21 @@ def token_budget_batches(
 
 
 class BatchPlan:
-    """The batches of one epoch in two arrays: ``order`` (example indices, batch after batch) and
-    ``bounds`` (batch ``b`` is ``order[bounds[b]:bounds[b + 1]]``). Indexing gives a batch as a list
-    of ints, slicing a list of them; 30 million examples take 8 bytes each, not Python lists."""
+    """The batches of one epoch as arrays, not Python lists: batch ``b`` is
+    ``order[starts[b] : starts[b] + sizes[b]]`` (``order``: example indices, int32 below 2**31
+    examples). Indexing gives a batch as a list of ints, slicing a list of them; 30 million examples
+    take 4 bytes each. ``BatchPlan(order, bounds)`` (batch ``b`` is ``order[bounds[b]:bounds[b + 1]]``)
+    is the same with the batches in the order of the array."""
 
-    def __init__(self, order: np.ndarray, bounds: np.ndarray) -> None:
-        self.order, self.bounds = order, bounds
+    def __init__(self, order: np.ndarray, bounds: np.ndarray, starts: np.ndarray | None = None,
+                 sizes: np.ndarray | None = None) -> None:
+        self.order = order
+        bounds = np.asarray(bounds, dtype=np.int64)
+        self.starts = bounds[:-1] if starts is None else np.asarray(starts, dtype=np.int64)
+        self.sizes = np.diff(bounds) if sizes is None else np.asarray(sizes, dtype=np.int64)
 
     def __len__(self) -> int:
-        return len(self.bounds) - 1
+        return len(self.starts)
 
     def __getitem__(self, b):
         if isinstance(b, slice):
@@ -125,7 +131,8 @@ class BatchPlan:
             b += len(self)
         if not 0 <= b < len(self):
             raise IndexError(b)
-        return self.order[self.bounds[b] : self.bounds[b + 1]].tolist()
+        start = int(self.starts[b])
+        return self.order[start : start + int(self.sizes[b])].tolist()
 
     def __iter__(self):
         for b in range(len(self)):
@@ -133,6 +140,10 @@ class BatchPlan:
 
     def tolist(self) -> list[list[int]]:
         return list(self)
+
+
+_CHUNK = 1 << 20  # examples per step of the sort: its temporaries are this long, never the corpus
+_MAX_KEYS = 1 << 22  # (source, target) length pairs counted at once (a 32 MB table); more: sorts
 
 
 def budget_batches(
@@ -143,57 +154,127 @@ def budget_batches(
     seed: int = 0,
     epoch: int = 0,
 ) -> BatchPlan:
-    """:func:`token_budget_batches` as a :class:`BatchPlan`, computed with numpy: stable sorts of
-    the lengths (after a seeded permutation when shuffling) and a greedy cut that looks at one batch's
-    worth of examples at a time."""
+    """:func:`token_budget_batches` as a :class:`BatchPlan`, computed with numpy in memory that stays
+    near 4 bytes per example: a seeded permutation of the examples (when shuffling), a stable counting
+    sort of it by (source, target) length done a chunk at a time, and the greedy cut computed on the
+    counts of each length pair (every example of a pair of lengths has the same padded widths), not
+    example by example. The batches are then listed in a seeded random order, without moving the
+    examples."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-    src = np.asarray(src_lens)
-    tgt = np.zeros(len(src), dtype=np.int64) if tgt_lens is None else np.asarray(tgt_lens)
-    if len(tgt) != len(src):
-        raise ValueError(f"{len(src)} source lengths but {len(tgt)} target lengths")
+    src = src_lens if isinstance(src_lens, np.ndarray) else np.asarray(src_lens)
+    tgt = None if tgt_lens is None else tgt_lens if isinstance(tgt_lens, np.ndarray) else np.asarray(tgt_lens)
     n = len(src)
+    if tgt is not None and len(tgt) != n:
+        raise ValueError(f"{n} source lengths but {len(tgt)} target lengths")
     if n == 0:
         return BatchPlan(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
     rng = np.random.default_rng([seed, epoch]) if shuffle else None
     order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
     if rng is not None:
         rng.shuffle(order)
-    # sort by (source, target) length, stable: equal lengths keep the (random) order above
-    top_t = int(tgt.max()) + 1
-    n_keys = (int(src.max()) + 1) * top_t
-    if n_keys <= 2**16:  # one 16-bit key (one radix sort), and the sorted widths from its counts
-        key = src.astype(np.uint16) * np.uint16(top_t) + tgt.astype(np.uint16)  # in the file's order: no gather
-        order = order[np.argsort(key[order], kind="stable")]
-        sorted_key = np.repeat(np.arange(n_keys, dtype=np.int32), np.bincount(key, minlength=n_keys))
-        s, t = sorted_key // top_t + 1, sorted_key % top_t + 1  # padded widths: + EOS / BOS
-    else:
-        order = order[np.argsort(_sort_key(tgt[order]), kind="stable")]
+    top_s = _max(src) + 1
+    top_t = 1 if tgt is None else _max(tgt) + 1
+    if top_s * top_t <= _MAX_KEYS:
+        order, counts = _counting_sort(order, src, tgt, top_t, top_s * top_t)
+        keys = np.flatnonzero(counts)
+        bounds = _cut_counts(keys // top_t + 1, keys % top_t + 1, counts[keys], max_tokens)
+    else:  # lengths too large for a table of counts: two stable sorts, the cut example by example
+        t0 = np.zeros(n, dtype=np.uint16) if tgt is None else tgt
+        order = order[np.argsort(_sort_key(t0[order]), kind="stable")]
         order = order[np.argsort(_sort_key(src[order]), kind="stable")]
-        s = src[order].astype(np.int32) + 1  # padded widths: + EOS / BOS
-        t = tgt[order].astype(np.int32) + 1
-    bounds = _cut(s, t, max_tokens)
+        bounds = _cut(src[order].astype(np.int32) + 1, t0[order].astype(np.int32) + 1, max_tokens)
+    starts, sizes = bounds[:-1], np.diff(bounds)
     if rng is not None:
-        perm = rng.permutation(len(bounds) - 1)
-        sizes = np.diff(bounds)[perm]
-        starts = bounds[:-1][perm]
-        order = np.concatenate([order[a : a + k] for a, k in zip(starts.tolist(), sizes.tolist())]) \
-            if len(perm) < 4096 else _gather(order, starts, sizes)
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
-    return BatchPlan(order, bounds.astype(np.int64))
+        perm = rng.permutation(len(starts))
+        starts, sizes = starts[perm], sizes[perm]
+    return BatchPlan(order, bounds, starts, sizes)
+
+
+def _max(lengths: np.ndarray) -> int:
+    return int(lengths.max()) if len(lengths) else 0
+
+
+def _counting_sort(order: np.ndarray, src: np.ndarray, tgt: np.ndarray | None, top_t: int,
+                   n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """``order`` stably sorted by the key ``src * top_t + tgt`` of its examples, and the count of each
+    key. A chunk of ``order`` at a time is sorted (a radix sort for keys of 16 bits) and its examples
+    written where their keys' places in the output say: the temporaries are a chunk long."""
+    n = len(order)
+    key_dtype = np.uint16 if n_keys <= 2**16 else np.uint32
+
+    def keys_of(ix: np.ndarray | slice) -> np.ndarray:
+        k = np.array(src[ix], dtype=key_dtype)  # a copy (a slice of src would be a view)
+        if tgt is not None:
+            k *= key_dtype(top_t)
+            k += tgt[ix].astype(key_dtype, copy=False)
+        return k
+
+    counts = np.zeros(n_keys, dtype=np.int64)
+    for a in range(0, n, _CHUNK):  # in file order: the lengths arrays are read sequentially
+        counts += np.bincount(keys_of(slice(a, a + _CHUNK)), minlength=n_keys)
+    cursor = np.zeros(n_keys, dtype=np.int64)
+    np.cumsum(counts[:-1], out=cursor[1:])
+    out = np.empty_like(order)
+    for a in range(0, n, _CHUNK):
+        ix = order[a : a + _CHUNK]
+        k = keys_of(ix)
+        by_key = np.argsort(k, kind="stable")
+        k = k[by_key]
+        chunk_counts = np.bincount(k, minlength=n_keys)
+        first = np.zeros(n_keys, dtype=np.int64)  # where each key's run starts within the sorted chunk
+        np.cumsum(chunk_counts[:-1], out=first[1:])
+        dest = np.arange(len(k), dtype=np.int64)
+        dest += (cursor - first)[k]
+        out[dest] = ix[by_key]
+        cursor += chunk_counts
+    return out, counts
+
+
+def _cut_counts(s: np.ndarray, t: np.ndarray, counts: np.ndarray, max_tokens: int) -> np.ndarray:
+    """:func:`_cut` of examples sorted by (source, target) width given as runs: ``counts[j]`` examples
+    of widths ``s[j]``, ``t[j]`` (the runs in sorted order). The same greedy rule: a batch grows while
+    ``size * longest <= max_tokens`` on both sides, its first example always joins it; batches inside
+    a run all have the run's capacity, so each run costs a few steps, not one per example."""
+    pieces = [np.zeros(1, dtype=np.int64)]
+    p = 0  # examples placed
+    k = 0  # examples in the open batch (ending at p)
+    longest = 0  # its widest side so far
+    for sj, tj, cj in zip(s.tolist(), t.tolist(), counts.tolist()):
+        w = max(sj, tj, longest)
+        take = min(cj, max_tokens // w - k) if k else 0
+        if k and take <= 0:  # the open batch is full: close it
+            pieces.append(np.array([p], dtype=np.int64))
+            k, longest, w, take = 0, 0, max(sj, tj), 0
+        if take > 0:  # the open batch takes some of the run
+            p += take
+            k += take
+            longest = w
+            cj -= take
+            if cj == 0:
+                continue
+            pieces.append(np.array([p], dtype=np.int64))
+            k, longest = 0, 0
+        w = max(sj, tj)
+        cap = max(1, max_tokens // w)
+        full, rest = divmod(cj, cap)
+        if full:
+            pieces.append(p + cap * np.arange(1, full + 1, dtype=np.int64))
+            p += cap * full
+        if rest:  # a batch left open: the next run may add to it
+            p += rest
+            k, longest = rest, w
+        else:
+            k, longest = 0, 0
+    if k:
+        pieces.append(np.array([p], dtype=np.int64))
+    return np.concatenate(pieces)
 
 
 def _sort_key(lengths: np.ndarray) -> np.ndarray:
     """Lengths as the narrowest unsigned type (numpy's stable sort is a radix sort for 16 bits)."""
     top = int(lengths.max()) if len(lengths) else 0
     return lengths.astype(np.uint16 if top < 2**16 else np.int64, copy=False)
-
-
-def _gather(order: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """``order[starts[0]:starts[0]+sizes[0]], order[starts[1]:...], ...`` concatenated, vectorized."""
-    ends = np.cumsum(sizes)
-    idx = np.arange(ends[-1], dtype=np.int64) - np.repeat(ends - sizes - starts, sizes)
-    return order[idx]
 
 
 def _cut(s: np.ndarray, t: np.ndarray, max_tokens: int) -> np.ndarray:

@@ -16,8 +16,9 @@ directory that training maps into memory instead of reading and encoding text ag
 
 Sentence i of a side is ``tokens[offsets[i] : offsets[i] + lengths[i]]``. :func:`open_corpus` reads
 the manifest, checks the files (sizes always, sha256 when asked) and maps the arrays with
-``np.load(mmap_mode="r")``: nothing is read until a batch asks for its sentences, and processes that
-map the same files (DDP ranks) share the operating system's page cache.
+``np.load(mmap_mode="r")``: nothing is read until a batch asks for its sentences (read then with
+``pread``, see :class:`TokenArray`), and processes that read the same files (DDP ranks) share the
+operating system's page cache.
 
 The plain-file path of training builds the same :class:`TokenArray` in memory
 (:meth:`TokenArray.from_lists`), so batching and collation are one code path for both.
@@ -68,18 +69,37 @@ def token_dtype(vocab_size: int) -> np.dtype:
 @dataclass
 class TokenArray:
     """The sentences of one side: ``tokens[offsets[i] : offsets[i] + lengths[i]]`` is sentence i.
-    In memory (:meth:`from_lists`) or memory-mapped (:meth:`load`); the same either way."""
+    In memory (:meth:`from_lists`) or memory-mapped (:meth:`load`); the same either way.
+
+    A loaded array reads a sentence's offset and tokens with ``pread`` from its files (``files``), not
+    through the memory maps: a page fault on a mapped file maps the pages around it that are in the page
+    cache as well (the kernel's fault-around), so reading a sentence at a time through the maps would
+    fill the process's resident memory with the files' pages, growing with the corpus; ``pread`` reads
+    the bytes it asks for and maps nothing."""
 
     tokens: np.ndarray
     offsets: np.ndarray
     lengths: np.ndarray
+    files: dict = field(default_factory=dict, repr=False, compare=False)  # part -> (open file, byte offset)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def _read(self, part: str, array: np.ndarray, start: int, count: int) -> np.ndarray:
+        opened = self.files.get(part)
+        if opened is None:
+            return array[start : start + count]
+        fh, base = opened
+        size = count * array.dtype.itemsize
+        data = os.pread(fh.fileno(), size, base + start * array.dtype.itemsize)
+        if len(data) != size:
+            raise CorpusError(f"{fh.name}: {len(data)} bytes where {size} were expected at element {start} "
+                              "(the file changed after it was opened)")
+        return np.frombuffer(data, dtype=array.dtype)
+
     def __getitem__(self, i: int) -> list[int]:
-        start = int(self.offsets[i])
-        return self.tokens[start : start + int(self.lengths[i])].tolist()
+        start = int(self._read("offsets", self.offsets, i, 1)[0])
+        return self._read("tokens", self.tokens, start, int(self.lengths[i])).tolist()
 
     def rows(self, indices: Sequence[int]) -> list[list[int]]:
         return [self[i] for i in indices]
@@ -89,7 +109,8 @@ class TokenArray:
 
     def select(self, keep: np.ndarray) -> "TokenArray":
         """The sentences at ``keep`` (the tokens array is shared, not copied)."""
-        return TokenArray(self.tokens, self.offsets[keep], self.lengths[keep])
+        files = {p: f for p, f in self.files.items() if p == "tokens"}
+        return TokenArray(self.tokens, np.asarray(self.offsets[keep]), np.asarray(self.lengths[keep]), files)
 
     @classmethod
     def from_lists(cls, rows: Sequence[Sequence[int]], vocab_size: int = 2**16 - 1) -> "TokenArray":
@@ -104,7 +125,7 @@ class TokenArray:
     @classmethod
     def load(cls, directory: Path, prefix: str) -> "TokenArray":
         """Map ``DIR/PREFIX.{tokens,offsets,lengths}.npy`` read-only (nothing is read yet)."""
-        arrays = []
+        arrays, files = [], {}
         for part in ("tokens", "offsets", "lengths"):
             path = directory / f"{prefix}.{part}.npy"
             try:
@@ -113,7 +134,9 @@ class TokenArray:
                 raise CorpusError(f"{path}: cannot map the array: {e}") from None
             if part != "lengths":  # read a sentence at a time, in random order: no read-ahead around it
                 _advise_random(arrays[-1])
-        return cls(*arrays)
+                if isinstance(arrays[-1], np.memmap) and hasattr(os, "pread"):  # and read with pread (above)
+                    files[part] = (open(path, "rb", buffering=0), int(arrays[-1].offset))
+        return cls(*arrays, files=files)
 
 
 def _advise_random(array: np.ndarray) -> None:

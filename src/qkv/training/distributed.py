@@ -58,6 +58,11 @@ def env_world_size() -> int:
     return _env_int("WORLD_SIZE", 1)
 
 
+def env_rank() -> int:
+    """``RANK`` as set by torchrun (0 for a single process)."""
+    return _env_int("RANK", 0) if env_world_size() > 1 else 0
+
+
 def env_local_rank() -> int:
     """``LOCAL_RANK`` as set by torchrun, which picks this process's GPU (0 for a single process)."""
     return _env_int("LOCAL_RANK", 0) if env_world_size() > 1 else 0

@@ -13,6 +13,7 @@ from qkv.data import toy
 from qkv.errors import QkvError
 from qkv.tasks import DataPaths, get_task
 from qkv.tasks.translate import ParallelData
+from qkv.training import distributed
 from qkv.training.trainer import TrainResult, train
 
 EMBEDDED = "toy/train"  # the training data name recorded for the embedded default task
@@ -75,8 +76,11 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, decode_cfg: Dec
             if train_cfg.tokenizer_from and not resume:
                 raise QkvError("--data brings its own tokenizer (the ids are in its vocabulary): give "
                                "--tokenizer-from to qkv preprocess instead of qkv train")
-            # a resumed run trusts the files it checked when it started: their sizes only, no checksums
-            paths = replace(paths, verify_data=not resume)
+            # a resumed run trusts the files it checked when it started: their sizes only, no checksums.
+            # Under torchrun rank 0 alone reads the files for their checksums, the other ranks check the
+            # sizes: none of them trains before rank 0 has checked (the process group, then a barrier,
+            # wait for it), and a mismatch stops rank 0, then torchrun stops the others.
+            paths = replace(paths, verify_data=not resume and distributed.env_rank() == 0)
         train_data, valid_data = task.read_data(paths, log)
     else:
         log("no data given: training on the embedded default task, English number words -> German number words")
