@@ -286,3 +286,13 @@ def test_tensorboard_scalars_equal_metrics(data, tmp_path):
         got = [(e.step, e.value) for e in events.Scalars(tag)]
         assert [s for s, _ in got] == [s for s, _ in points]
         assert np.allclose([v for _, v in got], [v for _, v in points], rtol=1e-6, atol=0)  # float32 events
+
+
+@pytest.mark.parametrize("flag,value,message", [("--sample", "-5", "--sample"), ("--max-len", "-1", "--max-len"),
+                                                ("--max-ratio", "0.5", "--max-ratio"), ("--vocab-size", "0", "--vocab-size")])
+def test_option_bounds_refused_before_any_work(tmp_path, capsys, flag, value, message):
+    src, tgt = corpus(20)
+    a, b = write(tmp_path / "a.en", src), write(tmp_path / "a.de", tgt)
+    out = tmp_path / "out"
+    assert main(["preprocess", "--src-train", a, "--tgt-train", b, "--out", str(out), flag, value]) == 2
+    assert message in capsys.readouterr().err and not out.exists()

@@ -100,3 +100,16 @@ def test_stop_at_eos():
         m.output_bias[EOS] = 100.0  # EOS always wins
     assert list(sample(m, [5], max_new_tokens=5, temperature=0, stop_at_eos=True)) == []
     assert list(sample(m, [5], max_new_tokens=2, temperature=0)) == [EOS, EOS]
+
+
+def test_top_p_below_float32_keeps_the_most_probable_token():
+    """A p that rounds to 0 in float32 still keeps the most probable token (never a row of -inf)."""
+    import math
+
+    import torch
+
+    from qkv.decoding.sampling import top_p_filter
+
+    logits = torch.tensor([[0.1, 2.0, -1.0, 0.5]])
+    out = top_p_filter(logits, 1e-300)
+    assert out[0, 1] == 2.0 and all(out[0, i] == -math.inf for i in (0, 2, 3))

@@ -245,6 +245,8 @@ def test_bad_requests_are_refused_by_name(client, body, status, message):
     ("/generate", {"prefix": "red", "max_new_tokens": 51}, 422, "max_new_tokens 51"),
     ("/generate", {"prefix": "red", "temperature": -1}, 422, "temperature"),
     ("/generate", {"prefix": "red", "top_p": 0}, 422, "top_p"),
+    ("/generate", {"prefix": "red", "top_p": 1e-300}, 422, "top_p"),  # 0 in float32: nothing kept
+    ("/generate", {"prefix": "red", "temperature": 1e-40}, 422, "temperature"),  # logits overflow
     ("/nowhere", {}, 404, "Not Found"),
 ])
 def test_other_refusals(client, path, body, status, message):
@@ -313,6 +315,35 @@ def test_settings_batch_separately_and_a_failing_request_fails_alone():
     assert isinstance(results[3], ValueError) and after == ["a:5"]
     assert calls[0] == ("a", ["1", "3", "4", "boom"]) and ("b", ["2"]) in calls
     assert stats.failed == 1 and stats.requests == 4
+
+
+def test_calls_outside_batches_count_against_max_queue():
+    """Generations run on the worker thread outside the batches: they too are bounded by max_queue,
+    and a refused streaming call ends its stream instead of leaving it waiting."""
+    import threading
+
+    from qkv.serve.batcher import Busy
+
+    release = threading.Event()
+
+    async def scenario():
+        b = Batcher(lambda key, items: items, max_queue=2)
+        b.start()
+        first = asyncio.ensure_future(b.call(release.wait))
+        second = asyncio.ensure_future(b.call(lambda: "second"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Busy):
+            await b.call(lambda: "third")
+        with pytest.raises(Busy):
+            await b.submit("a", ["x"], 1)
+        release.set()
+        done = await asyncio.gather(first, second)
+        after = await b.call(lambda: "after")
+        await b.stop()
+        return done, after
+
+    done, after = asyncio.run(scenario())
+    assert done == [True, "second"] and after == "after"
 
 
 def test_a_model_error_is_a_500_for_that_request_only(models, monkeypatch):

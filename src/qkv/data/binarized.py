@@ -462,6 +462,14 @@ def preprocess(
         raise QkvError("give both --src-valid and --tgt-valid (or neither)")
     if workers < 1:
         raise QkvError(f"--workers must be at least 1, got {workers}")
+    if sample < 1:
+        raise QkvError(f"--sample must be at least 1 sentence, got {sample}")
+    if vocab_size < 1:
+        raise QkvError(f"--vocab-size must be positive, got {vocab_size}")
+    if filters.max_len < 1:
+        raise QkvError(f"--max-len must be at least 1 token, got {filters.max_len}")
+    if not (filters.max_ratio == 0 or 1 <= filters.max_ratio < float("inf")):
+        raise QkvError(f"--max-ratio must be 0 (off) or a finite number >= 1, got {filters.max_ratio}")
     splits = [("train", Path(src_train), Path(tgt_train))]
     if src_valid:
         splits.append(("valid", Path(src_valid), Path(tgt_valid)))

@@ -57,6 +57,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     probs = sorted_logits.float().softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # (N, V): mass of the tokens ranked above each
     keep_sorted = mass_before < p
+    keep_sorted[..., 0] = True  # the most probable token, also where p rounds to 0 in float32
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # back to vocabulary order
     return logits.masked_fill(~keep, -math.inf)
 

@@ -251,6 +251,7 @@ def create_app(models: list[Served], limits: Limits) -> FastAPI:
         if not req.stream:
             text = await model.batcher.call(lambda: "".join(model.generation(*args, threading.Event())))
             return {"model": model.name, "prefix": req.prefix, "text": text}
+        model.batcher.check_room()  # a 503 now, not an error event inside the stream
         return StreamingResponse(stream_generation(model, args), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -275,13 +276,19 @@ async def stream_generation(model: Served, args: tuple):
             loop.call_soon_threadsafe(pieces.put_nowait, end)
 
     job = asyncio.ensure_future(model.batcher.call(produce))
+    # a call refused or cancelled before produce() ran would otherwise leave the stream waiting
+    job.add_done_callback(lambda j: pieces.put_nowait(j.exception() if not j.cancelled() and j.exception()
+                                                      else end))
+    failed = False
     try:
         while (piece := await pieces.get()) is not end:
             if isinstance(piece, Exception):
+                failed = True
                 yield f"event: error\ndata: {json.dumps({'error': f'{type(piece).__name__}: {piece}'})}\n\n"
-            else:
-                yield f"data: {json.dumps({'text': piece}, ensure_ascii=False)}\n\n"
-        yield "event: done\ndata: {}\n\n"
+                break
+            yield f"data: {json.dumps({'text': piece}, ensure_ascii=False)}\n\n"
+        if not failed:
+            yield "event: done\ndata: {}\n\n"
     finally:
         stop.set()  # the client went away: the worker stops at its next piece
         job.add_done_callback(lambda j: j.cancelled() or j.exception())  # nothing left unretrieved

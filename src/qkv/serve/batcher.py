@@ -67,6 +67,7 @@ class Batcher:
         self.on_batch: Callable[[Hashable, int, int], None] | None = None  # (key, requests, items): a hook for tests
         self.queue: asyncio.Queue[Job] | None = None
         self.task: asyncio.Task | None = None
+        self.calls = 0  # calls() waiting for or running on the worker thread
 
     def start(self) -> None:
         self.queue = asyncio.Queue()
@@ -83,15 +84,26 @@ class Batcher:
         """The results of ``items`` (in order), decoded in a batch with whatever else is waiting."""
         if self.queue is None or self.task is None or self.task.done():
             raise RuntimeError(f"the batcher of {self.name!r} is not running")
-        if self.queue.qsize() >= self.max_queue:
+        if self.queue.qsize() + self.calls >= self.max_queue:
             raise Busy(f"model {self.name!r} has {self.max_queue} requests waiting; try again shortly")
         job = Job(key, list(items), max(int(tokens), 1), asyncio.get_running_loop().create_future())
         self.queue.put_nowait(job)
         return await job.future
 
+    def check_room(self) -> None:
+        """Raise :class:`Busy` when ``max_queue`` requests, batched or not, are already waiting."""
+        if self.calls + (self.queue.qsize() if self.queue is not None else 0) >= self.max_queue:
+            raise Busy(f"model {self.name!r} has {self.max_queue} requests waiting; try again shortly")
+
     async def call(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on the worker thread, between batches."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        """``fn()`` on the worker thread, between batches; refused (:class:`Busy`) when ``max_queue``
+        requests, batched or not, are already waiting."""
+        self.check_room()
+        self.calls += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        finally:
+            self.calls -= 1
 
     async def collect(self) -> None:
         held: collections.deque[Job] = collections.deque()  # a job that did not fit the last batch

@@ -3,7 +3,7 @@ the endpoint does not know or a value out of range is refused with 422 before an
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MODEL_HELP = "the model's name (GET /models); may be left out when one model serves the endpoint"
 
@@ -43,9 +43,16 @@ class GenerateRequest(Request):
     max_new_tokens: int = Field(100, ge=1, description="tokens to generate")
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0: greedy; 1: the model's distribution")
     top_k: int = Field(0, ge=0, description="sample among the k most probable tokens (0: all)")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: the smallest set with this mass")
+    top_p: float = Field(1.0, ge=1e-6, le=1.0, description="nucleus sampling: the smallest set with this mass")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="random seed (the same seed, the same text)")
     stream: bool = Field(False, description="answer as a text/event-stream, one event per piece of text")
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if 0 < v < 1e-6:  # dividing float32 logits by it overflows
+            raise ValueError("must be 0 (greedy) or at least 1e-6")
+        return v
 
 
 __all__ = ["TranslateRequest", "ScoreRequest", "ClassifyRequest", "FillRequest", "GenerateRequest"]

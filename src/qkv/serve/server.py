@@ -14,12 +14,12 @@ from qkv.serve.optional import require
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` (port 0: a free one), or a QkvError saying why not."""
+    if not 0 <= port <= 65535:
+        raise QkvError(f"--port must be in [0, 65535], got {port}")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
         raise QkvError(f"--host {host}: not an address this machine can listen on ({e})") from None
-    if not 0 <= port <= 65535:
-        raise QkvError(f"--port must be in [0, 65535], got {port}")
     family, _, _, _, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
