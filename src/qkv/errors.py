@@ -5,6 +5,9 @@ config field at fault) and exits with status 2 (or the error's own ``exit_code``
 traceback.
 """
 
+import importlib
+from types import ModuleType
+
 
 class QkvError(Exception):
     """A problem with the user's input: a file, a config value, a checkpoint."""
@@ -28,3 +31,13 @@ class TrainingDiverged(QkvError):
     """Training stopped on non-finite losses or weights; nothing non-finite was written. Exit status 3."""
 
     exit_code = 3
+
+
+def require_package(package: str, what: str, pinned: dict[str, str], install: str) -> ModuleType:
+    """Import the optional ``package`` that ``what`` needs (e.g. "--format hf", "qkv serve"), or a
+    QkvError naming its tested version (from ``pinned``) and the ``install`` command of its extra."""
+    try:
+        return importlib.import_module(package)
+    except ImportError as e:
+        raise QkvError(f"{what} needs the {package} package ({pinned.get(package, '')} is the tested version), "
+                       f"which is not installed ({e}): {install}") from None

@@ -3,10 +3,9 @@ imported only when an export needs them, with an error that says how to install 
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-from qkv.errors import QkvError
+from qkv.errors import require_package
 
 INSTALL = 'pip install -c constraints.txt -e ".[export]"'
 PINNED = {"ctranslate2": "4.8.5", "transformers": "5.23.0"}  # what pyproject.toml's export extra pins
@@ -14,11 +13,7 @@ PINNED = {"ctranslate2": "4.8.5", "transformers": "5.23.0"}  # what pyproject.to
 
 def require(package: str, what: str) -> ModuleType:
     """Import ``package`` (needed by ``what``, e.g. "--format hf"), or a QkvError naming the install command."""
-    try:
-        return importlib.import_module(package)
-    except ImportError as e:
-        raise QkvError(f"{what} needs the {package} package ({PINNED.get(package, '')} is the tested version), "
-                       f"which is not installed ({e}): {INSTALL}") from None
+    return require_package(package, what, PINNED, INSTALL)
 
 
 __all__ = ["require", "INSTALL", "PINNED"]

@@ -3,10 +3,9 @@ only by ``qkv.serve``, with an error that says how to install them."""
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-from qkv.errors import QkvError
+from qkv.errors import require_package
 
 INSTALL = 'pip install -c constraints.txt -e ".[serve]"'
 PINNED = {"fastapi": "0.165.0", "uvicorn": "0.54.0", "httpx": "0.28.1", "fastapi_offline": "1.7.7"}  # what pyproject.toml's serve extra pins
@@ -14,11 +13,7 @@ PINNED = {"fastapi": "0.165.0", "uvicorn": "0.54.0", "httpx": "0.28.1", "fastapi
 
 def require(package: str) -> ModuleType:
     """Import ``package``, or a QkvError naming the install command."""
-    try:
-        return importlib.import_module(package)
-    except ImportError as e:
-        raise QkvError(f"qkv serve needs the {package} package ({PINNED.get(package, '')} is the tested version), "
-                       f"which is not installed ({e}): {INSTALL}") from None
+    return require_package(package, "qkv serve", PINNED, INSTALL)
 
 
 __all__ = ["require", "INSTALL", "PINNED"]
