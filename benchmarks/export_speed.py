@@ -50,16 +50,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from peers.common import cpu_name, set_thread_env  # torch-free: the CTranslate2 worker imports this file
+
 HERE = Path(__file__).resolve().parent
 MARK = "EXPORT-SPEED "
 SYSTEMS = ("qkv", "qkv-int8", "ct2-f32", "ct2-int8")
 LABELS = {"qkv": "qkv translate (float32)", "qkv-int8": "qkv translate --int8", "ct2-f32": "CTranslate2 float32",
           "ct2-int8": "CTranslate2 int8"}
-
-
-def set_threads(threads: int) -> None:
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(threads)
 
 
 def rss_mb() -> float:
@@ -115,7 +112,7 @@ def run_ct2(args, sentences: list[str]):
 
 
 def worker(args) -> int:
-    set_threads(args.threads)
+    set_thread_env(args.threads)
     sentences = Path(args.sentences).read_text(encoding="utf-8").split("\n")[:-1]
     t0 = time.perf_counter()
     translate = (run_ct2 if args.worker.startswith("ct2") else run_qkv)(args, sentences)
@@ -284,21 +281,11 @@ def summarise(args, sentences, refs, systems, runs, outputs, model, preset) -> d
         "checkpoint": args.checkpoint, "shapes": model, "preset": preset, "sentences": len(sentences),
         "src": args.src, "beam_size": args.beam_size, "length_norm": args.length_norm or "checkpoint's", "output_limit": args.limit, "batch_size": args.batch_size, "threads": args.threads,
         "reps": args.reps, "rounds": args.rounds, "systems": rows,
-        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
                     "load_average": os.getloadavg()},
         "commit": commit + ("-dirty" if dirty else ""), "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def table(result: dict) -> str:

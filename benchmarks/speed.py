@@ -277,6 +277,8 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def analyse(raw, matmul, specs, systems, skipped, tasks, presets, args, started, load_start) -> dict:
+    from peers.common import cpu_name  # torch-free
+
     peaks = [m["peak_gflops"] for m in matmul if "peak_gflops" in m]
     peak = statistics.median(peaks) if peaks else float("nan")
     rows, ratios = [], []
@@ -358,16 +360,6 @@ def analyse(raw, matmul, specs, systems, skipped, tasks, presets, args, started,
 FLOP_FORMULA = ("FLOPs per target token (qkv.info.transformer_flops, matmuls only, 2 per multiply-add): "
                 "forward = [N_enc(8d²S + 4d·d_ff·S + 4S²d) + N_dec(8d²T + 4T²d + 4d²T + 4d²S + 4TSd + 4d·d_ff·T) "
                 "+ 2dVT] / T; training = 3 x forward; MFU = tok/s x training FLOPs per token / measured matmul peak")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def table(res: dict) -> str:

@@ -10,6 +10,7 @@ models (Hugging Face, CTranslate2) use EOS 0, UNK 1 and PAD = decoder start = V 
 from __future__ import annotations
 
 import os
+import platform
 import random
 import resource
 import statistics
@@ -22,6 +23,18 @@ def set_thread_env(threads: int) -> None:
     """Thread-count variables read by OpenMP / MKL / OpenBLAS when they start (before any import)."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo), for the machine line of a result."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def token_rows(n_rows: int, length: int, vocab: int, seed: int) -> list[list[int]]:
