@@ -16,7 +16,6 @@ import argparse
 import datetime
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 
@@ -66,11 +65,9 @@ def main() -> int:
     same = sum(a == b for a, b in zip(ours, theirs))
     print(f"greedy: {same} of {len(src)} lines identical ({100 * same / len(src):.2f}%); "
           f"teacher-forced logits, 32 sentences: max |Δ| {delta:.2e}")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    from peers.common import git_commit  # torch-free helpers beside this script
+
+    commit = git_commit()
     machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU, {args.threads} thread(s)"
     print(f"| {same} of {len(src)} ({100 * same / len(src):.2f}%) | {delta:.2e} | {machine} | "
           f"{datetime.date.today().isoformat()} | {commit} |")

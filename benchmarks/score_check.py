@@ -17,7 +17,6 @@ import dataclasses
 import datetime
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -60,11 +59,9 @@ def main() -> int:
           f"{seconds:.0f} s")
     print(f"|forced - beam log-probability|: max {max(diffs):.2e}, mean {sum(diffs) / len(diffs):.2e}; "
           f"within 1e-5: {within} of {len(diffs)} ({100 * within / len(diffs):.2f}%)")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    from peers.common import git_commit  # torch-free helpers beside this script
+
+    commit = git_commit()
     machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU, {args.threads} thread(s)" + \
         (", float64" if args.float64 else ", float32")
     print(f"| {len(pairs)} | {max(diffs):.2e} | {sum(diffs) / len(diffs):.2e} | {100 * within / len(diffs):.2f}% | "

@@ -14,6 +14,7 @@ import platform
 import random
 import resource
 import statistics
+import subprocess
 import time
 
 FIRST_ID = 4  # ordinary tokens are FIRST_ID .. vocab - 2 in every system
@@ -35,6 +36,15 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    """The short commit of the working tree the benchmark runs in ("unknown" outside git)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def token_rows(n_rows: int, length: int, vocab: int, seed: int) -> list[list[int]]:
