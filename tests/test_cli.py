@@ -82,16 +82,7 @@ def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
 
 # --- the trained run ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread for this module: a tiny model gains nothing from more, and OpenMP workers
-    spinning on a busy 2-core machine can make training ten times slower. Restored afterwards."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

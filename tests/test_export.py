@@ -52,12 +52,7 @@ TRAIN = ["--preset", "tiny", "--max-steps", "40", "--eval-every", "40", "--token
          "--max-tokens", "512", "--eval-bleu-samples", "5", "--threads", "1"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def target(sentence: str) -> str:

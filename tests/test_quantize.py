@@ -30,12 +30,7 @@ from qkv.losses import label_smoothed_nll_loss
 V, FIRST = 24, 4  # vocabulary; ids 0-3 are PAD UNK BOS EOS
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def reversal_batch(rng: random.Random, n: int):

@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 import qkv
 from qkv.cli import main
@@ -30,12 +29,7 @@ def write(path: Path, lines: list[str]) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
