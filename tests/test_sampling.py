@@ -113,3 +113,17 @@ def test_top_p_below_float32_keeps_the_most_probable_token():
     logits = torch.tensor([[0.1, 2.0, -1.0, 0.5]])
     out = top_p_filter(logits, 1e-300)
     assert out[0, 1] == 2.0 and all(out[0, i] == -math.inf for i in (0, 2, 3))
+
+
+def test_a_temperature_that_overflows_float32_is_refused_by_name():
+    """Dividing float32 logits by a temperature below MIN_TEMPERATURE gives inf, and sampling NaN."""
+    import pytest
+    import torch
+
+    from qkv.decoding.sampling import MIN_TEMPERATURE, next_token
+    from qkv.errors import ConfigError
+
+    logits = torch.tensor([[0.1, 2.0, -1.0, 0.5, 0.3]])
+    with pytest.raises(ConfigError, match="at least"):
+        next_token(logits, temperature=1e-40)
+    assert next_token(logits, temperature=MIN_TEMPERATURE).shape == (1,)

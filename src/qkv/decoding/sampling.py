@@ -26,10 +26,15 @@ from qkv.config import BOS, EOS, PAD
 from qkv.errors import ConfigError
 
 
+MIN_TEMPERATURE = 1e-6  # below it, dividing float32 logits by the temperature overflows to inf
+
+
 def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
-    """``z / T`` for ``T > 0``."""
+    """``z / T`` for ``T >= MIN_TEMPERATURE``."""
     if temperature <= 0:
         raise ConfigError(f"temperature must be > 0 here (0 means greedy), got {temperature}")
+    if temperature < MIN_TEMPERATURE:
+        raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature}")
     return logits / temperature
 
 

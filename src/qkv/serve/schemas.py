@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from qkv.decoding.sampling import MIN_TEMPERATURE
+
 MODEL_HELP = "the model's name (GET /models); may be left out when one model serves the endpoint"
 
 
@@ -50,8 +52,8 @@ class GenerateRequest(Request):
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, v: float) -> float:
-        if 0 < v < 1e-6:  # dividing float32 logits by it overflows
-            raise ValueError("must be 0 (greedy) or at least 1e-6")
+        if 0 < v < MIN_TEMPERATURE:  # the sampler's own bound, refused before any work
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}")
         return v
 
 
