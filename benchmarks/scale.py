@@ -27,6 +27,7 @@ import os
 import random
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -191,9 +192,52 @@ def time_v(log: Path) -> dict:
             "peak_rss_mb": round(int(rss.group(1)) / 1024, 1) if rss else None, "rc": 0, "limit_hit": None}
 
 
+def tile(source: Path, times: int, out: Path) -> None:
+    """A preprocessed directory whose training split is ``source``'s repeated ``times`` times (the
+    tokenizer and validation split copied): the corpus of ``times`` x the pairs in a minute, for the
+    training measurements (its preprocessing is not a measurement). The length index, the counts and
+    the manifest's sizes and sha256 are computed again."""
+    import numpy as np
+
+    from qkv.data.binarized import MANIFEST, SIDES, _file_entries, _NpyWriter, write_length_index
+
+    manifest = json.loads((source / MANIFEST).read_text())
+    if out.exists():
+        raise SystemExit(f"{out} exists")
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in manifest["files"]:
+        if not name.startswith("train."):
+            shutil.copy2(source / name, tmp / name)
+    for side in SIDES:
+        parts = {part: np.load(source / f"train.{side}.{part}.npy", mmap_mode="r") for part in ("tokens", "offsets", "lengths")}
+        writers = {part: _NpyWriter(tmp / f"train.{side}.{part}.npy", a.dtype) for part, a in parts.items()}
+        n_tokens = len(parts["tokens"])
+        for r in range(times):
+            for part, a in parts.items():
+                for i in range(0, len(a), 1 << 24):
+                    block = np.asarray(a[i : i + (1 << 24)])
+                    writers[part].write(block + r * n_tokens if part == "offsets" else block)
+        for w in writers.values():
+            w.close()
+    write_length_index(tmp, "train")
+    split = manifest["splits"]["train"]
+    split["pairs"] *= times
+    split["lines"] *= times
+    split["tokens"] = {k: v * times for k, v in split["tokens"].items()}
+    split["source"] = [f"{source} repeated {times} times"]
+    manifest["version"] = max(manifest.get("version", 1), 2)
+    manifest["files"] = _file_entries(tmp, sorted(p.name for p in tmp.iterdir()), 2)
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.rename(out)
+    (out.parent / "preprocess.json").write_text(json.dumps({"tiled_from": str(source), "times": times}, indent=1))
+    print(f"wrote {out}: {split['pairs']} training pairs")
+
+
 def measure_size(name: str, root: Path, args) -> dict:
     d = root / name
-    if not (d / "train.en").is_file():
+    if not (d / "train.en").is_file() and not (d / "bin" / "manifest.json").is_file():
         generate(SIZES[name], d)
     out: dict = {"pairs": SIZES[name], "steps": args.steps, "ddp_steps": args.ddp_steps}
     bin_dir = d / "bin"
@@ -203,8 +247,6 @@ def measure_size(name: str, root: Path, args) -> dict:
     elif (bin_dir / "manifest.json").is_file() and (d / "preprocess.log").is_file():
         out["preprocess"] = time_v(d / "preprocess.log")
     else:
-        import shutil
-
         shutil.rmtree(bin_dir, ignore_errors=True)
         out["preprocess"] = child(qkv("preprocess", "--src-train", str(d / "train.en"), "--tgt-train", str(d / "train.de"),
                                       "--src-valid", str(d / "valid.en"), "--tgt-valid", str(d / "valid.de"),
@@ -216,7 +258,8 @@ def measure_size(name: str, root: Path, args) -> dict:
         out["preprocess"]["pairs_kept"] = manifest["splits"]["train"]["pairs"]
         out["preprocess"]["skipped"] = manifest["splits"]["train"]["skipped"]
         out["preprocess"]["bytes_written"] = sum(f["size"] for f in manifest["files"].values())
-        out["preprocess"]["input_bytes"] = sum((d / f).stat().st_size for f in ("train.en", "train.de"))
+        if (d / "train.en").is_file():
+            out["preprocess"]["input_bytes"] = sum((d / f).stat().st_size for f in ("train.en", "train.de"))
         if out["preprocess"].get("wall_s"):
             out["preprocess"]["pairs_per_s"] = round(SIZES[name] / out["preprocess"]["wall_s"], 1)
     plain = ["--src-train", str(d / "train.en"), "--tgt-train", str(d / "train.de"), "--src-valid",
@@ -230,8 +273,6 @@ def measure_size(name: str, root: Path, args) -> dict:
             out[path] = {"skipped": f"not run at {name}: see old_limit"}
             continue
         run_dir = d / f"run-{path}"
-        import shutil
-
         shutil.rmtree(run_dir, ignore_errors=True)
         res = {}
         res["train"] = child(qkv("train", *data, *MODEL, "--max-steps", str(args.steps), "--eval-every",
@@ -279,7 +320,6 @@ def speed(args) -> None:
     """Training tokens/s of the two paths, interleaved (new, old, new, old, ...) on one size, so that
     a shared machine's load falls on both alike; the preprocessed directory must exist."""
     import datetime
-    import shutil
 
     d = Path(args.root) / args.size
     bin_dir = d / "bin"
@@ -421,6 +461,10 @@ def main() -> None:
     sp.add_argument("--rounds", type=int, default=3)
     sp.add_argument("--timeout", type=float, default=1200)
     sp.add_argument("--mem-gb", type=float, default=12)
+    ti = sub.add_parser("tile", help="a preprocessed directory repeated N times (for training measurements)")
+    ti.add_argument("--from", dest="source", required=True, help="a directory qkv preprocess wrote, e.g. ROOT/3M/bin")
+    ti.add_argument("--times", type=int, default=10)
+    ti.add_argument("--out", required=True, help="e.g. ROOT/30M/bin")
     tb = sub.add_parser("table")
     tb.add_argument("result")
     args = p.parse_args()
@@ -430,6 +474,8 @@ def main() -> None:
         print(table(Path(args.result)))
     elif args.cmd == "plot":
         plot(Path(args.result), Path(args.out))
+    elif args.cmd == "tile":
+        tile(Path(args.source), args.times, Path(args.out))
     elif args.cmd == "generate":
         generate(SIZES.get(args.pairs) or int(args.pairs), Path(args.out))
     else:

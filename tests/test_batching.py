@@ -103,17 +103,27 @@ def test_source_only_batching() -> None:
 
 
 def reference_batches(src, tgt, max_tokens, shuffle, seed, epoch) -> list[list[int]]:
-    """Example by example: the seeded permutation, a stable sort by (source, target) length, the
-    greedy cut (a batch grows while size * widest <= max_tokens per side), the seeded batch order."""
+    """Example by example: a stable sort by (source, target) length; with shuffle, the examples of each
+    pair of lengths reordered by that bucket's seeded permutation (``_permute``, tested on its own
+    below); the greedy cut (a batch grows while size * widest <= max_tokens per side); the seeded batch
+    order."""
     import numpy as np
+
+    from qkv.data.buckets import _ROUNDS, _permute
 
     n = len(src)
     tgt = [0] * n if tgt is None else tgt
+    order = sorted(range(n), key=lambda i: (src[i], tgt[i]))
     rng = np.random.default_rng([seed, epoch]) if shuffle else None
-    order = np.arange(n, dtype=np.int32)
     if rng is not None:
-        rng.shuffle(order)
-    order = sorted(order.tolist(), key=lambda i: (src[i], tgt[i]))
+        buckets: dict[tuple[int, int], list[int]] = {}
+        for i in order:
+            buckets.setdefault((src[i], tgt[i]), []).append(i)
+        keys = rng.integers(0, 2**64 - 1, size=(len(buckets), _ROUNDS), dtype=np.uint64, endpoint=True)
+        order = []
+        for j, members in enumerate(buckets.values()):
+            for q in range(len(members)):
+                order.append(members[int(_permute(np.array([q]), len(members), keys[j])[0])])
     batches: list[list[int]] = []
     for i in order:
         b = batches[-1] if batches else None
@@ -130,9 +140,10 @@ def reference_batches(src, tgt, max_tokens, shuffle, seed, epoch) -> list[list[i
 
 @pytest.mark.parametrize("chunk,max_keys", [(1 << 20, 1 << 22), (7, 1 << 22), (5, 1)])
 def test_budget_batches_equal_the_example_by_example_reference(monkeypatch, chunk, max_keys) -> None:
-    """The counting sort (done a chunk at a time) and the cut on the counts of each length pair give the
-    batches of the plain definition; so does the fallback for lengths too large to count (max_keys 1)."""
-    from qkv.data import batching
+    """The counting sort (done a chunk at a time), the cut on the counts of each length pair and the
+    batches read position by position through the bucket permutations give the batches of the plain
+    definition; so does the fallback for lengths too large to count (max_keys 1)."""
+    from qkv.data import buckets as batching
 
     monkeypatch.setattr(batching, "_CHUNK", chunk)
     monkeypatch.setattr(batching, "_MAX_KEYS", max_keys)
@@ -146,6 +157,71 @@ def test_budget_batches_equal_the_example_by_example_reference(monkeypatch, chun
         shuffle = case % 3 != 0
         got = token_budget_batches(src, tgt, max_tokens, shuffle=shuffle, seed=case, epoch=2)
         assert got == reference_batches(src, tgt, max_tokens, shuffle, case, 2), case
+
+
+@pytest.mark.parametrize("n", [*range(1, 70), 255, 256, 257, 1000, 4097, 100_003])
+def test_permute_is_a_permutation(n) -> None:
+    """Every key set gives a bijection of range(n) (Feistel rounds, and cycle walking back into range)."""
+    import numpy as np
+
+    from qkv.data.buckets import _ROUNDS, _permute
+
+    keys = np.random.default_rng(n).integers(0, 2**63, size=(3, _ROUNDS), dtype=np.uint64)
+    for k in keys:
+        image = _permute(np.arange(n), n, k)
+        assert sorted(image.tolist()) == list(range(n))
+        part = np.arange(n)[::3]  # any subset maps to the same values as within the whole
+        assert _permute(part, n, k).tolist() == image[::3].tolist()
+
+
+def test_permute_looks_uniformly_random() -> None:
+    """Over many keys, where one element lands is uniform (chi-square over 10 bins), neighbours do not
+    stay neighbours, and fixed points are about as rare as in a uniformly random permutation (mean 1)."""
+    import numpy as np
+
+    from qkv.data.buckets import _ROUNDS, _permute
+
+    n, trials = 1000, 2000
+    keys = np.random.default_rng(0).integers(0, 2**63, size=(trials, _ROUNDS), dtype=np.uint64)
+    images = np.stack([_permute(np.arange(n), n, k) for k in keys])
+    for q in (0, 1, 500, 999):
+        observed = np.bincount(images[:, q] * 10 // n, minlength=10)
+        chi2 = float((((observed - trials / 10) ** 2) / (trials / 10)).sum())
+        assert chi2 < 27.9, (q, observed)  # the 0.001 quantile of chi-square with 9 degrees of freedom
+    adjacent = (np.abs(np.diff(images, axis=1)) == 1).mean()
+    assert adjacent < 0.01  # about 2 / n for a random permutation
+    fixed = (images == np.arange(n)).sum(axis=1).mean()
+    assert 0.8 < fixed < 1.2
+    # the order of a pair of elements is a coin toss
+    assert abs((images[:, 10] < images[:, 11]).mean() - 0.5) < 0.05
+
+
+def test_length_index_from_a_file_and_up_to(tmp_path) -> None:
+    """An index whose order is read from a .npy file with pread gives the batches of the in-memory one;
+    ``up_to`` leaves out the buckets over a length, as dropping those examples would."""
+    import numpy as np
+
+    from qkv.data.buckets import BatchPlan, LengthIndex
+
+    rng = random.Random(2)
+    src = [rng.randrange(1, 30) for _ in range(3000)]
+    tgt = [rng.randrange(1, 30) for _ in range(3000)]
+    memory = LengthIndex.build(src, tgt)
+    np.save(tmp_path / "order.npy", memory.order)
+    mapped = np.load(tmp_path / "order.npy", mmap_mode="r")
+    fh = open(tmp_path / "order.npy", "rb", buffering=0)
+    on_file = LengthIndex(mapped, memory.src, memory.tgt, memory.counts, file=(fh, mapped.offset))
+    try:
+        for shuffle in (False, True):
+            a = BatchPlan(memory, 200, shuffle, seed=4, epoch=3).tolist()
+            assert BatchPlan(on_file, 200, shuffle, seed=4, epoch=3).tolist() == a
+        short = [i for i in range(3000) if src[i] <= 20 and tgt[i] <= 20]
+        kept = BatchPlan(on_file.up_to(20), 200, shuffle=False).tolist()
+        expected = token_budget_batches([src[i] for i in short], [tgt[i] for i in short], 200, shuffle=False)
+        assert kept == [[short[i] for i in b] for b in expected]
+        assert sorted(i for b in BatchPlan(on_file.up_to(20), 200, seed=1).tolist() for i in b) == short
+    finally:
+        fh.close()
 
 
 # --- padding ----------------------------------------------------------------------------------------

@@ -81,15 +81,59 @@ def test_layout_and_manifest(data, files):
 
 
 def test_loaded_arrays_read_sentences_with_pread(data):
-    """A loaded side reads offsets and tokens from its files (pread), not through the maps: the same
-    sentences as slicing the maps, also after select (its offsets then in memory)."""
+    """A loaded side reads offsets and tokens from its files (pread), not through the maps, and a
+    sentence's end from the next sentence's offset: the same sentences as slicing the maps, with the
+    lengths array never read (here replaced by zeros)."""
     side = open_corpus(data).side("train", "tgt")
     assert sorted(side.files) == ["offsets", "tokens"]
     by_map = [side.tokens[int(o) : int(o) + int(n)].tolist() for o, n in zip(side.offsets, side.lengths)]
+    side.lengths = np.zeros(len(side), dtype=np.uint16)
     assert side.rows(range(len(side))) == by_map
-    keep = np.array([5, 0, 239, 17])
-    picked = side.select(keep)
-    assert sorted(picked.files) == ["tokens"] and picked.rows(range(4)) == [by_map[i] for i in keep]
+    assert side.rows([239, 0, 17]) == [by_map[239], by_map[0], by_map[17]]
+
+
+def test_length_index_written_by_preprocess(data):
+    """train.index.npy lists the pairs stably sorted by (source length, target length); buckets.npy
+    counts each length pair: checked against a sort of the lengths arrays."""
+    d = Path(data)
+    src = np.load(d / "train.src.lengths.npy").astype(int)
+    tgt = np.load(d / "train.tgt.lengths.npy").astype(int)
+    order = np.load(d / "train.index.npy")
+    assert order.dtype == np.int32
+    assert order.tolist() == sorted(range(240), key=lambda i: (src[i], tgt[i]))
+    pairs = sorted({(a, b) for a, b in zip(src.tolist(), tgt.tolist())})
+    table = np.load(d / "train.buckets.npy")
+    assert table.tolist() == [[a, b, sum(1 for x, y in zip(src, tgt) if (x, y) == (a, b))] for a, b in pairs]
+    index = open_corpus(data).length_index("train")
+    assert index.file is not None and index.take(np.array([3, 0, 200])).tolist() == order[[3, 0, 200]].tolist()
+
+
+def test_version_1_directory_builds_the_index_in_memory(data, tmp_path):
+    """A directory written before the index files existed trains on the same batches (its index built
+    in memory from the lengths); a bucket table that does not fit the index is refused by name."""
+    import shutil
+
+    old = tmp_path / "v1"
+    shutil.copytree(data, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    for split in ("train", "valid"):
+        for name in (f"{split}.index.npy", f"{split}.buckets.npy"):
+            (old / name).unlink()
+            del manifest["files"][name]
+    manifest["version"] = 1
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    new_index, old_index = open_corpus(data).length_index("train"), open_corpus(old).length_index("train")
+    assert old_index.file is None
+    from qkv.data.buckets import BatchPlan
+
+    assert BatchPlan(old_index, 160, seed=3, epoch=1).tolist() == BatchPlan(new_index, 160, seed=3, epoch=1).tolist()
+    bad = tmp_path / "bad"
+    shutil.copytree(data, bad)
+    table = np.load(bad / "train.buckets.npy")
+    table[0, 2] += 1
+    np.save(bad / "train.buckets.npy", table)
+    with pytest.raises(CorpusError, match="train.buckets.npy"):
+        open_corpus(bad, checksums=False).length_index("train")
 
 
 def test_byte_fallback_spells_unseen_characters(data):
@@ -99,8 +143,8 @@ def test_byte_fallback_spells_unseen_characters(data):
     assert tok.decode([ids]) == ["the dog ☃"]
 
 
-def splits(data: str, files: dict, epoch: int):
-    task, cfg = TranslateTask(), TrainConfig(max_len=256)
+def splits(data: str, files: dict, epoch: int, max_len: int = 256):
+    task, cfg = TranslateTask(), TrainConfig(max_len=max_len)
     tr_b, _ = task.read_data(DataPaths(data=data), lambda m: None)
     tok = task.train_tokenizers(tr_b, cfg)
     tr_p, _ = task.read_data(DataPaths(src_train=files["src_train"], tgt_train=files["tgt_train"]), lambda m: None)
@@ -108,15 +152,21 @@ def splits(data: str, files: dict, epoch: int):
             task.encode(tr_p, tok, cfg, lambda m: None, train=True))
 
 
-@pytest.mark.parametrize("epoch", [0, 3])
-def test_same_batches_as_plain_files(data, files, epoch):
-    mapped, plain = splits(data, files, epoch)
+@pytest.mark.parametrize("epoch,max_len", [(0, 256), (3, 256), (1, 27)])
+def test_same_batches_as_plain_files(data, files, epoch, max_len):
+    """The same batches of the same pairs from the files and from the text, also when ``max_len``
+    leaves pairs out (by their buckets in the mapped index; by filtering the text's pairs)."""
+    mapped, plain = splits(data, files, epoch, max_len)
+    assert len(mapped) == len(plain) and (len(plain) < 240) == (max_len < 256)
+    assert mapped.src_ids == plain.src_ids and mapped.tgt_ids == plain.tgt_ids
     assert isinstance(mapped.src.tokens, np.memmap) and not isinstance(plain.src.tokens, np.memmap)
     a = list(mapped.batches(160, True, 5, epoch))
     b = list(plain.batches(160, True, 5, epoch))
-    assert a == b and len(a) > 5
-    for ix in a:
-        x, y = mapped.collate(ix), plain.collate(ix)
+    assert len(a) == len(b) and len(a) > 5
+    kept = mapped._kept()  # the plain split numbers the pairs it kept 0, 1, ...; the mapped one by line
+    assert a == [[kept[i] for i in ix] for ix in b]
+    for ix, iy in zip(a, b):
+        x, y = mapped.collate(ix), plain.collate(iy)
         for name in ("src", "tgt_in", "tgt_out"):
             assert torch.equal(getattr(x, name), getattr(y, name))
 

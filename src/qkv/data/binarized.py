@@ -11,14 +11,19 @@ directory that training maps into memory instead of reading and encoding text ag
     DIR/train.src.offsets.npy    int64: where sentence i starts in the tokens array
     DIR/train.src.lengths.npy    its length in tokens (uint16, or int32 past 65535)
     DIR/train.tgt.*.npy          the same for the target side
+    DIR/train.index.npy          the pair indices sorted by (source length, target length): the
+                                 order batching reads (int32, int64 past 2**31 pairs)
+    DIR/train.buckets.npy        int64 rows (source length, target length, count): the lengths'
+                                 table, in the order of train.index.npy
     DIR/valid.*                  the validation split, the same way, and its text (valid.src.txt,
                                  valid.tgt.txt) for the BLEU of validation
 
 Sentence i of a side is ``tokens[offsets[i] : offsets[i] + lengths[i]]``. :func:`open_corpus` reads
-the manifest, checks the files (sizes always, sha256 when asked) and maps the arrays with
-``np.load(mmap_mode="r")``: nothing is read until a batch asks for its sentences (read then with
-``pread``, see :class:`TokenArray`), and processes that read the same files (DDP ranks) share the
-operating system's page cache.
+the manifest and checks the files (sizes always, sha256 when asked); a split's arrays are opened,
+not read: a batch's sentences and its entries of the index are read when it is made (with ``pread``,
+see :class:`TokenArray` and :class:`~qkv.data.batching.LengthIndex`), and processes that read the
+same files (DDP ranks) share the operating system's page cache. What training holds in memory is
+the bucket table and the batch boundaries, not anything a pair long.
 
 The plain-file path of training builds the same :class:`TokenArray` in memory
 (:meth:`TokenArray.from_lists`), so batching and collation are one code path for both.
@@ -46,13 +51,14 @@ from pathlib import Path
 
 import numpy as np
 
+from qkv.data.buckets import LengthIndex, index_dtype
 from qkv.data.corpus import decode_line, stream_lines
 from qkv.data.tokenizer import Tokenizer, TokenizerPair
 from qkv.errors import CorpusError, QkvError
 
 MANIFEST = "manifest.json"
 FORMAT = "qkv-binarized"
-VERSION = 1
+VERSION = 2  # 2: the length index (NAME.index.npy, NAME.buckets.npy); version 1 directories build it in memory
 FILTERS = ("empty", "identical", "too_long", "ratio")
 SIDES = ("src", "tgt")
 _HEADER = 128  # bytes reserved for the .npy header, written once the array's length is known
@@ -98,19 +104,21 @@ class TokenArray:
         return np.frombuffer(data, dtype=array.dtype)
 
     def __getitem__(self, i: int) -> list[int]:
-        start = int(self._read("offsets", self.offsets, i, 1)[0])
-        return self._read("tokens", self.tokens, start, int(self.lengths[i])).tolist()
+        if "offsets" not in self.files:
+            start = int(self.offsets[i])
+            return self.tokens[start : start + int(self.lengths[i])].tolist()
+        # where sentence i starts and the next begins (the end of the tokens, for the last): the
+        # lengths array is not read, so none of its pages come into the process
+        bounds = self._read("offsets", self.offsets, i, 2 if i + 1 < len(self.offsets) else 1)
+        start = int(bounds[0])
+        end = int(bounds[1]) if len(bounds) == 2 else len(self.tokens)
+        return self._read("tokens", self.tokens, start, end - start).tolist()
 
     def rows(self, indices: Sequence[int]) -> list[list[int]]:
         return [self[i] for i in indices]
 
     def tolist(self) -> list[list[int]]:
         return self.rows(range(len(self)))
-
-    def select(self, keep: np.ndarray) -> "TokenArray":
-        """The sentences at ``keep`` (the tokens array is shared, not copied)."""
-        files = {p: f for p, f in self.files.items() if p == "tokens"}
-        return TokenArray(self.tokens, np.asarray(self.offsets[keep]), np.asarray(self.lengths[keep]), files)
 
     @classmethod
     def from_lists(cls, rows: Sequence[Sequence[int]], vocab_size: int = 2**16 - 1) -> "TokenArray":
@@ -431,7 +439,21 @@ def _write_split(tmp: Path, name: str, src: Path, tgt: Path, tokenizers: Tokeniz
         offsets.close()
         del raw
         (tmp / f"{name}.{s}.lengths.raw").unlink()
+    write_length_index(tmp, name)
     return counts
+
+
+def write_length_index(directory: Path, name: str) -> LengthIndex:
+    """Write ``NAME.index.npy`` and ``NAME.buckets.npy`` from the split's lengths arrays: the pairs
+    sorted by length pair (a counting sort written into the file's memory map) and the bucket table."""
+    lengths = [np.load(directory / f"{name}.{s}.lengths.npy", mmap_mode="r") for s in SIDES]
+    n = len(lengths[0])
+    order = np.lib.format.open_memmap(directory / f"{name}.index.npy", mode="w+", dtype=index_dtype(n), shape=(n,))
+    index = LengthIndex.build(*lengths, out=order)
+    order.flush()
+    del order, lengths
+    np.save(directory / f"{name}.buckets.npy", index.table)
+    return index
 
 
 def preprocess(
@@ -572,6 +594,25 @@ class BinarizedCorpus:
     def side(self, split: str, side: str) -> TokenArray:
         return TokenArray.load(self.path, f"{split}.{side}")
 
+    def length_index(self, split: str) -> LengthIndex:
+        """The split's :class:`~qkv.data.batching.LengthIndex`, its order read from ``SPLIT.index.npy``
+        with ``pread``; a directory of format version 1 has none, and gets one built in memory from
+        its lengths arrays (4 bytes a pair; ``qkv preprocess`` again writes it)."""
+        order_path, table_path = self.path / f"{split}.index.npy", self.path / f"{split}.buckets.npy"
+        if f"{split}.index.npy" not in self.manifest["files"]:
+            return LengthIndex.build(*(np.load(self.path / f"{split}.{s}.lengths.npy", mmap_mode="r") for s in SIDES))
+        try:
+            order = np.load(order_path, mmap_mode="r")
+            table = np.load(table_path)
+        except (OSError, ValueError) as e:
+            raise CorpusError(f"{order_path}: cannot read the length index: {e}") from None
+        if table.ndim != 2 or table.shape[1] != 3 or not int(table[:, 2].sum()) == len(order) == self.pairs(split):
+            raise CorpusError(f"{table_path}: a bucket table of shape {table.shape} does not describe the "
+                              f"{len(order)} pairs of {order_path} (run qkv preprocess again)")
+        _advise_random(order)
+        file = (open(order_path, "rb", buffering=0), int(order.offset)) if hasattr(os, "pread") else None
+        return LengthIndex(order, table[:, 0], table[:, 1], table[:, 2], file=file)
+
     def texts(self, split: str) -> tuple[list[str], list[str]]:
         """The kept text of a validation split (for its BLEU)."""
         from qkv.data.corpus import read_lines
@@ -619,4 +660,4 @@ def open_corpus(path: str | Path, checksums: bool = True) -> BinarizedCorpus:
 
 
 __all__ = ["TokenArray", "Filters", "preprocess", "open_corpus", "BinarizedCorpus", "tokenizer_of", "is_corpus",
-           "token_dtype", "MANIFEST"]
+           "write_length_index", "token_dtype", "MANIFEST"]

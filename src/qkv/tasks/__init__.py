@@ -43,8 +43,8 @@ The interface (:class:`qkv.tasks.base.Task`; one module per task, one instance p
         what ``qkv.load`` returns (a Translator, an Encoder, ...)
 
 A Split has ``__len__``, ``batches(max_tokens, shuffle, seed, epoch) -> list[list[int]]`` (or a
-:class:`~qkv.data.batching.BatchPlan`, which indexes and slices like one)
-(length-bucketed token-budget batches from :mod:`qkv.data.batching`) and
+:class:`~qkv.data.buckets.BatchPlan`, which indexes and slices like one)
+(length-bucketed token-budget batches from :mod:`qkv.data.buckets`) and
 ``collate(indices) -> batch``; a batch has ``.to(device, non_blocking)`` and
 ``.n_tgt_tokens``, the number of loss terms the update is normalised by (target tokens for
 translation and language models, examples for a classifier, chosen positions for mlm).

@@ -9,13 +9,14 @@ of greedy output on the first ``eval_bleu_samples`` sentences. best/ = lowest va
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from qkv.config import DecodeConfig, TrainConfig
-from qkv.data.batching import Batch, BatchPlan, budget_batches, collate
+from qkv.data.batching import Batch, BatchPlan, LengthIndex, collate
 from qkv.data.binarized import BinarizedCorpus, TokenArray, open_corpus
 from qkv.data.corpus import CorpusReport, filter_by_length, read_parallel
 from qkv.data.tokenizer import TokenizerPair
@@ -66,30 +67,46 @@ class BinarizedData:
 @dataclass
 class EncodedSplit:
     """Token ids of both sides as :class:`~qkv.data.binarized.TokenArray` (in memory for plain files,
-    memory-mapped for a preprocessed directory): one batching and collation path for both.
+    memory-mapped for a preprocessed directory) and the pairs grouped by length
+    (:class:`~qkv.data.batching.LengthIndex`: built here for plain files, read from the directory's
+    index file for a preprocessed one): one batching and collation path for both.
     ``raw_src``/``raw_tgt``: the text (for validation BLEU; None for a mapped training split)."""
 
     src: TokenArray
     tgt: TokenArray
     raw_src: list[str] | None = None
     raw_tgt: list[str] | None = None
+    index: LengthIndex | None = None  # None: built from the lengths when first asked for
+
+    @property
+    def length_index(self) -> LengthIndex:
+        if self.index is None:
+            self.index = LengthIndex.build(self.src.lengths, self.tgt.lengths)
+        return self.index
 
     def __len__(self) -> int:
-        return len(self.src)
+        return len(self.src) if self.index is None else len(self.index)
+
+    def _kept(self) -> Sequence[int]:
+        """The pairs the index keeps, in corpus order (all of them unless ``max_len`` left some out)."""
+        if len(self) == len(self.src):
+            return range(len(self.src))
+        ix = self.length_index
+        return np.sort(ix.take(np.concatenate([np.arange(a, a + c) for a, c in zip(ix.starts, ix.counts)]))).tolist()
 
     @property
     def src_ids(self) -> list[list[int]]:
-        return self.src.tolist()
+        return self.src.rows(self._kept())
 
     @property
     def tgt_ids(self) -> list[list[int]]:
-        return self.tgt.tolist()
+        return self.tgt.rows(self._kept())
 
     def batches(self, max_tokens: int, shuffle: bool, seed: int, epoch: int) -> BatchPlan:
-        return budget_batches(self.src.lengths, self.tgt.lengths, max_tokens, shuffle, seed, epoch)
+        return BatchPlan(self.length_index, max_tokens, shuffle, seed, epoch)
 
     def collate(self, indices: list[int]) -> Batch:
-        """Reads only these sentences (from the memory map, for a preprocessed directory)."""
+        """Reads only these sentences (from the files, for a preprocessed directory)."""
         return collate(self.src.rows(indices), self.tgt.rows(indices))
 
 
@@ -111,14 +128,17 @@ def encode_split(data: ParallelData, tokenizers: TokenizerPair, max_len: int | N
 
 
 def mapped_split(data: BinarizedData, max_len: int | None, log) -> EncodedSplit:
-    """A preprocessed split, memory-mapped; with ``max_len``, pairs over it (by the lengths arrays) left out."""
+    """A preprocessed split: its arrays opened, its length index read; with ``max_len``, the length
+    pairs over it left out of the index (nothing a pair long is read or copied)."""
     src, tgt = data.corpus.side(data.split, "src"), data.corpus.side(data.split, "tgt")
-    if max_len is not None and max(data.corpus.manifest["splits"][data.split]["max_length"].values()) > max_len:
-        keep = np.flatnonzero((np.asarray(src.lengths) <= max_len) & (np.asarray(tgt.lengths) <= max_len))
-        log(f"{data.name}: skipped {len(src) - len(keep)} pair(s) longer than max_len={max_len} tokens")
-        src, tgt = src.select(keep), tgt.select(keep)
+    index = data.corpus.length_index(data.split)
+    if max_len is not None:
+        kept = index.up_to(max_len)
+        if len(kept) < len(index):
+            log(f"{data.name}: skipped {len(index) - len(kept)} pair(s) longer than max_len={max_len} tokens")
+        index = kept
     raw = data.corpus.texts(data.split) if data.split != "train" else (None, None)
-    return EncodedSplit(src, tgt, *raw)
+    return EncodedSplit(src, tgt, *raw, index=index)
 
 
 def read_parallel_data(paths: DataPaths, log) -> tuple[ParallelData | BinarizedData, ParallelData | BinarizedData | None]:
