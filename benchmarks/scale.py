@@ -344,23 +344,23 @@ def speed(args) -> None:
     print(results["speed_interleaved"])
 
 
-def plot(result_path: Path, png: Path) -> None:
-    """Peak RSS of training, and the times to the first update, against the corpus size."""
+def plot(result_path: Path, png: Path, old_from: Path | None = None) -> None:
+    """Peak RSS of training, and the times to the first update, against the corpus size; the text-file
+    path's series from ``old_from`` when given (a results file of an earlier run that measured it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     results = json.loads(result_path.read_text())
-    names = [n for n in SIZES if n in results["sizes"]]
+    old = json.loads(old_from.read_text()) if old_from else results
+    names = [n for n in SIZES if n in results["sizes"] or n in old["sizes"]]
     x = {n: SIZES[n] for n in names}
 
     def series(path: str, run: str, key: str):
-        pts = [(x[n], results["sizes"][n].get(path, {}).get(run, {}).get(key)) for n in names]
-        return [p for p in pts if p[1] is not None and results["sizes"][n_of(p[0])].get(path, {}).get(run, {}).get("rc") == 0]
-
-    def n_of(value: int) -> str:
-        return next(n for n in names if x[n] == value)
+        source = old if path == "old" else results
+        runs = [(x[n], source["sizes"].get(n, {}).get(path, {}).get(run, {})) for n in names]
+        return [(v, r[key]) for v, r in runs if r.get(key) is not None and r.get("rc") == 0]
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for path, run, label, style in (("new", "train", "--data, 1 process", "o-"), ("new", "ddp2", "--data, 2 gloo processes (each)", "s--"),
@@ -368,6 +368,12 @@ def plot(result_path: Path, png: Path) -> None:
         pts = series(path, run, "peak_rss_mb")
         if pts:
             a.plot(*zip(*pts), style, label=label)
+    for n in names:  # where the text-file path hit a limit
+        failed = old["sizes"].get(n, {}).get("old", {}).get("train", {})
+        if failed.get("limit_hit"):
+            a.plot([x[n]], [failed.get("peak_rss_mb") or 8192], "X", color="red")
+            a.annotate(f"text files: {failed['limit_hit']}", (x[n], failed.get("peak_rss_mb") or 8192),
+                       textcoords="offset points", xytext=(-190, -16), fontsize=7, color="red")
     a.axhline(4096, color="grey", lw=0.8, ls=":")
     a.text(x[names[0]], 4096 * 1.05, "4 GB goal", color="grey", fontsize=8)
     a.set(xscale="log", yscale="log", xlabel="training pairs", ylabel="peak RSS while training (MB)",
@@ -379,15 +385,15 @@ def plot(result_path: Path, png: Path) -> None:
         if pts:
             b.plot(*zip(*pts), style, label=label)
     floor = [(x[n], results["sizes"][n]["startup"]["first_update_s"]) for n in names
-             if results["sizes"][n].get("startup", {}).get("first_update_s")]
+             if results["sizes"].get(n, {}).get("startup", {}).get("first_update_s")]
     if floor:
         b.plot(*zip(*floor), ":", color="grey", label="importing torch + qkv (floor)")
     b.axhline(10, color="grey", lw=0.8, ls=":")
     b.set(xscale="log", yscale="log", xlabel="training pairs", ylabel="seconds from start",
           title="Time to the first update")
     b.legend(fontsize=8)
-    fig.suptitle(f"qkv preprocess + train --data against text files (commit {results['commit']}, "
-                 f"{results['nproc']}-core shared CPU)", fontsize=9)
+    fig.suptitle(f"qkv preprocess + train --data (commit {results['commit']}) against text files (commit "
+                 f"{old['commit']}), {results['nproc']}-core shared CPU", fontsize=9)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -454,6 +460,7 @@ def main() -> None:
     pl = sub.add_parser("plot")
     pl.add_argument("result", help="benchmarks/results/scale-DATE.json")
     pl.add_argument("--out", default=str(ROOT / "docs" / "img" / "scale.png"))
+    pl.add_argument("--old", help="take the text-file path's figures from this results file")
     sp = sub.add_parser("speed")
     sp.add_argument("--size", default="300k")
     sp.add_argument("--root", default="/tmp/qkv-scale")
@@ -473,7 +480,7 @@ def main() -> None:
     elif args.cmd == "table":
         print(table(Path(args.result)))
     elif args.cmd == "plot":
-        plot(Path(args.result), Path(args.out))
+        plot(Path(args.result), Path(args.out), Path(args.old) if args.old else None)
     elif args.cmd == "tile":
         tile(Path(args.source), args.times, Path(args.out))
     elif args.cmd == "generate":
