@@ -317,8 +317,8 @@ def run(args) -> None:
 
 
 def speed(args) -> None:
-    """Training tokens/s of the two paths, interleaved (new, old, new, old, ...) on one size, so that
-    a shared machine's load falls on both alike; the preprocessed directory must exist."""
+    """Training tokens/s of the two paths, interleaved (new, old, old, new, new, old, ...) on one size, so
+    that a shared machine's load falls on both alike; the preprocessed directory must exist."""
     import datetime
 
     d = Path(args.root) / args.size
@@ -327,8 +327,8 @@ def speed(args) -> None:
             "old": ["--src-train", str(d / "train.en"), "--tgt-train", str(d / "train.de"), "--src-valid",
                     str(d / "valid.en"), "--tgt-valid", str(d / "valid.de"), "--tokenizer-from", str(bin_dir)]}
     rounds = []
-    for _ in range(args.rounds):
-        for path in ("new", "old"):
+    for i in range(args.rounds):
+        for path in ("new", "old") if i % 2 == 0 else ("old", "new"):  # alternated: a drift of the load falls on both
             run_dir = d / f"speed-{path}"
             shutil.rmtree(run_dir, ignore_errors=True)
             r = child(qkv("train", *data[path], *MODEL, "--max-steps", str(args.steps), "--eval-every",
@@ -336,7 +336,7 @@ def speed(args) -> None:
             rounds.append({"path": path, "tokens_per_s": rate(run_dir), "load_1min": r["load_1min"], "rc": r["rc"]})
             print(rounds[-1], flush=True)
     mean = {p: sum(r["tokens_per_s"] for r in rounds if r["path"] == p) / args.rounds for p in data}
-    result_path = ROOT / "benchmarks" / "results" / f"scale-{datetime.date.today()}.json"
+    result_path = Path(args.result) if args.result else ROOT / "benchmarks" / "results" / f"scale-{datetime.date.today()}.json"
     results = json.loads(result_path.read_text()) if result_path.is_file() else {}
     results["speed_interleaved"] = {"size": args.size, "steps": args.steps, "rounds": rounds,
                                     "mean_tokens_per_s": mean, "new_over_old": round(mean["new"] / mean["old"], 4)}
@@ -468,6 +468,7 @@ def main() -> None:
     sp.add_argument("--rounds", type=int, default=3)
     sp.add_argument("--timeout", type=float, default=1200)
     sp.add_argument("--mem-gb", type=float, default=12)
+    sp.add_argument("--result", help="the results file to add the figures to (default benchmarks/results/scale-DATE.json)")
     ti = sub.add_parser("tile", help="a preprocessed directory repeated N times (for training measurements)")
     ti.add_argument("--from", dest="source", required=True, help="a directory qkv preprocess wrote, e.g. ROOT/3M/bin")
     ti.add_argument("--times", type=int, default=10)

@@ -1,0 +1,52 @@
+#!/usr/bin/env python
+"""Run a command; sample the summed RSS (and PSS) of its whole process tree every 0.2 s.
+Prints 'TREE_PEAK_RSS_KB <n>' and 'TREE_MAX_PROCS <n>' to stderr at the end."""
+import os, subprocess, sys, time
+
+def children_map():
+    m = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit(): continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                s = f.read()
+            ppid = int(s[s.rfind(")") + 2:].split()[1])
+            m.setdefault(ppid, []).append(int(d))
+        except Exception:
+            pass
+    return m
+
+def rss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except Exception:
+        pass
+    return 0
+
+def pss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except Exception:
+        pass
+    return 0
+
+p = subprocess.Popen(sys.argv[1:])
+peak = 0; maxn = 0; peakpss = 0
+while p.poll() is None:
+    m = children_map()
+    stack = [p.pid]; tot = 0; n = 0; pss = 0
+    while stack:
+        q = stack.pop(); tot += rss_kb(q); pss += pss_kb(q); n += 1
+        stack.extend(m.get(q, []))
+    peak = max(peak, tot); maxn = max(maxn, n); peakpss = max(peakpss, pss)
+    time.sleep(0.2)
+print(f"TREE_PEAK_RSS_KB {peak}", file=sys.stderr)
+print(f"TREE_PEAK_PSS_KB {peakpss}", file=sys.stderr)
+print(f"TREE_MAX_PROCS {maxn}", file=sys.stderr)
+sys.exit(p.returncode)
