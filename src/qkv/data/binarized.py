@@ -21,7 +21,7 @@ directory that training maps into memory instead of reading and encoding text ag
 Sentence i of a side is ``tokens[offsets[i] : offsets[i] + lengths[i]]``. :func:`open_corpus` reads
 the manifest and checks the files (sizes always, sha256 when asked); a split's arrays are opened,
 not read: a batch's sentences and its entries of the index are read when it is made (with ``pread``,
-see :class:`TokenArray` and :class:`~qkv.data.batching.LengthIndex`), and processes that read the
+see :class:`TokenArray` and :class:`~qkv.data.buckets.LengthIndex`), and processes that read the
 same files (DDP ranks) share the operating system's page cache. What training holds in memory is
 the bucket table and the batch boundaries, not anything a pair long.
 
@@ -595,7 +595,7 @@ class BinarizedCorpus:
         return TokenArray.load(self.path, f"{split}.{side}")
 
     def length_index(self, split: str) -> LengthIndex:
-        """The split's :class:`~qkv.data.batching.LengthIndex`, its order read from ``SPLIT.index.npy``
+        """The split's :class:`~qkv.data.buckets.LengthIndex`, its order read from ``SPLIT.index.npy``
         with ``pread``; a directory of format version 1 has none, and gets one built in memory from
         its lengths arrays (4 bytes a pair; ``qkv preprocess`` again writes it)."""
         order_path, table_path = self.path / f"{split}.index.npy", self.path / f"{split}.buckets.npy"

@@ -68,7 +68,7 @@ class BinarizedData:
 class EncodedSplit:
     """Token ids of both sides as :class:`~qkv.data.binarized.TokenArray` (in memory for plain files,
     memory-mapped for a preprocessed directory) and the pairs grouped by length
-    (:class:`~qkv.data.batching.LengthIndex`: built here for plain files, read from the directory's
+    (:class:`~qkv.data.buckets.LengthIndex`: built here for plain files, read from the directory's
     index file for a preprocessed one): one batching and collation path for both.
     ``raw_src``/``raw_tgt``: the text (for validation BLEU; None for a mapped training split)."""
 
