@@ -134,6 +134,13 @@ def test_version_1_directory_builds_the_index_in_memory(data, tmp_path):
     np.save(bad / "train.buckets.npy", table)
     with pytest.raises(CorpusError, match="train.buckets.npy"):
         open_corpus(bad, checksums=False).length_index("train")
+    shutil.copy(Path(data) / "train.buckets.npy", bad / "train.buckets.npy")
+    order = np.load(bad / "train.index.npy")
+    order[7] = -3  # damaged after the checksums were checked (a resumed run checks sizes only)
+    np.save(bad / "train.index.npy", order)
+    index = open_corpus(bad, checksums=False).length_index("train")
+    with pytest.raises(CorpusError, match="train.index.npy: a pair index outside 0..239"):
+        BatchPlan(index, 100000, shuffle=False)[0]
 
 
 def test_byte_fallback_spells_unseen_characters(data):

@@ -132,6 +132,9 @@ class LengthIndex:
                 raise CorpusError(f"{fh.name}: {len(data)} bytes where {(hi - lo) * size} were expected at "
                                   f"element {lo} (the file changed after it was opened)")
             out[by_pos[a:b]] = np.frombuffer(data, dtype=self.order.dtype)[p[a:b] - lo]
+        if len(out) and (int(out.min()) < 0 or int(out.max()) >= len(self.order)):
+            raise CorpusError(f"{fh.name}: a pair index outside 0..{len(self.order) - 1} (the file is damaged; "
+                              "run qkv preprocess again)")
         return out
 
 
