@@ -92,6 +92,8 @@ class EncodedSplit:
         if len(self) == len(self.src):
             return range(len(self.src))
         ix = self.length_index
+        if not len(ix):
+            return []
         return np.sort(ix.take(np.concatenate([np.arange(a, a + c) for a, c in zip(ix.starts, ix.counts)]))).tolist()
 
     @property
