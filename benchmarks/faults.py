@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from peers.common import git_commit  # torch-free helpers beside this script
+
 FLAGS = ["--preset", "tiny", "--tokenizer", "char", "--vocab-size", "60", "--max-tokens", "512",
          "--dropout", "0.1", "--attention-dropout", "0.1", "--eval-every", "10", "--keep-last", "3",
          "--eval-bleu-samples", "0", "--threads", "1", "--seed", "11"]
@@ -100,14 +102,6 @@ def compare(a: Path, b: Path) -> list[str]:
     if records(a) != records(b):
         diffs.append(f"metrics.jsonl differ: {len(records(a))} vs {len(records(b))} records")
     return diffs
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> int:
@@ -206,7 +200,7 @@ def main() -> int:
     n_injected = sum(injected.values())
     print(f"\n| {n_kills} ({kills['SIGKILL']} SIGKILL, {kills['SIGTERM']} SIGTERM) + {n_injected} injected | "
           f"{survived + n_injected} | {mid_save} | {recovered} | {len(bad)} | {'yes' if equal else 'no'} | {machine} | "
-          f"{date} | {commit()} |")
+          f"{date} | {git_commit()} |")
     return 0 if (equal and not bad and not errors and n_kills >= args.kills and n_injected >= args.injected) else 1
 
 

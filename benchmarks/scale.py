@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from peers.common import git_commit  # torch-free helpers beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 if not MULTI30K.is_dir():
@@ -300,7 +302,7 @@ def run(args) -> None:
     import platform
 
     root = Path(args.root)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = git_commit()
     result_path = Path(args.result) if args.result else ROOT / "benchmarks" / "results" / f"scale-{datetime.date.today()}.json"
     results = json.loads(result_path.read_text()) if result_path.is_file() else {}
     results.update({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -16,6 +16,7 @@ import resource
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 FIRST_ID = 4  # ordinary tokens are FIRST_ID .. vocab - 2 in every system
 
@@ -39,10 +40,11 @@ def cpu_name() -> str:
 
 
 def git_commit() -> str:
-    """The short commit of the working tree the benchmark runs in ("unknown" outside git)."""
+    """The short commit of the working tree these benchmarks belong to, wherever they are run from
+    ("unknown" outside git)."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+                              check=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -16,25 +16,22 @@ def children_map():
             pass
     return m
 
-def rss_kb(pid):
+def field_kb(path, key):
+    """The value in kB of the line ``key`` of a /proc file (0 if the process is gone)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key):
                     return int(line.split()[1])
     except Exception:
         pass
     return 0
 
+def rss_kb(pid):
+    return field_kb(f"/proc/{pid}/status", "VmRSS:")
+
 def pss_kb(pid):
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except Exception:
-        pass
-    return 0
+    return field_kb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 p = subprocess.Popen(sys.argv[1:])
 peak = 0; maxn = 0; peakpss = 0
