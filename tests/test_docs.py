@@ -6,6 +6,7 @@ without it; the other checks read the Markdown files directly and always run.
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import re
 import subprocess
@@ -17,6 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+sys.path.insert(0, str(ROOT))
+from mkdocs_hooks import inject, readme_section  # noqa: E402 (the site's hook, beside mkdocs.yml)
 
 # What the documentation, README and recipes must not say: the project's working history
 # ("session 12", "issue 3") means nothing to a user.
@@ -50,6 +53,31 @@ def site(tmp_path_factory) -> Path:
 def test_mkdocs_build_strict(site):
     assert (site / "index.html").is_file()
     assert (site / "results" / "index.html").is_file()
+
+
+def _readme_commands(heading: str) -> list[str]:
+    """The command lines of the fenced blocks in the README section under ``heading`` (comments dropped)."""
+    section = readme_section((ROOT / "README.md").read_text(), heading)
+    blocks = re.findall(r"^```bash\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_home_page_carries_the_readme_set_up_and_tour(site):
+    page = html.unescape(re.sub(r"<[^>]+>", "", (site / "index.html").read_text()))
+    commands = _readme_commands("Set-up: two commands") + _readme_commands("A short tour")
+    assert any("qkv train --out runs/default" in c for c in commands)
+    missing = [c for c in commands if c not in page]
+    assert not missing, f"README commands missing from the site's home page: {missing}"
+
+
+def test_readme_block_is_replaced_by_its_section_and_a_missing_heading_is_named():
+    readme = "# t\n\n## A\n\ntext [x](docs/x.md#y)\n\n```bash\n## not a heading\n```\n\n### A.1\n\nsub\n\n## B\n\nb\n"
+    page = "before\n<!-- readme: A -->\nsee the README\n<!-- /readme -->\nafter\n"
+    assert inject(page, readme) == ("before\n## A\n\ntext [x](x.md#y)\n\n```bash\n## not a heading\n```\n\n"
+                                    "### A.1\n\nsub\nafter\n")
+    with pytest.raises(ValueError, match="no section headed 'C'"):
+        inject("<!-- readme: C -->\n<!-- /readme -->\n", readme)
 
 
 def test_api_reference_is_generated_from_the_docstrings(site):
