@@ -154,3 +154,73 @@ def test_every_docs_page_is_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text()
     missing = [p.name for p in DOCS.glob("*.md") if not re.search(rf":\s*{re.escape(p.name)}\s*$", nav, re.MULTILINE)]
     assert not missing, f"docs pages missing from the nav of mkdocs.yml: {missing}"
+
+
+# --- the embedded default task's headline figures: one source, docs/headline.json -----------------
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import headline  # noqa: E402 (benchmarks/headline.py)
+
+
+def test_every_page_quotes_the_headline_figures_of_docs_headline_json():
+    figures = headline.headline()
+    assert isinstance(figures["exact_match_percent"], (int, float)) and isinstance(figures["wall_time_s"], (int, float))
+    assert headline.disagreements(figures) == [], "run python benchmarks/headline.py --write"
+    # the pages do quote it (a page that stopped quoting would pass the check above vacuously)
+    readme = (ROOT / "README.md").read_text()
+    assert f"about {round(figures['wall_time_s'] / 60)} minutes on an idle 2-core machine" in readme
+    results = (DOCS / "results.md").read_text()
+    assert f"{figures['exact_match_percent']:.1f}% exact match" in results
+    assert f"{figures['wall_time_s']:.0f} s end to end" in results
+
+
+def test_a_page_disagreeing_with_the_headline_is_named():
+    figures = dict(headline.headline(), exact_match_percent=12.3, wall_time_s=600)
+    found = headline.disagreements(figures)
+    assert any(f.startswith("README.md:") and "exact match" in f and "gives 12.3" in f for f in found), found
+    assert any(f.startswith("README.md:") and "minutes" in f and "gives 10" in f for f in found), found
+
+
+def test_placeholders_stay_in_the_source():
+    assert headline.PLACEHOLDER in headline.SOURCE.read_text()  # the per-magnitude figures, until measured
+    quoting = [p.relative_to(ROOT) for p in _markdown_pages() if headline.PLACEHOLDER in p.read_text()]
+    assert not quoting, f"pages quoting a placeholder of docs/headline.json: {quoting}"
+
+
+# --- the README's tour: commands that parse, finish, and fit together ----------------------------
+
+def _commands(text: str) -> list[list[str]]:
+    """The `qkv ...` command lines of the fenced bash blocks in ``text`` (continuations joined,
+    comments dropped), split as a shell would."""
+    import shlex
+
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["qkv"]:
+                out.append(words[1:])
+    return out
+
+
+@pytest.mark.parametrize("page, heading", [("README.md", "A short tour"),
+                                           ("docs/translation.md", "Train on your own parallel text")])
+def test_tour_commands_parse_finish_and_average_what_training_keeps(page, heading, monkeypatch):
+    from qkv.cli import COMMANDS, resolve_configs
+    from qkv.cli_options import build_parser
+
+    monkeypatch.chdir(ROOT)  # the commands name recipes/... relative to the repository
+    parser = build_parser({name: (lambda args: 0) for name in COMMANDS})
+    commands = [parser.parse_args(words) for words in _commands(readme_section((ROOT / page).read_text(), heading))]
+    train = next(a for a in commands if a.command == "train" and a.src_train)
+    _, train_cfg, _ = resolve_configs(train)
+    assert train_cfg.max_steps <= 10_000 or 0 < train_cfg.max_time <= 3600, \
+        f"{page}: the tour's training is not bounded: {train_cfg.max_steps} updates, max_time {train_cfg.max_time}"
+    averages = [a for a in commands if a.command == "average"]
+    assert averages, f"{page}: no qkv average in the tour"
+    for average in averages:
+        assert average.inputs == [train.out], "the tour averages the run it trained"
+        kept = min(train_cfg.keep_last, train_cfg.max_steps // train_cfg.eval_every)
+        assert average.last <= kept, (f"{page}: qkv average --last {average.last}, but the run keeps {kept} "
+                                      f"step_N/ checkpoints (keep_last {train_cfg.keep_last}, one every "
+                                      f"{train_cfg.eval_every} of {train_cfg.max_steps} updates)")
