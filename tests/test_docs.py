@@ -224,3 +224,21 @@ def test_tour_commands_parse_finish_and_average_what_training_keeps(page, headin
         assert average.last <= kept, (f"{page}: qkv average --last {average.last}, but the run keeps {kept} "
                                       f"step_N/ checkpoints (keep_last {train_cfg.keep_last}, one every "
                                       f"{train_cfg.eval_every} of {train_cfg.max_steps} updates)")
+
+
+def test_home_page_table_lists_every_page():
+    table = (DOCS / "index.md").read_text()
+    pages = [p.name for p in DOCS.glob("*.md") if p.name != "index.md"]
+    missing = [name for name in pages if f"]({name})" not in table]
+    assert not missing, f"docs/index.md's page table lacks: {missing}"
+
+
+def test_no_page_calls_an_existing_task_in_progress():
+    from qkv.tasks import TASKS
+
+    stale = []
+    for page in _markdown_pages():
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if re.search(r"in progress|not yet (?:implemented|available)|\bTODO\b", line):
+                stale.append(f"{page.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not stale, f"the tasks that exist: {sorted(TASKS)}; stale wording:\n" + "\n".join(stale)
