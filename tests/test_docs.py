@@ -242,3 +242,28 @@ def test_no_page_calls_an_existing_task_in_progress():
             if re.search(r"in progress|not yet (?:implemented|available)|\bTODO\b", line):
                 stale.append(f"{page.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not stale, f"the tasks that exist: {sorted(TASKS)}; stale wording:\n" + "\n".join(stale)
+
+
+# --- the docs' Python examples run, against the fixture translation checkpoint ------------------
+
+def _python_examples() -> list[tuple[str, int, str]]:
+    """(page, block number, code) of every ```python block that opens the README's default run."""
+    found = []
+    for page in _markdown_pages():
+        blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.MULTILINE | re.DOTALL)
+        found += [(str(page.relative_to(ROOT)), i, code) for i, code in enumerate(blocks, 1)
+                  if 'qkv.load("runs/default/best")' in code]
+    return found
+
+
+def test_the_python_examples_include_translate_scored_and_cross_attention():
+    code = "\n".join(c for page, _, c in _python_examples() if page == "docs/inference.md")
+    assert "translate_scored(" in code and "cross_attention(" in code and "hypotheses(" in code
+
+
+@pytest.mark.parametrize("page, number, code", _python_examples(), ids=lambda v: str(v)[:20])
+def test_python_example_runs(page, number, code, tmp_path, monkeypatch, capsys):
+    (tmp_path / "runs" / "default").mkdir(parents=True)
+    (tmp_path / "runs" / "default" / "best").symlink_to(ROOT / "tests" / "fixtures" / "checkpoints" / "translate-transformer")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, f"{page}, python block {number}", "exec"), {"__name__": "__docs__"})
