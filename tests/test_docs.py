@@ -267,3 +267,33 @@ def test_python_example_runs(page, number, code, tmp_path, monkeypatch, capsys):
     (tmp_path / "runs" / "default" / "best").symlink_to(ROOT / "tests" / "fixtures" / "checkpoints" / "translate-transformer")
     monkeypatch.chdir(tmp_path)
     exec(compile(code, f"{page}, python block {number}", "exec"), {"__name__": "__docs__"})
+
+
+# --- the results page: a glance, not a journal --------------------------------------------------
+
+def test_results_page_is_short_tables_without_commits_or_times_of_day():
+    text = (DOCS / "results.md").read_text()
+    prose = _strip_code(re.sub(r"<!--.*?-->", "", text, flags=re.DOTALL))
+    commits = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", prose) if re.search(r"\d", w) and re.search(r"[a-f]", w)]
+    assert not commits, f"commit hashes in docs/results.md (they belong in the tuning journal): {commits}"
+    times = re.findall(r"\b\d\d:\d\dZ?\b|\b\d{4}Z\b", prose)
+    assert not times, f"times of day in docs/results.md: {times}"
+    assert "How we got here" not in text, "the story of a result goes in the tuning journal"
+    prose_cells = [c.strip() for line in text.splitlines() if line.startswith("|")
+                   for c in line.strip("|").split("|") if not c.strip().startswith("`")]
+    long_cells = [c for c in prose_cells if len(c) > 120]
+    assert not long_cells, f"paragraph-long cells in docs/results.md: {long_cells}"
+    # each task's section has its table
+    for section in re.split(r"^## ", text, flags=re.MULTILINE)[2:]:
+        assert re.search(r"^\| --- ", section, flags=re.MULTILINE), f"no table under '{section.splitlines()[0]}'"
+
+
+def test_results_page_keeps_the_spots_for_the_figures_still_to_come():
+    text = (DOCS / "results.md").read_text()
+    for spot in ("per-magnitude table of the default task", "Hugging Face beam search timed beside qkv",
+                 "model-card snippet check"):
+        assert re.search(rf"<!-- SPOT: [^>]*{re.escape(spot)}", text), spot
+
+
+def test_readme_lists_user_documentation_only():
+    assert "tuning-journal" not in (ROOT / "README.md").read_text()
