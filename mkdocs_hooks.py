@@ -10,6 +10,9 @@ In a page, a block
 is replaced at build time by the README's section of that heading (the heading line and all up
 to the next heading of the same or a higher level), its links to `docs/PAGE.md` made relative to
 the site. A heading the README lacks fails the build with its name.
+
+The docstrings of src/qkv cross-reference in Sphinx's way (:class:`Translator`); the API reference
+(docs/api.md, rendered by mkdocstrings) shows such a name as code, without the role.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 README = Path(__file__).resolve().parent / "README.md"
 BLOCK = re.compile(r"^<!-- readme: (.+?) -->\n.*?^<!-- /readme -->$", re.MULTILINE | re.DOTALL)
 FENCE = re.compile(r"^(```|~~~)")
+ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):(?=<code>)")
 
 
 def readme_section(text: str, heading: str) -> str:
@@ -59,3 +63,7 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ARG001 (the hook's
     if "<!-- readme: " not in markdown:
         return markdown
     return inject(markdown, README.read_text(encoding="utf-8"))
+
+
+def on_page_content(html, page, config, files):  # noqa: ARG001 (the hook's signature)
+    return ROLE.sub("", html)

@@ -92,6 +92,7 @@ def test_api_reference_is_generated_from_the_docstrings(site):
 
     first_line = Translator.translate_scored.__doc__.split(";")[0]
     assert first_line.replace("``", "")[:30] in re.sub(r"<[^>]+>", "", page).replace("&#39;", "'")
+    assert not re.search(r":(?:class|func|meth|mod|attr):", re.sub(r"<[^>]+>", "", page)), "a Sphinx role shown raw"
 
 
 def test_no_session_or_issue_wording():
