@@ -78,7 +78,15 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
                "embedded default task (English number words -> German) in a few minutes on a CPU.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (add_train_parser, add_preprocess_parser, add_translate_parser, add_score_parser,
+                add_evaluate_parser, add_generate_parser, add_classify_parser, add_fill_parser, add_embed_parser,
+                add_search_parser, add_average_parser, add_info_parser, add_viz_parser, add_bench_parser,
+                add_export_parser, add_serve_parser):
+        add(sub, handlers)
+    return p
 
+
+def add_train_parser(sub, handlers: dict) -> None:
     t = sub.add_parser("train", help="train a model", formatter_class=DefaultsHelpFormatter,
                        description="Train a model for a task (--task): translate (the default: an encoder-decoder "
                                    "Transformer, or with --arch lstm|gru|rnn a recurrent encoder-decoder with or "
@@ -125,8 +133,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     add_config_flags(t, DecodeConfig, "decoding for validation and the saved model (DecodeConfig)")
     t.set_defaults(func=handlers["train"])
 
-    add_preprocess_parser(sub, handlers)
 
+def add_translate_parser(sub, handlers: dict) -> None:
     tr = sub.add_parser("translate", help="translate with a trained model",
                         description="Translate sentences given as arguments, a file (--input) or stdin, one "
                                     "per line, to stdout (or --output). Empty lines stay empty. With --nbest N "
@@ -149,6 +157,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
     tr.set_defaults(func=handlers["translate"])
 
+
+def add_score_parser(sub, handlers: dict) -> None:
     sc = sub.add_parser("score", help="log-probabilities of given translations (forced decoding)",
                         description="Score each target line as a translation of its source line: the model's "
                                     "log-probability of every target token given the source and the tokens before "
@@ -164,6 +174,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     sc.add_argument("--device", default="cpu", help=DEVICE_HELP)
     sc.set_defaults(func=handlers["score"])
 
+
+def add_evaluate_parser(sub, handlers: dict) -> None:
     ev = sub.add_parser("evaluate", help="BLEU and chrF of translations; accuracy, macro-F1 of a classifier",
                         description="Translation: score detokenized output against raw references with sacreBLEU "
                                     "(BLEU, cased, 13a tokenization; chrF) and print the signatures. Either score "
@@ -192,6 +204,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
     ev.set_defaults(func=handlers["evaluate"])
 
+
+def add_generate_parser(sub, handlers: dict) -> None:
     g = sub.add_parser("generate", help="continue a text with a language model (streamed)",
                        formatter_class=DefaultsHelpFormatter,
                        description="Continue --prefix with a language model trained with --task lm, printing "
@@ -213,6 +227,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     g.add_argument("--greedy", action="store_true", help="always the most probable token (temperature 0)")
     g.set_defaults(func=handlers["generate"])
 
+
+def add_classify_parser(sub, handlers: dict) -> None:
     c = sub.add_parser("classify", help="label texts with a trained classifier",
                        description="Print the most probable label and its probability ('label<TAB>prob') for "
                                    "each text given as an argument, in a file (--input) or on stdin, one per "
@@ -226,6 +242,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     c.add_argument("--all", action="store_true", help="also print every label's probability")
     c.set_defaults(func=handlers["classify"])
 
+
+def add_fill_parser(sub, handlers: dict) -> None:
     fl = sub.add_parser("fill", help="fill in [MASK] with a masked language model",
                         description="Show the most probable pieces for each [MASK] in the text, with their "
                                     "probabilities, from a --task mlm model.",
@@ -235,6 +253,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     fl.add_argument("--top-k", type=int, default=5, dest="top_k", help="predictions per mask (default: %(default)s)")
     fl.set_defaults(func=handlers["fill"])
 
+
+def add_embed_parser(sub, handlers: dict) -> None:
     em = sub.add_parser("embed", help="sentence embeddings from an encoder",
                         description="Embed every line of --input with a classify or mlm model: the encoder's "
                                     "states pooled into one vector (mean over the tokens, or the <cls> state). "
@@ -247,6 +267,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
                     help="mean over the tokens or the <cls> state (default: a classifier's own, mean for mlm)")
     em.set_defaults(func=handlers["embed"])
 
+
+def add_search_parser(sub, handlers: dict) -> None:
     se = sub.add_parser("search", help="rank the lines of a corpus by similarity to a query",
                         description="Embed every line of --corpus and each query (as qkv embed), and print the "
                                     "top-k lines by cosine similarity q.d / (|q| |d|), with their line numbers.",
@@ -258,6 +280,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     se.add_argument("--pooling", choices=["mean", "cls"], help="as for qkv embed")
     se.set_defaults(func=handlers["search"])
 
+
+def add_average_parser(sub, handlers: dict) -> None:
     a = sub.add_parser("average", help="average checkpoints (the paper averages the last 5 or 20)",
                        description="Average the parameters of several checkpoints of one run into a new "
                                    "checkpoint for decoding: either list checkpoint directories, or give one run "
@@ -269,6 +293,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
                                                 "of the checkpoints averaged nor the run's last/, best/, step_N/")
     a.set_defaults(func=handlers["average"])
 
+
+def add_info_parser(sub, handlers: dict) -> None:
     i = sub.add_parser("info", help="parameter count and training FLOPs",
                        description="Print the parameter count by component and the training FLOPs per target "
                                    "token, for a preset (no weights are allocated) or a trained MODEL.")
@@ -281,6 +307,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     add_config_flags(i, ModelConfig, "model (ModelConfig)")
     i.set_defaults(func=handlers["info"])
 
+
+def add_viz_parser(sub, handlers: dict) -> None:
     v = sub.add_parser("viz", help="draw attention maps, the positional encoding, the schedule, a run's curves",
                        description="Pictures of what the model does and how it trained (needs matplotlib: "
                                    "pip install 'qkv[viz]').")
@@ -314,10 +342,6 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
                                    "RUN/metrics.jsonl (written by qkv train; a run still training is fine).")
     vt.add_argument("run", help="run directory (the --out of qkv train), e.g. runs/default")
     vt.add_argument("--out", default="training.png", help="PNG file to write (default: %(default)s)")
-    add_bench_parser(sub, handlers)
-    add_export_parser(sub, handlers)
-    add_serve_parser(sub, handlers)
-    return p
 
 
 EXPORT_EPILOG = """\
