@@ -2,8 +2,9 @@
 
 One tiny model is trained once per module (``run``) on a word-reversal task written to temporary
 files; the other tests read its checkpoints (copies, where a test damages or extends a run).
-The CLI runs in-process through ``qkv.cli.main`` (it returns the exit code), except for one
-subprocess test of ``--help``.
+The CLI runs in-process through ``qkv.cli.main`` (it returns the exit code), except where a
+process of its own is the point: ``--help``, and signals (SIGTERM of a training run, Ctrl-C and
+SIGTERM of ``qkv serve``).
 
 A bad input must give exit status 2, one message on stderr naming the file (and line) or the
 config field at fault, no traceback, and must not damage anything already written.
@@ -32,6 +33,7 @@ WORDS = ["red", "blue", "cat", "dog", "sun", "tree"]
 N_TRAIN = 200
 EMPTY_LINES = (5, 17)  # 1-based lines of the training files with an empty side (skipped and reported)
 MAX_STEPS = 30
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
 
 TRAIN_FLAGS = [
     "--preset", "tiny", "--max-steps", str(MAX_STEPS), "--eval-every", str(MAX_STEPS), "--vocab-size", "60",
@@ -319,6 +321,43 @@ def test_help_shows_each_default_once_and_never_none(command, capsys):
         assert "(default: 512, or the preset's)" in out  # --d-model: the help's own wording stays
     if command == ["bench", "layers"]:
         assert "representation dimension d (default: 512)" in out  # plain defaults are still shown
+
+
+# --- the command line as git and pip behave ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_serve_stops_on_a_signal_without_a_traceback(signame):
+    """Ctrl-C or SIGTERM (kill, a service manager) of ``qkv serve``: exit status 130 as for an interrupted
+    training run, one line, no traceback (uvicorn's own shutdown lines may come first)."""
+    import re
+    import signal
+    import time
+
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    httpx = pytest.importorskip("httpx")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "serve", str(FIXTURES / "translate-transformer"),
+                             "--host", "127.0.0.1", "--port", "0", "--threads", "1"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines, url, deadline = [], None, time.monotonic() + 120
+        while url is None and time.monotonic() < deadline and (line := proc.stderr.readline()):
+            lines.append(line)
+            url = m.group(1) if (m := re.search(r"on (http://127\.0\.0\.1:\d+)/", line)) else None
+        assert url, "".join(lines)
+        while httpx.get(url + "/health", timeout=30).status_code != 200:  # answering
+            time.sleep(0.2)
+        proc.send_signal(getattr(signal, signame))
+        err = "".join(lines) + proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == "qkv serve: interrupted"
 
 
 # --- bad input: training data ------------------------------------------------------------------------

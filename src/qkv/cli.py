@@ -446,10 +446,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from qkv.serve import Limits, serve
+    from qkv.serve.server import sigterm_interrupts
 
     check_option_bounds(threads=args.threads)
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
-    serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log)
+    with sigterm_interrupts():  # kill stops it as Ctrl-C does: exit status 130, no traceback
+        serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log)
     return 0
 
 
