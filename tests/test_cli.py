@@ -326,6 +326,29 @@ def test_help_shows_each_default_once_and_never_none(command, capsys):
 # --- the command line as git and pip behave ------------------------------------------------------------
 
 
+def test_version_is_the_package_version(capsys):
+    import tomllib
+
+    version = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"qkv {version}\n"
+
+
+def test_qkv_alone_lists_the_commands_and_exits_1(capsys, monkeypatch):
+    """As git: no command is a mistake (status 1, not 2: nothing was wrong with what was given), and the
+    answer is the list of commands, a line each, and how to get a command's help."""
+    from qkv.cli import COMMANDS
+
+    monkeypatch.setenv("COLUMNS", "200")
+    rc, out, _ = cli(capsys)
+    assert rc == 1
+    described = {line.split()[0] for line in out.splitlines() if len(line.split()) > 2 and line.startswith("    ")}
+    assert described >= set(COMMANDS)
+    assert "qkv COMMAND --help" in out
+
+
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 def test_serve_stops_on_a_signal_without_a_traceback(signame):
     """Ctrl-C or SIGTERM (kill, a service manager) of ``qkv serve``: exit status 130 as for an interrupted

@@ -499,7 +499,11 @@ COMMANDS = ("train", "preprocess", "translate", "score", "evaluate", "generate",
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser({name: globals()[f"cmd_{name}"] for name in COMMANDS})  # looked up now: patchable
+    if not argv:  # as git: the commands, a line each, and exit status 1
+        parser.print_help()
+        return 1
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse matches `MODEL TEXT...` in one go, so texts after an option (`qkv translate M

@@ -69,15 +69,40 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class CommandListFormatter(argparse.HelpFormatter):
+    """``qkv --help`` (and ``qkv bench --help``, ``qkv viz --help``): each command and its help on one
+    line. (argparse measures the commands' names without their indent, so the help of the longer ones
+    would start on the next line.)"""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = self._current_indent + self._indent_increment + max(map(len, action.choices))
+            self._action_max_length = max(self._action_max_length, longest)
+
+
+def package_version() -> str:
+    """qkv's version from the installed package's metadata (``qkv.__version__`` in a tree not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("qkv")
+    except PackageNotFoundError:
+        from qkv import __version__
+
+        return __version__
+
+
 def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
     """The ``qkv`` parser; ``handlers`` maps each command to the function that runs it."""
     p = argparse.ArgumentParser(
-        prog="qkv",
+        prog="qkv", formatter_class=CommandListFormatter,
         description="The Transformer of 'Attention Is All You Need', trained and used end to end.",
         epilog="Run 'qkv COMMAND --help' for a command's options. With no data, 'qkv train' learns the "
                "embedded default task (English number words -> German) in a few minutes on a CPU.",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p.add_argument("--version", action="version", version=f"qkv {package_version()}", help="print the version and exit")
+    sub = p.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
     for add in (add_train_parser, add_preprocess_parser, add_translate_parser, add_score_parser,
                 add_evaluate_parser, add_generate_parser, add_classify_parser, add_fill_parser, add_embed_parser,
                 add_search_parser, add_average_parser, add_info_parser, add_viz_parser, add_bench_parser,
@@ -311,7 +336,7 @@ def add_info_parser(sub, handlers: dict) -> None:
 def add_viz_parser(sub, handlers: dict) -> None:
     v = sub.add_parser("viz", help="draw attention maps, the positional encoding, the schedule, a run's curves",
                        description="Pictures of what the model does and how it trained (needs matplotlib: "
-                                   "pip install 'qkv[viz]').")
+                                   "pip install 'qkv[viz]').", formatter_class=CommandListFormatter)
     v.set_defaults(func=handlers["viz"])
     vs = v.add_subparsers(dest="what", required=True, metavar="WHAT")
     va = vs.add_parser("attention", help="every layer's and head's attention weights for one input",
@@ -429,7 +454,8 @@ def add_bench_parser(sub, handlers: dict) -> None:
     b = sub.add_parser("bench", help="Table 1 and the long-range argument of section 4, measured",
                        description="Measure what section 4 ('Why Self-Attention') argues: the cost of one layer "
                                    "of each type as n grows (layers), and how far back each model can learn "
-                                   "to look (long-range). Writes JSON + PNG (needs matplotlib).")
+                                   "to look (long-range). Writes JSON + PNG (needs matplotlib).",
+                       formatter_class=CommandListFormatter)
     b.set_defaults(func=handlers["bench"])
     bs = b.add_subparsers(dest="what", required=True, metavar="WHAT")
     bl = bs.add_parser("layers", formatter_class=DefaultsHelpFormatter,
