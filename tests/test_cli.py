@@ -325,6 +325,35 @@ def test_help_shows_each_default_once_and_never_none(command, capsys):
 
 # --- the command line as git and pip behave ------------------------------------------------------------
 
+def parsers(parser):
+    """``parser`` and every command's and subcommand's parser under it."""
+    import argparse
+
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from parsers(sub)
+
+
+def no_command_runs(monkeypatch) -> list:
+    """Every command's handler replaced by one that records its call (a parse that should fail runs nothing)."""
+    from qkv.cli import COMMANDS
+
+    called = []
+    for name in COMMANDS:
+        monkeypatch.setattr(f"qkv.cli.cmd_{name}", lambda args: called.append(args) or 0)
+    return called
+
+
+def usage_error(capsys, *argv: str) -> str:
+    """``qkv ARGV`` stops in the parser with exit status 2; its stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
 
 def test_version_is_the_package_version(capsys):
     import tomllib
@@ -347,6 +376,50 @@ def test_qkv_alone_lists_the_commands_and_exits_1(capsys, monkeypatch):
     described = {line.split()[0] for line in out.splitlines() if len(line.split()) > 2 and line.startswith("    ")}
     assert described >= set(COMMANDS)
     assert "qkv COMMAND --help" in out
+
+
+def test_abbreviated_flags_are_refused(capsys, monkeypatch):
+    """argparse would take --max-step for --max-steps and --beam for --beam-size: a typo must not start a run."""
+    from qkv.cli import COMMANDS
+    from qkv.cli_options import build_parser
+
+    called = no_command_runs(monkeypatch)
+    for argv in (["train", "--max-step", "5"], ["translate", "M", "--beam", "1", "a b"], ["bench", "layers", "--quic"],
+                 ["info", "--d-mod", "64"]):
+        usage_error(capsys, *argv)
+    assert called == []
+    assert all(p.allow_abbrev is False for p in parsers(build_parser({name: None for name in COMMANDS})))
+
+
+@pytest.mark.parametrize("argv, prog, unknown, suggestion", [
+    (["train", "--max-step", "5"], "qkv train", "--max-step 5", "--max-steps"),
+    (["translate", "M", "--beam", "1", "a b"], "qkv translate", "--beam 1 a b", "--beam-size"),
+    (["bench", "layers", "--nmax=64"], "qkv bench layers", "--nmax=64", "--n-max"),
+])
+def test_an_unknown_flag_is_reported_by_its_command_with_the_nearest_flag(argv, prog, unknown, suggestion, capsys,
+                                                                          monkeypatch):
+    no_command_runs(monkeypatch)
+    err = usage_error(capsys, *argv)
+    assert err.startswith(f"usage: {prog} [-h]")  # the command's own usage, not the top parser's
+    assert f"{prog}: error: unrecognized arguments: {unknown} (did you mean {suggestion}?)" in err
+
+
+def test_an_unknown_flag_far_from_any_says_no_more(capsys, monkeypatch):
+    no_command_runs(monkeypatch)
+    err = usage_error(capsys, "train", "--xyzzy")
+    assert err.splitlines()[-1] == "qkv train: error: unrecognized arguments: --xyzzy"
+
+
+@pytest.mark.parametrize("argv, prog, wrong, suggestion", [
+    (["trian"], "qkv", "trian", "train"),
+    (["evalute", "--hyp", "h"], "qkv", "evalute", "evaluate"),
+    (["bench", "layer"], "qkv bench", "layer", "layers"),
+    (["export", "M", "--format", "ctranslate", "--out", "o"], "qkv export", "ctranslate", "ctranslate2"),
+])
+def test_an_unknown_command_or_choice_suggests_the_nearest(argv, prog, wrong, suggestion, capsys, monkeypatch):
+    no_command_runs(monkeypatch)
+    err = usage_error(capsys, *argv)
+    assert f"{prog}: error: " in err and f"invalid choice: '{wrong}' (did you mean '{suggestion}'?" in err
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])

@@ -30,7 +30,7 @@ import json
 import sys
 from pathlib import Path
 
-from qkv.cli_options import build_parser
+from qkv.cli_options import build_parser, command_parser
 from qkv.config import SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml, override, preset
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
@@ -498,12 +498,8 @@ COMMANDS = ("train", "preprocess", "translate", "score", "evaluate", "generate",
             "average", "info", "viz", "bench", "export", "serve")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser({name: globals()[f"cmd_{name}"] for name in COMMANDS})  # looked up now: patchable
-    if not argv:  # as git: the commands, a line each, and exit status 1
-        parser.print_help()
-        return 1
+def parse(parser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed; an unknown flag is reported by its command's parser (its usage, the nearest flag)."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse matches `MODEL TEXT...` in one go, so texts after an option (`qkv translate M
@@ -511,7 +507,17 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(getattr(args, "text", None), list) and not any(e.startswith("-") for e in extra):
             args.text += extra
         else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            command_parser(parser, args).unrecognized(extra)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser({name: globals()[f"cmd_{name}"] for name in COMMANDS})  # looked up now: patchable
+    if not argv:  # as git: the commands, a line each, and exit status 1
+        parser.print_help()
+        return 1
+    args = parse(parser, argv)
     try:
         return args.func(args)
     except QkvError as e:

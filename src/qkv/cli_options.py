@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 from qkv.config import DecodeConfig, ModelConfig, PRESETS, TrainConfig
 
@@ -81,6 +83,44 @@ class CommandListFormatter(argparse.HelpFormatter):
             self._action_max_length = max(self._action_max_length, longest)
 
 
+def nearest(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to a mistyped ``word``, if one is close (difflib's ratio of at least 0.6)."""
+    match = difflib.get_close_matches(word, list(candidates), n=1)
+    return match[0] if match else None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse as git and pip behave: an abbreviated flag is refused (``--max-step`` is not taken for
+    ``--max-steps``), and a mistyped command, choice or flag is answered with the nearest one. Every
+    command's parser is one (argparse gives subparsers their parent's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value) -> None:  # argparse checks each choice here
+        if action.choices is not None and value not in action.choices:
+            near = nearest(value, action.choices) if isinstance(value, str) else None
+            rest = f"did you mean {near!r}?" if near else "choose from " + ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({rest})")
+
+    def unrecognized(self, extra: list[str]) -> NoReturn:
+        """argparse's "unrecognized arguments" error, with this command's usage and the nearest flag
+        to each unknown one."""
+        flags = [s for s in self._option_string_actions if s.startswith("--")]
+        hints = [near for e in extra if e.startswith("--") and (near := nearest(e.split("=", 1)[0], flags))]
+        hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command (or subcommand, as ``qkv bench layers``) that read ``args``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return command_parser(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
 def package_version() -> str:
     """qkv's version from the installed package's metadata (``qkv.__version__`` in a tree not installed)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -93,9 +133,9 @@ def package_version() -> str:
         return __version__
 
 
-def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
+def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> Parser:
     """The ``qkv`` parser; ``handlers`` maps each command to the function that runs it."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="qkv", formatter_class=CommandListFormatter,
         description="The Transformer of 'Attention Is All You Need', trained and used end to end.",
         epilog="Run 'qkv COMMAND --help' for a command's options. With no data, 'qkv train' learns the "
