@@ -422,6 +422,17 @@ def test_an_unknown_command_or_choice_suggests_the_nearest(argv, prog, wrong, su
     assert f"{prog}: error: " in err and f"invalid choice: '{wrong}' (did you mean '{suggestion}'?" in err
 
 
+def test_a_bad_preset_is_one_line(capsys, monkeypatch):
+    called = no_command_runs(monkeypatch)
+    for command in ("train", "info"):
+        rc, out, err = cli(capsys, command, "--preset", "hgue")
+        assert rc == 2 and out == ""
+        assert err == f"qkv {command}: error: --preset: unknown preset 'hgue' (choose from tiny, small, base, big)\n"
+    assert called == []
+    rc, _, _ = cli(capsys, "train", "--preset", "base")
+    assert rc == 0 and called[0].preset == "base"
+
+
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 def test_serve_stops_on_a_signal_without_a_traceback(signame):
     """Ctrl-C or SIGTERM (kill, a service manager) of ``qkv serve``: exit status 130 as for an interrupted

@@ -511,26 +511,33 @@ def parse(parser, argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def report(command: str, message, status: int = 2) -> int:
+    """``qkv COMMAND: error: MESSAGE`` on stderr; the exit status."""
+    print(f"qkv {command}: error: {message}", file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser({name: globals()[f"cmd_{name}"] for name in COMMANDS})  # looked up now: patchable
     if not argv:  # as git: the commands, a line each, and exit status 1
         parser.print_help()
         return 1
-    args = parse(parser, argv)
+    try:
+        args = parse(parser, argv)
+    except QkvError as e:  # a value checked as it is read (--preset): one line, not the command's usage
+        return report(argv[0], e, e.exit_code)
     try:
         return args.func(args)
     except QkvError as e:
-        print(f"qkv {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return report(args.command, e, e.exit_code)
     except KeyboardInterrupt:
         print(f"qkv {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `qkv translate ... | head`
         return 0
     except OSError as e:  # the last resort: a file the command did not expect to fail (disk full, ...)
-        print(f"qkv {args.command}: error: {os_error_message(e)}", file=sys.stderr)
-        return 2
+        return report(args.command, os_error_message(e))
 
 
 if __name__ == "__main__":

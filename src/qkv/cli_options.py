@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from qkv.config import DecodeConfig, ModelConfig, PRESETS, TrainConfig
+from qkv.errors import ConfigError
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
@@ -121,6 +122,17 @@ def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return parser
 
 
+def preset_name(name: str) -> str:
+    """``--preset``'s type. An unknown name is a one-line error: a ConfigError, which argparse does not
+    turn into the command's usage (it does for a ValueError or a ``choices`` miss)."""
+    if name not in PRESETS:
+        raise ConfigError(f"--preset: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+    return name
+
+
+PRESET_METAVAR = "{" + ",".join(PRESETS) + "}"
+
+
 def package_version() -> str:
     """qkv's version from the installed package's metadata (``qkv.__version__`` in a tree not installed)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -190,8 +202,9 @@ def add_train_parser(sub, handlers: dict) -> None:
     t.add_argument("--tensorboard", metavar="DIR", help="also log the scalars of OUT/metrics.jsonl to TensorBoard "
                                                         "event files in DIR (pip install 'qkv[tensorboard]')")
     t.add_argument("--resume", action="store_true", help="continue the run in OUT from OUT/last exactly where it stopped")
-    t.add_argument("--preset", choices=PRESETS, help="model and training preset (default: small, or the "
-                                                      "embedded task's own recipe when no data is given)")
+    t.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR,
+                   help="model and training preset (default: small, or the embedded task's own recipe when no data "
+                        "is given)")
     t.add_argument("--config", help="TOML file with [model], [train], [decode] tables (and 'preset')")
     add_config_flags(t, ModelConfig, "model (ModelConfig)")
     add_config_flags(t, TrainConfig, "training (TrainConfig)")
@@ -364,7 +377,7 @@ def add_info_parser(sub, handlers: dict) -> None:
                        description="Print the parameter count by component and the training FLOPs per target "
                                    "token, for a preset (no weights are allocated) or a trained MODEL.")
     i.add_argument("model", nargs="?", help="checkpoint directory (instead of a preset)")
-    i.add_argument("--preset", choices=PRESETS, help="model preset (default: base)")
+    i.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR, help="model preset (default: base)")
     i.add_argument("--config", help="TOML file with a [model] table")
     i.add_argument("--vocab-size", type=int, dest="vocab_size", help="shared vocabulary size (default: 37000)")
     i.add_argument("--src-len", type=int, default=25, help="source tokens per sentence for the FLOPs")
