@@ -2,8 +2,9 @@
 
 One tiny model is trained once per module (``run``) on a word-reversal task written to temporary
 files; the other tests read its checkpoints (copies, where a test damages or extends a run).
-The CLI runs in-process through ``qkv.cli.main`` (it returns the exit code), except for one
-subprocess test of ``--help``.
+The CLI runs in-process through ``qkv.cli.main`` (it returns the exit code), except where a
+process of its own is the point: ``--help``, and signals (SIGTERM of a training run, Ctrl-C and
+SIGTERM of ``qkv serve``).
 
 A bad input must give exit status 2, one message on stderr naming the file (and line) or the
 config field at fault, no traceback, and must not damage anything already written.
@@ -32,6 +33,7 @@ WORDS = ["red", "blue", "cat", "dog", "sun", "tree"]
 N_TRAIN = 200
 EMPTY_LINES = (5, 17)  # 1-based lines of the training files with an empty side (skipped and reported)
 MAX_STEPS = 30
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
 
 TRAIN_FLAGS = [
     "--preset", "tiny", "--max-steps", str(MAX_STEPS), "--eval-every", str(MAX_STEPS), "--vocab-size", "60",
@@ -319,6 +321,150 @@ def test_help_shows_each_default_once_and_never_none(command, capsys):
         assert "(default: 512, or the preset's)" in out  # --d-model: the help's own wording stays
     if command == ["bench", "layers"]:
         assert "representation dimension d (default: 512)" in out  # plain defaults are still shown
+
+
+# --- the command line as git and pip behave ------------------------------------------------------------
+
+def parsers(parser):
+    """``parser`` and every command's and subcommand's parser under it."""
+    import argparse
+
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from parsers(sub)
+
+
+def no_command_runs(monkeypatch) -> list:
+    """Every command's handler replaced by one that records its call (a parse that should fail runs nothing)."""
+    from qkv.cli import COMMANDS
+
+    called = []
+    for name in COMMANDS:
+        monkeypatch.setattr(f"qkv.cli.cmd_{name}", lambda args: called.append(args) or 0)
+    return called
+
+
+def usage_error(capsys, *argv: str) -> str:
+    """``qkv ARGV`` stops in the parser with exit status 2; its stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_version_is_the_package_version(capsys):
+    import tomllib
+
+    version = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"qkv {version}\n"
+
+
+def test_qkv_alone_lists_the_commands_and_exits_1(capsys, monkeypatch):
+    """As git: no command is a mistake (status 1, not 2: nothing was wrong with what was given), and the
+    answer is the list of commands, a line each, and how to get a command's help."""
+    from qkv.cli import COMMANDS
+
+    monkeypatch.setenv("COLUMNS", "200")
+    rc, out, _ = cli(capsys)
+    assert rc == 1
+    described = {line.split()[0] for line in out.splitlines() if len(line.split()) > 2 and line.startswith("    ")}
+    assert described >= set(COMMANDS)
+    assert "qkv COMMAND --help" in out
+
+
+def test_abbreviated_flags_are_refused(capsys, monkeypatch):
+    """argparse would take --max-step for --max-steps and --beam for --beam-size: a typo must not start a run."""
+    from qkv.cli import COMMANDS
+    from qkv.cli_options import build_parser
+
+    called = no_command_runs(monkeypatch)
+    for argv in (["train", "--max-step", "5"], ["translate", "M", "--beam", "1", "a b"], ["bench", "layers", "--quic"],
+                 ["info", "--d-mod", "64"]):
+        usage_error(capsys, *argv)
+    assert called == []
+    assert all(p.allow_abbrev is False for p in parsers(build_parser({name: None for name in COMMANDS})))
+
+
+@pytest.mark.parametrize("argv, prog, unknown, suggestion", [
+    (["train", "--max-step", "5"], "qkv train", "--max-step 5", "--max-steps"),
+    (["translate", "M", "--beam", "1", "a b"], "qkv translate", "--beam 1 a b", "--beam-size"),
+    (["bench", "layers", "--nmax=64"], "qkv bench layers", "--nmax=64", "--n-max"),
+])
+def test_an_unknown_flag_is_reported_by_its_command_with_the_nearest_flag(argv, prog, unknown, suggestion, capsys,
+                                                                          monkeypatch):
+    no_command_runs(monkeypatch)
+    err = usage_error(capsys, *argv)
+    assert err.startswith(f"usage: {prog} [-h]")  # the command's own usage, not the top parser's
+    assert f"{prog}: error: unrecognized arguments: {unknown} (did you mean {suggestion}?)" in err
+
+
+def test_an_unknown_flag_far_from_any_says_no_more(capsys, monkeypatch):
+    no_command_runs(monkeypatch)
+    err = usage_error(capsys, "train", "--xyzzy")
+    assert err.splitlines()[-1] == "qkv train: error: unrecognized arguments: --xyzzy"
+
+
+@pytest.mark.parametrize("argv, prog, wrong, suggestion", [
+    (["trian"], "qkv", "trian", "train"),
+    (["evalute", "--hyp", "h"], "qkv", "evalute", "evaluate"),
+    (["bench", "layer"], "qkv bench", "layer", "layers"),
+    (["export", "M", "--format", "ctranslate", "--out", "o"], "qkv export", "ctranslate", "ctranslate2"),
+])
+def test_an_unknown_command_or_choice_suggests_the_nearest(argv, prog, wrong, suggestion, capsys, monkeypatch):
+    no_command_runs(monkeypatch)
+    err = usage_error(capsys, *argv)
+    assert f"{prog}: error: " in err and f"invalid choice: '{wrong}' (did you mean '{suggestion}'?" in err
+
+
+def test_a_bad_preset_is_one_line(capsys, monkeypatch):
+    called = no_command_runs(monkeypatch)
+    for command in ("train", "info"):
+        rc, out, err = cli(capsys, command, "--preset", "hgue")
+        assert rc == 2 and out == ""
+        assert err == f"qkv {command}: error: --preset: unknown preset 'hgue' (choose from tiny, small, base, big)\n"
+    assert called == []
+    rc, _, _ = cli(capsys, "train", "--preset", "base")
+    assert rc == 0 and called[0].preset == "base"
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_serve_stops_on_a_signal_without_a_traceback(signame):
+    """Ctrl-C or SIGTERM (kill, a service manager) of ``qkv serve``: exit status 130 as for an interrupted
+    training run, one line, no traceback (uvicorn's own shutdown lines may come first)."""
+    import re
+    import signal
+    import time
+
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    httpx = pytest.importorskip("httpx")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "serve", str(FIXTURES / "translate-transformer"),
+                             "--host", "127.0.0.1", "--port", "0", "--threads", "1"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines, url, deadline = [], None, time.monotonic() + 120
+        while url is None and time.monotonic() < deadline and (line := proc.stderr.readline()):
+            lines.append(line)
+            url = m.group(1) if (m := re.search(r"on (http://127\.0\.0\.1:\d+)/", line)) else None
+        assert url, "".join(lines)
+        while httpx.get(url + "/health", timeout=30).status_code != 200:  # answering
+            time.sleep(0.2)
+        proc.send_signal(getattr(signal, signame))
+        err = "".join(lines) + proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == "qkv serve: interrupted"
 
 
 # --- bad input: training data ------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import json
 import sys
 from pathlib import Path
 
-from qkv.cli_options import build_parser
+from qkv.cli_options import build_parser, command_parser
 from qkv.config import SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml, override, preset
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
@@ -446,10 +446,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from qkv.serve import Limits, serve
+    from qkv.serve.server import sigterm_interrupts
 
     check_option_bounds(threads=args.threads)
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
-    serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log)
+    with sigterm_interrupts():  # kill stops it as Ctrl-C does: exit status 130, no traceback
+        serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log)
     return 0
 
 
@@ -496,8 +498,8 @@ COMMANDS = ("train", "preprocess", "translate", "score", "evaluate", "generate",
             "average", "info", "viz", "bench", "export", "serve")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser({name: globals()[f"cmd_{name}"] for name in COMMANDS})  # looked up now: patchable
+def parse(parser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed; an unknown flag is reported by its command's parser (its usage, the nearest flag)."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse matches `MODEL TEXT...` in one go, so texts after an option (`qkv translate M
@@ -505,20 +507,37 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(getattr(args, "text", None), list) and not any(e.startswith("-") for e in extra):
             args.text += extra
         else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            command_parser(parser, args).unrecognized(extra)
+    return args
+
+
+def report(command: str, message, status: int = 2) -> int:
+    """``qkv COMMAND: error: MESSAGE`` on stderr; the exit status."""
+    print(f"qkv {command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser({name: globals()[f"cmd_{name}"] for name in COMMANDS})  # looked up now: patchable
+    if not argv:  # as git: the commands, a line each, and exit status 1
+        parser.print_help()
+        return 1
+    try:
+        args = parse(parser, argv)
+    except QkvError as e:  # a value checked as it is read (--preset): one line, not the command's usage
+        return report(argv[0], e, e.exit_code)
     try:
         return args.func(args)
     except QkvError as e:
-        print(f"qkv {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return report(args.command, e, e.exit_code)
     except KeyboardInterrupt:
         print(f"qkv {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `qkv translate ... | head`
         return 0
     except OSError as e:  # the last resort: a file the command did not expect to fail (disk full, ...)
-        print(f"qkv {args.command}: error: {os_error_message(e)}", file=sys.stderr)
-        return 2
+        return report(args.command, os_error_message(e))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 from qkv.config import DecodeConfig, ModelConfig, PRESETS, TrainConfig
+from qkv.errors import ConfigError
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
@@ -69,16 +72,98 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
+class CommandListFormatter(argparse.HelpFormatter):
+    """``qkv --help`` (and ``qkv bench --help``, ``qkv viz --help``): each command and its help on one
+    line. (argparse measures the commands' names without their indent, so the help of the longer ones
+    would start on the next line.)"""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = self._current_indent + self._indent_increment + max(map(len, action.choices))
+            self._action_max_length = max(self._action_max_length, longest)
+
+
+def nearest(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to a mistyped ``word``, if one is close (difflib's ratio of at least 0.6)."""
+    match = difflib.get_close_matches(word, list(candidates), n=1)
+    return match[0] if match else None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse as git and pip behave: an abbreviated flag is refused (``--max-step`` is not taken for
+    ``--max-steps``), and a mistyped command, choice or flag is answered with the nearest one. Every
+    command's parser is one (argparse gives subparsers their parent's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value) -> None:  # argparse checks each choice here
+        if action.choices is not None and value not in action.choices:
+            near = nearest(value, action.choices) if isinstance(value, str) else None
+            rest = f"did you mean {near!r}?" if near else "choose from " + ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({rest})")
+
+    def unrecognized(self, extra: list[str]) -> NoReturn:
+        """argparse's "unrecognized arguments" error, with this command's usage and the nearest flag
+        to each unknown one."""
+        flags = [s for s in self._option_string_actions if s.startswith("--")]
+        hints = [near for e in extra if e.startswith("--") and (near := nearest(e.split("=", 1)[0], flags))]
+        hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command (or subcommand, as ``qkv bench layers``) that read ``args``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return command_parser(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
+def preset_name(name: str) -> str:
+    """``--preset``'s type. An unknown name is a one-line error: a ConfigError, which argparse does not
+    turn into the command's usage (it does for a ValueError or a ``choices`` miss)."""
+    if name not in PRESETS:
+        raise ConfigError(f"--preset: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+    return name
+
+
+PRESET_METAVAR = "{" + ",".join(PRESETS) + "}"
+
+
+def package_version() -> str:
+    """qkv's version from the installed package's metadata (``qkv.__version__`` in a tree not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("qkv")
+    except PackageNotFoundError:
+        from qkv import __version__
+
+        return __version__
+
+
+def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> Parser:
     """The ``qkv`` parser; ``handlers`` maps each command to the function that runs it."""
-    p = argparse.ArgumentParser(
-        prog="qkv",
+    p = Parser(
+        prog="qkv", formatter_class=CommandListFormatter,
         description="The Transformer of 'Attention Is All You Need', trained and used end to end.",
         epilog="Run 'qkv COMMAND --help' for a command's options. With no data, 'qkv train' learns the "
                "embedded default task (English number words -> German) in a few minutes on a CPU.",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p.add_argument("--version", action="version", version=f"qkv {package_version()}", help="print the version and exit")
+    sub = p.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+    for add in (add_train_parser, add_preprocess_parser, add_translate_parser, add_score_parser,
+                add_evaluate_parser, add_generate_parser, add_classify_parser, add_fill_parser, add_embed_parser,
+                add_search_parser, add_average_parser, add_info_parser, add_viz_parser, add_bench_parser,
+                add_export_parser, add_serve_parser):
+        add(sub, handlers)
+    return p
 
+
+def add_train_parser(sub, handlers: dict) -> None:
     t = sub.add_parser("train", help="train a model", formatter_class=DefaultsHelpFormatter,
                        description="Train a model for a task (--task): translate (the default: an encoder-decoder "
                                    "Transformer, or with --arch lstm|gru|rnn a recurrent encoder-decoder with or "
@@ -117,16 +202,17 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     t.add_argument("--tensorboard", metavar="DIR", help="also log the scalars of OUT/metrics.jsonl to TensorBoard "
                                                         "event files in DIR (pip install 'qkv[tensorboard]')")
     t.add_argument("--resume", action="store_true", help="continue the run in OUT from OUT/last exactly where it stopped")
-    t.add_argument("--preset", choices=PRESETS, help="model and training preset (default: small, or the "
-                                                      "embedded task's own recipe when no data is given)")
+    t.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR,
+                   help="model and training preset (default: small, or the embedded task's own recipe when no data "
+                        "is given)")
     t.add_argument("--config", help="TOML file with [model], [train], [decode] tables (and 'preset')")
     add_config_flags(t, ModelConfig, "model (ModelConfig)")
     add_config_flags(t, TrainConfig, "training (TrainConfig)")
     add_config_flags(t, DecodeConfig, "decoding for validation and the saved model (DecodeConfig)")
     t.set_defaults(func=handlers["train"])
 
-    add_preprocess_parser(sub, handlers)
 
+def add_translate_parser(sub, handlers: dict) -> None:
     tr = sub.add_parser("translate", help="translate with a trained model",
                         description="Translate sentences given as arguments, a file (--input) or stdin, one "
                                     "per line, to stdout (or --output). Empty lines stay empty. With --nbest N "
@@ -149,6 +235,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     add_config_flags(tr, DecodeConfig, "decoding (default: the model's saved settings)")
     tr.set_defaults(func=handlers["translate"])
 
+
+def add_score_parser(sub, handlers: dict) -> None:
     sc = sub.add_parser("score", help="log-probabilities of given translations (forced decoding)",
                         description="Score each target line as a translation of its source line: the model's "
                                     "log-probability of every target token given the source and the tokens before "
@@ -164,6 +252,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     sc.add_argument("--device", default="cpu", help=DEVICE_HELP)
     sc.set_defaults(func=handlers["score"])
 
+
+def add_evaluate_parser(sub, handlers: dict) -> None:
     ev = sub.add_parser("evaluate", help="BLEU and chrF of translations; accuracy, macro-F1 of a classifier",
                         description="Translation: score detokenized output against raw references with sacreBLEU "
                                     "(BLEU, cased, 13a tokenization; chrF) and print the signatures. Either score "
@@ -192,6 +282,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
     ev.set_defaults(func=handlers["evaluate"])
 
+
+def add_generate_parser(sub, handlers: dict) -> None:
     g = sub.add_parser("generate", help="continue a text with a language model (streamed)",
                        formatter_class=DefaultsHelpFormatter,
                        description="Continue --prefix with a language model trained with --task lm, printing "
@@ -213,6 +305,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     g.add_argument("--greedy", action="store_true", help="always the most probable token (temperature 0)")
     g.set_defaults(func=handlers["generate"])
 
+
+def add_classify_parser(sub, handlers: dict) -> None:
     c = sub.add_parser("classify", help="label texts with a trained classifier",
                        description="Print the most probable label and its probability ('label<TAB>prob') for "
                                    "each text given as an argument, in a file (--input) or on stdin, one per "
@@ -226,6 +320,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     c.add_argument("--all", action="store_true", help="also print every label's probability")
     c.set_defaults(func=handlers["classify"])
 
+
+def add_fill_parser(sub, handlers: dict) -> None:
     fl = sub.add_parser("fill", help="fill in [MASK] with a masked language model",
                         description="Show the most probable pieces for each [MASK] in the text, with their "
                                     "probabilities, from a --task mlm model.",
@@ -235,6 +331,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     fl.add_argument("--top-k", type=int, default=5, dest="top_k", help="predictions per mask (default: %(default)s)")
     fl.set_defaults(func=handlers["fill"])
 
+
+def add_embed_parser(sub, handlers: dict) -> None:
     em = sub.add_parser("embed", help="sentence embeddings from an encoder",
                         description="Embed every line of --input with a classify or mlm model: the encoder's "
                                     "states pooled into one vector (mean over the tokens, or the <cls> state). "
@@ -247,6 +345,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
                     help="mean over the tokens or the <cls> state (default: a classifier's own, mean for mlm)")
     em.set_defaults(func=handlers["embed"])
 
+
+def add_search_parser(sub, handlers: dict) -> None:
     se = sub.add_parser("search", help="rank the lines of a corpus by similarity to a query",
                         description="Embed every line of --corpus and each query (as qkv embed), and print the "
                                     "top-k lines by cosine similarity q.d / (|q| |d|), with their line numbers.",
@@ -258,6 +358,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     se.add_argument("--pooling", choices=["mean", "cls"], help="as for qkv embed")
     se.set_defaults(func=handlers["search"])
 
+
+def add_average_parser(sub, handlers: dict) -> None:
     a = sub.add_parser("average", help="average checkpoints (the paper averages the last 5 or 20)",
                        description="Average the parameters of several checkpoints of one run into a new "
                                    "checkpoint for decoding: either list checkpoint directories, or give one run "
@@ -269,11 +371,13 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
                                                 "of the checkpoints averaged nor the run's last/, best/, step_N/")
     a.set_defaults(func=handlers["average"])
 
+
+def add_info_parser(sub, handlers: dict) -> None:
     i = sub.add_parser("info", help="parameter count and training FLOPs",
                        description="Print the parameter count by component and the training FLOPs per target "
                                    "token, for a preset (no weights are allocated) or a trained MODEL.")
     i.add_argument("model", nargs="?", help="checkpoint directory (instead of a preset)")
-    i.add_argument("--preset", choices=PRESETS, help="model preset (default: base)")
+    i.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR, help="model preset (default: base)")
     i.add_argument("--config", help="TOML file with a [model] table")
     i.add_argument("--vocab-size", type=int, dest="vocab_size", help="shared vocabulary size (default: 37000)")
     i.add_argument("--src-len", type=int, default=25, help="source tokens per sentence for the FLOPs")
@@ -281,9 +385,11 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     add_config_flags(i, ModelConfig, "model (ModelConfig)")
     i.set_defaults(func=handlers["info"])
 
+
+def add_viz_parser(sub, handlers: dict) -> None:
     v = sub.add_parser("viz", help="draw attention maps, the positional encoding, the schedule, a run's curves",
                        description="Pictures of what the model does and how it trained (needs matplotlib: "
-                                   "pip install 'qkv[viz]').")
+                                   "pip install 'qkv[viz]').", formatter_class=CommandListFormatter)
     v.set_defaults(func=handlers["viz"])
     vs = v.add_subparsers(dest="what", required=True, metavar="WHAT")
     va = vs.add_parser("attention", help="every layer's and head's attention weights for one input",
@@ -314,10 +420,6 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
                                    "RUN/metrics.jsonl (written by qkv train; a run still training is fine).")
     vt.add_argument("run", help="run directory (the --out of qkv train), e.g. runs/default")
     vt.add_argument("--out", default="training.png", help="PNG file to write (default: %(default)s)")
-    add_bench_parser(sub, handlers)
-    add_export_parser(sub, handlers)
-    add_serve_parser(sub, handlers)
-    return p
 
 
 EXPORT_EPILOG = """\
@@ -405,7 +507,8 @@ def add_bench_parser(sub, handlers: dict) -> None:
     b = sub.add_parser("bench", help="Table 1 and the long-range argument of section 4, measured",
                        description="Measure what section 4 ('Why Self-Attention') argues: the cost of one layer "
                                    "of each type as n grows (layers), and how far back each model can learn "
-                                   "to look (long-range). Writes JSON + PNG (needs matplotlib).")
+                                   "to look (long-range). Writes JSON + PNG (needs matplotlib).",
+                       formatter_class=CommandListFormatter)
     b.set_defaults(func=handlers["bench"])
     bs = b.add_subparsers(dest="what", required=True, metavar="WHAT")
     bl = bs.add_parser("layers", formatter_class=DefaultsHelpFormatter,
