@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
 NAMES = ["translate-transformer", "translate-lstm-general", "prefix_lm-transformer", "classify-transformer",
          "mlm-transformer", "lm-transformer"]
 SOURCES = ["red cat", "the big dog sun", "small tree", "blue"]
+LOCAL = "http://127.0.0.1"  # TestClient's own host name, testserver, is refused like any other outside one
 SMALL = Limits(max_texts=16, max_chars=200, max_tokens=40, max_beam=8, max_nbest=4, max_new_tokens=50,
                max_body_bytes=20_000)
 
@@ -46,7 +48,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def client(models):
-    with TestClient(create_app(models, SMALL)) as c:
+    with TestClient(create_app(models, SMALL), base_url=LOCAL) as c:
         yield c
 
 
@@ -165,6 +167,88 @@ def test_models_health_page_docs(client):
     assert "/translate" in ok(client.get("/openapi.json"))["paths"]
 
 
+def test_models_names_no_checkpoint_paths(client):
+    """GET /models tells each model's name; where its checkpoint lies on the server's disk stays there."""
+    answer = client.get("/models")
+    assert [m["name"] for m in ok(answer)["models"]] == NAMES
+    assert all("path" not in m for m in answer.json()["models"])
+    assert str(FIXTURES) not in answer.text and "fixtures" not in answer.text
+
+
+# --- the host names a server answers (DNS rebinding) ---------------------------------------------------
+
+@pytest.mark.parametrize("host,allowed,status", [
+    ("evil.example", (), 400), ("evil.example:8000", (), 400), ("localhost.evil.example", (), 400),
+    ("127.0.0.1.evil.example", (), 400), ("", (), 400),
+    ("localhost", (), 200), ("LocalHost:8000", (), 200), ("127.0.0.1:8000", (), 200), ("127.3.4.5", (), 200),
+    ("[::1]:8000", (), 200), ("[::1]", (), 200),
+    ("evil.example:9", ("evil.example",), 200), ("other.example", ("evil.example",), 400),
+    ("localhost", ("evil.example",), 200), ("evil.example", ("*",), 200),
+])
+def test_only_loopback_host_names_unless_allowed(models, host, allowed, status):
+    c = TestClient(create_app(models, SMALL, allowed), base_url=LOCAL)  # not entered: /models needs no batcher
+    r = c.get("/models", headers={"host": host})
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert "does not answer" in r.json()["error"] and "--allowed-hosts" in r.json()["error"]
+        assert "models" not in r.json()
+
+
+def test_a_real_server_refuses_an_outside_host_name():
+    """As ``curl -H 'Host: evil.example' 127.0.0.1:PORT/models``, and a request with no Host at all (HTTP/1.0)."""
+    served = load_models([str(FIXTURES / "translate-transformer")], Limits())
+    with BackgroundServer(create_app(served, Limits())) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.get("/models", headers={"Host": "evil.example"}).status_code == 400
+        assert c.post("/translate", json={"texts": ["red"]}, headers={"Host": "evil.example"}).status_code == 400
+        assert c.get("/models", headers={"Host": f"localhost:{server.url.rsplit(':', 1)[1]}"}).status_code == 200
+        assert c.get("/models").status_code == 200  # Host: 127.0.0.1:PORT
+        with socket.create_connection(server.sock.getsockname()[:2], timeout=30) as raw:
+            raw.sendall(b"GET /models HTTP/1.0\r\n\r\n")
+            assert raw.makefile("rb").readline().split()[1] == b"400"
+
+
+def test_allowed_hosts_flag():
+    from qkv.errors import ConfigError
+    from qkv.serve.hosts import allowed_hosts
+
+    assert allowed_hosts("127.0.0.1") == () and allowed_hosts("localhost") == () and allowed_hosts("::1") == ()
+    assert allowed_hosts("0.0.0.0") == ("*",)  # another address answers any name, unless told which
+    assert allowed_hosts("0.0.0.0", ["box.lan"]) == ("box.lan",)
+    assert allowed_hosts("127.0.0.1", ["a.example, B.example:8000", "[fe80::1]", "*"]) == \
+        ("a.example", "b.example", "fe80::1", "*")
+    for bad in ["http://a.example/", "a b", "a,,b", ""]:
+        with pytest.raises(ConfigError, match="--allowed-hosts"):
+            allowed_hosts("127.0.0.1", [bad])
+
+
+def test_a_server_open_to_the_network_warns_that_it_has_no_authentication(monkeypatch):
+    """``--host 0.0.0.0`` says at start that anyone who reaches it can use the models (the test
+    listens on 127.0.0.1 all the same, and does not run the server)."""
+    import uvicorn
+
+    from qkv.serve import server as server_module
+
+    sockets = []
+
+    def loopback(host, port):
+        sockets.append(socket.create_server(("127.0.0.1", 0)))
+        return sockets[-1]
+
+    monkeypatch.setattr(server_module, "bind", loopback)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    said = {}
+    try:
+        for host in ("0.0.0.0", "127.0.0.1"):
+            said[host] = []
+            server_module.serve([str(FIXTURES / "translate-transformer")], host=host, port=0, log=said[host].append)
+    finally:
+        for s in sockets:
+            s.close()
+    assert [line for line in said["0.0.0.0"] if "no authentication" in line][0].startswith("warning: --host 0.0.0.0")
+    assert not any("warning" in line for line in said["127.0.0.1"])
+    assert any("--allowed-hosts" in line for line in said["127.0.0.1"])
+
+
 def local_references(html: str) -> list[str]:
     """Every src= and href= of a page, each checked to be a path on this server (nothing from outside)."""
     urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", html)
@@ -193,7 +277,7 @@ def test_api_docs_pages_are_served_from_local_files(client, path, scripts):
 
 def test_api_docs_pages_say_how_to_install_their_files(models, monkeypatch):
     monkeypatch.setattr("qkv.serve.app.docs_files", lambda: None)
-    c = TestClient(create_app(models, SMALL))  # not entered: the shared models' batchers are left running
+    c = TestClient(create_app(models, SMALL), base_url=LOCAL)  # not entered: the shared models' batchers are left running
     for path in ("/docs", "/redoc"):
         page = c.get(path)
         assert page.status_code == 404 and "fastapi-offline" in page.text and ".[serve]" in page.text
@@ -357,7 +441,7 @@ def test_a_model_error_is_a_500_for_that_request_only(models, monkeypatch):
         return real(texts, **kw)
 
     monkeypatch.setattr(translator, "translate_rich", flaky)
-    with TestClient(create_app(served, Limits())) as c, ThreadPoolExecutor(3) as pool:
+    with TestClient(create_app(served, Limits()), base_url=LOCAL) as c, ThreadPoolExecutor(3) as pool:
         rs = list(pool.map(lambda t: c.post("/translate", json={"texts": [t]}), ["red cat", "blue", "small tree"]))
         assert [r.status_code for r in rs] == [200, 500, 200]
         assert "the model broke" in rs[1].json()["error"]
@@ -393,6 +477,8 @@ def test_cli_errors_exit_2_without_a_traceback(capsys, monkeypatch):
     assert "--max-beam" in capsys.readouterr().err
     assert main(["serve", model, "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
+    assert main(["serve", model, "--allowed-hosts", "http://a.example/"]) == 2
+    assert "--allowed-hosts: 'http://a.example/' is not a host name" in capsys.readouterr().err
     from qkv.serve import bind
 
     taken = bind("127.0.0.1", 0)

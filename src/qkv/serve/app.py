@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 from qkv import __version__
 from qkv.errors import QkvError
 from qkv.serve.batcher import Busy
+from qkv.serve.hosts import LOOPBACK, host_allowed
 from qkv.serve.limits import Limits
 from qkv.serve.optional import INSTALL
 from qkv.serve.schemas import (ClassifyRequest, FillRequest, GenerateRequest, ScoreRequest, TranslateRequest)
@@ -77,6 +78,26 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class HostCheck:
+    """ASGI middleware: a request whose ``Host`` header names neither this machine's loopback (localhost,
+    127.x.x.x, [::1]) nor one of ``allowed`` (``*``: any) gets 400, so that a web page cannot reach the
+    server through a name of its own that it points here (DNS rebinding)."""
+
+    def __init__(self, app, allowed: tuple[str, ...] = ()):
+        self.app, self.allowed = app, tuple(allowed)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+        if host_allowed(host, self.allowed):
+            return await self.app(scope, receive, send)
+        names = LOOPBACK + "".join(f", {n}" for n in self.allowed)
+        what = f"the host name {host!r}" if host else "a request without a Host header"
+        return await error(400, f"this server does not answer {what}: it answers {names} "
+                                f"(qkv serve --allowed-hosts adds names)")(scope, receive, send)
 
 
 def validation_message(errors: list[dict]) -> str:
@@ -144,8 +165,9 @@ def add_docs(app: FastAPI) -> None:
         return page
 
 
-def create_app(models: list[Served], limits: Limits) -> FastAPI:
-    """The application serving ``models`` (each with its batcher, started and stopped with the app)."""
+def create_app(models: list[Served], limits: Limits, allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
+    """The application serving ``models`` (each with its batcher, started and stopped with the app), to
+    requests for a loopback host name or one of ``allowed_hosts`` (``*``: any)."""
     by_name = {m.name: m for m in models}
 
     @contextlib.asynccontextmanager
@@ -160,6 +182,7 @@ def create_app(models: list[Served], limits: Limits) -> FastAPI:
                   description="Translation, scoring, classification and generation with qkv checkpoints. "
                               "Every error is JSON {\"error\": message} with a 4xx status.")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     app.state.models, app.state.limits = by_name, limits
     add_docs(app)
 
@@ -294,4 +317,4 @@ async def stream_generation(model: Served, args: tuple):
         job.add_done_callback(lambda j: j.cancelled() or j.exception())  # nothing left unretrieved
 
 
-__all__ = ["create_app", "BodyLimit", "add_docs", "docs_files"]
+__all__ = ["create_app", "BodyLimit", "HostCheck", "add_docs", "docs_files"]

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from qkv.errors import QkvError
+from qkv.serve import hosts
 from qkv.serve.limits import Limits
 from qkv.serve.optional import require
 
@@ -42,8 +43,11 @@ def config(app, log_level: str = "warning"):
 
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
-          device: str = "cpu", threads: int = 0, log: Callable[[str], None] = print) -> None:
-    """Load the checkpoints ``paths`` and serve them on ``host:port`` until interrupted."""
+          device: str = "cpu", threads: int = 0, log: Callable[[str], None] = print,
+          allowed_hosts: list[str] = ()) -> None:
+    """Load the checkpoints ``paths`` and serve them on ``host:port`` until interrupted, answering the
+    loopback host names and ``allowed_hosts`` (``--allowed-hosts``; without it, any name when ``host``
+    is not a loopback address)."""
     require("fastapi")
     uvicorn = require("uvicorn")
     import torch
@@ -52,14 +56,20 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: L
     from qkv.serve.service import load_models
 
     limits = (limits or Limits()).validate()
+    names = hosts.allowed_hosts(host, allowed_hosts)
     if threads:
         torch.set_num_threads(threads)
     models = load_models(paths, limits, device)
     sock = bind(host, port)
-    app = create_app(models, limits)
+    app = create_app(models, limits, names)
     where = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
     for m in models:
         log(f"{m.name}: {m.path} ({m.task}; {', '.join(m.endpoints)})")
+    if not hosts.is_loopback_host(host):
+        log(f"warning: --host {host} lets other machines connect, and qkv serve has no authentication: anyone "
+            f"who reaches {where} can use the models; put it behind a proxy that authenticates")
+    if hosts.ANY not in names:
+        log(f"answering the host names {hosts.LOOPBACK}{''.join(f', {n}' for n in names)} (--allowed-hosts)")
     log(f"serving {len(models)} model(s) on {where}/ (the page), {where}/docs (the API); Ctrl-C stops")
     uvicorn.Server(config(app, "info")).run(sockets=[sock])
 

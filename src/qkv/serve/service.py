@@ -63,9 +63,10 @@ class Served:
         return decl.stack == "encoder-decoder" and getattr(self.frontend.model, "has_attention", True)
 
     def describe(self) -> dict:
+        """What ``GET /models`` tells of the model: its name, never where its checkpoint lies."""
         f, decl = self.frontend, self.frontend.task_declaration
         out = {"name": self.name, "task": self.task, "kind": decl.kind, "arch": f.model.cfg.arch,
-               "endpoints": self.endpoints, "path": self.path,
+               "endpoints": self.endpoints,
                "parameters": sum(p.numel() for p in f.model.parameters())}
         if "translate" in f.offers:
             out.update(cross_attention=self.has_cross_attention, beam_size=f.decode_cfg.beam_size,
