@@ -258,6 +258,31 @@ def local_references(html: str) -> list[str]:
     return urls
 
 
+FETCH_OUTSIDE = re.compile(r"""(?:\bsrc\s*[:=]\s*|\burl\(\s*|\bfetch\(\s*)["']?(?:https?:)?//""")
+
+
+def test_nothing_the_server_serves_fetches_from_outside(client):
+    """Every page the server serves names no other host, and no script or style it serves has the
+    browser fetch an image, script or style from one (ReDoc's script fetched its maker's logo)."""
+    pytest.importorskip("fastapi_offline", reason="/docs and /redoc need fastapi-offline: "
+                                                  'pip install -c constraints.txt -e ".[serve]"')
+    from qkv.serve.app import DOCS_FILES, docs_files
+
+    pages = [r.path for r in client.app.routes if "GET" in getattr(r, "methods", ()) and "{" not in r.path]
+    assert {"/", "/docs", "/redoc", "/models", "/openapi.json"} <= set(pages)
+    for path in pages:
+        answer = client.get(path)
+        assert answer.status_code in (200, 204), path
+        if answer.headers.get("content-type", "").startswith("text/html"):
+            local_references(answer.text)
+    files = [f"{DOCS_FILES}/{f.name}" for f in docs_files().iterdir() if f.suffix in (".js", ".css")]
+    assert f"{DOCS_FILES}/redoc.standalone.js" in files and len(files) == 3
+    for url in files:
+        answer = client.get(url)
+        assert answer.status_code == 200 and not FETCH_OUTSIDE.findall(answer.text), (url, FETCH_OUTSIDE.findall(answer.text))
+    assert '"validatorUrl": null' in client.get("/docs").text  # Swagger UI's badge would come from its validator's site
+
+
 @pytest.mark.parametrize("path,scripts", [("/docs", ["swagger-ui-bundle.js", "swagger-ui.css", "favicon.png"]),
                                           ("/redoc", ["redoc.standalone.js", "favicon.png"])])
 def test_api_docs_pages_are_served_from_local_files(client, path, scripts):
@@ -271,7 +296,7 @@ def test_api_docs_pages_are_served_from_local_files(client, path, scripts):
     for url in urls:
         got = client.get(url)
         assert got.status_code == 200 and len(got.content) > 500, url
-    if path == "/redoc":  # ReDoc's logo from its maker's site: the browser is told not to fetch it
+    if path == "/redoc":  # and should anything still try, the browser fetches images from here only
         assert page.headers["content-security-policy"] == "img-src 'self' data:"
 
 

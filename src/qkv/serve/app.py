@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import re
 import threading
 from importlib import resources
 from pathlib import Path
@@ -125,6 +127,13 @@ def docs_files() -> Path | None:
     return folder if (folder / "swagger-ui-bundle.js").is_file() else None
 
 
+@functools.cache
+def redoc_without_logo(folder: Path) -> str:
+    """ReDoc's script, less the address of its maker's logo (an image on the maker's site, which it
+    would fetch): with none, ReDoc shows no logo and fetches nothing."""
+    return re.sub(r'src:"https?://[^"]*"', 'src:""', (folder / "redoc.standalone.js").read_text(encoding="utf-8"))
+
+
 def add_docs(app: FastAPI) -> None:
     """``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) for ``/openapi.json``, with their scripts, styles
     and icon served by this app from local files, so that both work where nothing outside can be
@@ -140,6 +149,10 @@ def add_docs(app: FastAPI) -> None:
         async def no_docs():
             return HTMLResponse(missing, status_code=404)
         return
+    @app.get(f"{DOCS_FILES}/redoc.standalone.js", include_in_schema=False)
+    async def redoc_script():
+        return Response(redoc_without_logo(folder), media_type="text/javascript")
+
     app.mount(DOCS_FILES, StaticFiles(directory=folder), name="docs-files")
 
     def urls(request: Request) -> tuple[str, str]:
@@ -152,7 +165,8 @@ def add_docs(app: FastAPI) -> None:
         return get_swagger_ui_html(openapi_url=openapi, title=f"{app.title} - Swagger UI",
                                    swagger_js_url=f"{files}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{files}/swagger-ui.css",
-                                   swagger_favicon_url=f"{files}/favicon.png")
+                                   swagger_favicon_url=f"{files}/favicon.png",
+                                   swagger_ui_parameters={"validatorUrl": None})  # no badge from the validator's site
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc(request: Request):
@@ -160,8 +174,7 @@ def add_docs(app: FastAPI) -> None:
         page = get_redoc_html(openapi_url=openapi, title=f"{app.title} - ReDoc",
                               redoc_js_url=f"{files}/redoc.standalone.js", redoc_favicon_url=f"{files}/favicon.png",
                               with_google_fonts=False)
-        # ReDoc shows its maker's logo from the maker's site: images only from here, so the browser does not try
-        page.headers["Content-Security-Policy"] = "img-src 'self' data:"
+        page.headers["Content-Security-Policy"] = "img-src 'self' data:"  # and should anything try, images from here only
         return page
 
 
