@@ -486,6 +486,76 @@ def test_a_real_server_refuses_a_10_mb_body_and_stays_up():
         assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
 
 
+def closed_after(sock: socket.socket, since: float) -> float:
+    """Seconds from ``since`` until the server closes ``sock`` (what it sends before is read and dropped);
+    a server that keeps it open fails the test when the socket's own timeout runs out."""
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - since
+
+
+def test_slow_clients_are_disconnected_while_others_are_answered():
+    """Connections that send nothing, part of a request head (``GET /he``) or trickle one byte at a
+    time are closed when the header timeout runs out (1 s here), not before; other clients are answered
+    all the while, on connections kept alive between requests; an idle connection is closed after
+    the keep-alive timeout."""
+    limits = Limits(header_timeout=1.0, keep_alive_timeout=1.0)
+    served = load_models([str(FIXTURES / "translate-transformer")], limits)
+    heads = [b"", b"GET /he", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"]  # no blank line: never complete
+    with BackgroundServer(create_app(served, limits)) as server:
+        address = server.sock.getsockname()[:2]
+        start = time.monotonic()
+        slow = [socket.create_connection(address, timeout=8) for _ in range(6)]
+        for i, sock in enumerate(slow):
+            sock.sendall(heads[i % len(heads)])
+        trickle = socket.create_connection(address, timeout=8)
+        stop = threading.Event()
+
+        def drip():  # 0.2 s a byte: each byte would restart a timer of the connection's idle time
+            for byte in b"GET /health HTTP/1.1\r\nX-Slow: " + b"x" * 40:
+                if stop.wait(0.2):
+                    return
+                try:
+                    trickle.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+        dripping = threading.Thread(target=drip)
+        dripping.start()
+        try:
+            with ThreadPoolExecutor(len(slow) + 1) as pool:
+                closing = [pool.submit(closed_after, sock, start) for sock in slow + [trickle]]
+                with httpx.Client(base_url=server.url, timeout=30) as c:
+                    for _ in range(3):  # one connection, kept alive: 0.5 s between requests, under both timeouts
+                        assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
+                        time.sleep(0.5)
+                times = [f.result() for f in closing]
+        finally:
+            stop.set()
+            dripping.join()
+            for sock in slow + [trickle]:
+                sock.close()
+        assert all(1.0 <= t < 7 for t in times), times
+        with socket.create_connection(address, timeout=8) as idle:
+            idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answered = time.monotonic()
+            assert idle.recv(12) == b"HTTP/1.1 200"
+            assert 0.9 <= closed_after(idle, answered) < 7
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.get("/health").json()["status"] == "ok"
+
+
+def test_timeouts_are_flags(capsys):
+    model = str(FIXTURES / "translate-transformer")
+    assert main(["serve", model, "--header-timeout", "0"]) == 2
+    assert "--header-timeout must be a number in [0.1, 3600]" in capsys.readouterr().err
+    assert main(["serve", model, "--keep-alive-timeout", "nan"]) == 2
+    assert "--keep-alive-timeout" in capsys.readouterr().err
+
+
 # --- the command ---------------------------------------------------------------------------------------
 
 def test_model_names():
