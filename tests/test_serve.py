@@ -348,7 +348,6 @@ def test_bad_requests_are_refused_by_name(client, body, status, message):
 @pytest.mark.parametrize("path,body,status,message", [
     ("/classify", {"model": "translate-transformer", "texts": ["a"]}, 422, "serves /translate, /score, not /classify"),
     ("/translate", {"texts": ["a"]}, 422, "several models serve /translate"),
-    ("/classify", {"texts": ["  "]}, 422, "text 1 is empty"),
     ("/fill", {"texts": ["no mask here"]}, 422, "no [MASK]"),
     ("/score", {"model": "translate-transformer", "sources": ["a", "b"], "targets": ["a"]}, 422, "2 sources but 1"),
     ("/generate", {"prefix": "red", "max_new_tokens": 51}, 422, "max_new_tokens 51"),
@@ -363,6 +362,42 @@ def test_other_refusals(client, path, body, status, message):
     assert r.status_code == status, r.text
     assert message in r.json()["error"]
     assert client.get("/translate").status_code == 405
+
+
+@pytest.mark.parametrize("path,body,message", [
+    ("/translate", {"model": "translate-transformer", "texts": ["red", ""]}, "text 2 is empty"),
+    ("/translate", {"model": "translate-lstm-general", "texts": [" \t "]}, "text 1 is empty"),
+    ("/translate", {"model": "prefix_lm-transformer", "texts": ["\n"]}, "text 1 is empty"),
+    ("/translate", {"model": "translate-transformer", "texts": ["red"], "target_prefix": ""}, "target_prefix 1 is empty"),
+    ("/score", {"model": "translate-transformer", "sources": ["red", " "], "targets": ["a", "b"]}, "source 2 is empty"),
+    ("/classify", {"texts": ["red", ""]}, "text 2 is empty"),
+    ("/classify", {"texts": ["  "]}, "text 1 is empty"),
+    ("/fill", {"texts": [""]}, "text 1 is empty"),
+    ("/generate", {"prefix": "", "max_new_tokens": 5}, "prefix 1 is empty"),
+    ("/generate", {"prefix": " ", "max_new_tokens": 5, "stream": True}, "prefix 1 is empty"),
+])
+def test_an_empty_text_is_refused_on_every_endpoint(client, path, body, message):
+    """One rule for every endpoint (docs/serving.md): a text a model reads must hold more than spaces."""
+    r = client.post(path, json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == f"{message}: every {message.split()[0]} must hold more than spaces"
+
+
+def test_an_empty_target_is_scored(client, reference):
+    """The exception: /score's target may be empty, the empty translation (its EOS alone)."""
+    row = ok(client.post("/score", json={"model": "translate-transformer", "sources": ["red"], "targets": [""]}))
+    assert row["results"][0]["tokens"] == ["</s>"]
+    assert row["results"][0]["token_logprobs"] == pytest.approx(reference["translate-transformer"].score(["red"], [""])[0],
+                                                                abs=1e-6)
+
+
+@pytest.mark.parametrize("field,value", [("temperature", "NaN"), ("temperature", "Infinity"), ("top_p", "NaN"),
+                                         ("temperature", "-Infinity")])
+def test_a_number_that_is_not_finite_is_named_so(client, field, value):
+    r = client.post("/generate", content=f'{{"prefix": "red", "{field}": {value}}}'.encode(),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == f"{field}: Input should be a finite number"
 
 
 # --- batching ----------------------------------------------------------------------------------------
