@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from qkv import __version__
 from qkv.errors import QkvError
 from qkv.serve.batcher import Busy
-from qkv.serve.hosts import LOOPBACK, host_allowed
+from qkv.serve.hosts import answered, host_allowed
 from qkv.serve.limits import Limits
 from qkv.serve.optional import INSTALL
 from qkv.serve.schemas import (ClassifyRequest, FillRequest, GenerateRequest, ScoreRequest, TranslateRequest)
@@ -96,9 +96,8 @@ class HostCheck:
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
         if host_allowed(host, self.allowed):
             return await self.app(scope, receive, send)
-        names = LOOPBACK + "".join(f", {n}" for n in self.allowed)
         what = f"the host name {host!r}" if host else "a request without a Host header"
-        return await error(400, f"this server does not answer {what}: it answers {names} "
+        return await error(400, f"this server does not answer {what}: it answers {answered(self.allowed)} "
                                 f"(qkv serve --allowed-hosts adds names)")(scope, receive, send)
 
 

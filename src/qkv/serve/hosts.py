@@ -67,6 +67,11 @@ def allowed_hosts(host: str, extra: Iterable[str] = ()) -> tuple[str, ...]:
     return () if is_loopback_host(host) else (ANY,)
 
 
+def answered(allowed: tuple[str, ...]) -> str:
+    """The names a server answers, to tell its user: ``"localhost, 127.x.x.x, [::1], box.lan"``."""
+    return ", ".join((LOOPBACK, *allowed))
+
+
 def host_allowed(header: str | None, allowed: tuple[str, ...]) -> bool:
     """Whether a request with this ``Host`` header (None: none) may be answered."""
     if ANY in allowed:
@@ -77,4 +82,4 @@ def host_allowed(header: str | None, allowed: tuple[str, ...]) -> bool:
     return is_loopback_name(name) or name in allowed
 
 
-__all__ = ["allowed_hosts", "host_allowed", "host_name", "is_loopback_host", "is_loopback_name", "ANY", "LOOPBACK"]
+__all__ = ["allowed_hosts", "answered", "host_allowed", "host_name", "is_loopback_host", "is_loopback_name", "ANY", "LOOPBACK"]

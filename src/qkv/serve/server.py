@@ -111,7 +111,7 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: L
         log(f"warning: --host {host} lets other machines connect, and qkv serve has no authentication: anyone "
             f"who reaches {where} can use the models; put it behind a proxy that authenticates")
     if hosts.ANY not in names:
-        log(f"answering the host names {hosts.LOOPBACK}{''.join(f', {n}' for n in names)} (--allowed-hosts)")
+        log(f"answering requests for the host names {hosts.answered(names)} only (--allowed-hosts adds names)")
     log(f"serving {len(models)} model(s) on {where}/ (the page), {where}/docs (the API); Ctrl-C stops")
     uvicorn.Server(config(app, "info")).run(sockets=[sock])
 
