@@ -279,7 +279,8 @@ def test_nothing_the_server_serves_fetches_from_outside(client):
     assert f"{DOCS_FILES}/redoc.standalone.js" in files and len(files) == 3
     for url in files:
         answer = client.get(url)
-        assert answer.status_code == 200 and not FETCH_OUTSIDE.findall(answer.text), (url, FETCH_OUTSIDE.findall(answer.text))
+        assert answer.status_code == 200 and not FETCH_OUTSIDE.findall(answer.text), (url, FETCH_OUTSIDE.findall(
+            answer.text))
     assert '"validatorUrl": null' in client.get("/docs").text  # Swagger UI's badge would come from its validator's site
 
 
@@ -302,7 +303,7 @@ def test_api_docs_pages_are_served_from_local_files(client, path, scripts):
 
 def test_api_docs_pages_say_how_to_install_their_files(models, monkeypatch):
     monkeypatch.setattr("qkv.serve.app.docs_files", lambda: None)
-    c = TestClient(create_app(models, SMALL), base_url=LOCAL)  # not entered: the shared models' batchers are left running
+    c = TestClient(create_app(models, SMALL), base_url=LOCAL)  # not entered: the shared models' batchers left running
     for path in ("/docs", "/redoc"):
         page = c.get(path)
         assert page.status_code == 404 and "fastapi-offline" in page.text and ".[serve]" in page.text
@@ -368,7 +369,8 @@ def test_other_refusals(client, path, body, status, message):
     ("/translate", {"model": "translate-transformer", "texts": ["red", ""]}, "text 2 is empty"),
     ("/translate", {"model": "translate-lstm-general", "texts": [" \t "]}, "text 1 is empty"),
     ("/translate", {"model": "prefix_lm-transformer", "texts": ["\n"]}, "text 1 is empty"),
-    ("/translate", {"model": "translate-transformer", "texts": ["red"], "target_prefix": ""}, "target_prefix 1 is empty"),
+    ("/translate", {"model": "translate-transformer", "texts": ["red"], "target_prefix": ""},
+     "target_prefix 1 is empty"),
     ("/score", {"model": "translate-transformer", "sources": ["red", " "], "targets": ["a", "b"]}, "source 2 is empty"),
     ("/classify", {"texts": ["red", ""]}, "text 2 is empty"),
     ("/classify", {"texts": ["  "]}, "text 1 is empty"),
@@ -387,8 +389,8 @@ def test_an_empty_target_is_scored(client, reference):
     """The exception: /score's target may be empty, the empty translation (its EOS alone)."""
     row = ok(client.post("/score", json={"model": "translate-transformer", "sources": ["red"], "targets": [""]}))
     assert row["results"][0]["tokens"] == ["</s>"]
-    assert row["results"][0]["token_logprobs"] == pytest.approx(reference["translate-transformer"].score(["red"], [""])[0],
-                                                                abs=1e-6)
+    expected = reference["translate-transformer"].score(["red"], [""])[0]
+    assert row["results"][0]["token_logprobs"] == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.parametrize("field,value", [("temperature", "NaN"), ("temperature", "Infinity"), ("top_p", "NaN"),

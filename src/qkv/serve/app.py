@@ -148,6 +148,7 @@ def add_docs(app: FastAPI) -> None:
         async def no_docs():
             return HTMLResponse(missing, status_code=404)
         return
+
     @app.get(f"{DOCS_FILES}/redoc.standalone.js", include_in_schema=False)
     async def redoc_script():
         return Response(redoc_without_logo(folder), media_type="text/javascript")
@@ -173,7 +174,7 @@ def add_docs(app: FastAPI) -> None:
         page = get_redoc_html(openapi_url=openapi, title=f"{app.title} - ReDoc",
                               redoc_js_url=f"{files}/redoc.standalone.js", redoc_favicon_url=f"{files}/favicon.png",
                               with_google_fonts=False)
-        page.headers["Content-Security-Policy"] = "img-src 'self' data:"  # and should anything try, images from here only
+        page.headers["Content-Security-Policy"] = "img-src 'self' data:"  # should anything try: images from here only
         return page
 
 

@@ -82,4 +82,5 @@ def host_allowed(header: str | None, allowed: tuple[str, ...]) -> bool:
     return is_loopback_name(name) or name in allowed
 
 
-__all__ = ["allowed_hosts", "answered", "host_allowed", "host_name", "is_loopback_host", "is_loopback_name", "ANY", "LOOPBACK"]
+__all__ = ["allowed_hosts", "answered", "host_allowed", "host_name", "is_loopback_host", "is_loopback_name", "ANY",
+           "LOOPBACK"]
