@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
 NAMES = ["translate-transformer", "translate-lstm-general", "prefix_lm-transformer", "classify-transformer",
          "mlm-transformer", "lm-transformer"]
 SOURCES = ["red cat", "the big dog sun", "small tree", "blue"]
+LOCAL = "http://127.0.0.1"  # TestClient's own host name, testserver, is refused like any other outside one
 SMALL = Limits(max_texts=16, max_chars=200, max_tokens=40, max_beam=8, max_nbest=4, max_new_tokens=50,
                max_body_bytes=20_000)
 
@@ -46,7 +48,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def client(models):
-    with TestClient(create_app(models, SMALL)) as c:
+    with TestClient(create_app(models, SMALL), base_url=LOCAL) as c:
         yield c
 
 
@@ -165,6 +167,88 @@ def test_models_health_page_docs(client):
     assert "/translate" in ok(client.get("/openapi.json"))["paths"]
 
 
+def test_models_names_no_checkpoint_paths(client):
+    """GET /models tells each model's name; where its checkpoint lies on the server's disk stays there."""
+    answer = client.get("/models")
+    assert [m["name"] for m in ok(answer)["models"]] == NAMES
+    assert all("path" not in m for m in answer.json()["models"])
+    assert str(FIXTURES) not in answer.text and "fixtures" not in answer.text
+
+
+# --- the host names a server answers (DNS rebinding) ---------------------------------------------------
+
+@pytest.mark.parametrize("host,allowed,status", [
+    ("evil.example", (), 400), ("evil.example:8000", (), 400), ("localhost.evil.example", (), 400),
+    ("127.0.0.1.evil.example", (), 400), ("", (), 400),
+    ("localhost", (), 200), ("LocalHost:8000", (), 200), ("127.0.0.1:8000", (), 200), ("127.3.4.5", (), 200),
+    ("[::1]:8000", (), 200), ("[::1]", (), 200),
+    ("evil.example:9", ("evil.example",), 200), ("other.example", ("evil.example",), 400),
+    ("localhost", ("evil.example",), 200), ("evil.example", ("*",), 200),
+])
+def test_only_loopback_host_names_unless_allowed(models, host, allowed, status):
+    c = TestClient(create_app(models, SMALL, allowed), base_url=LOCAL)  # not entered: /models needs no batcher
+    r = c.get("/models", headers={"host": host})
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert "does not answer" in r.json()["error"] and "--allowed-hosts" in r.json()["error"]
+        assert "models" not in r.json()
+
+
+def test_a_real_server_refuses_an_outside_host_name():
+    """As ``curl -H 'Host: evil.example' 127.0.0.1:PORT/models``, and a request with no Host at all (HTTP/1.0)."""
+    served = load_models([str(FIXTURES / "translate-transformer")], Limits())
+    with BackgroundServer(create_app(served, Limits())) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.get("/models", headers={"Host": "evil.example"}).status_code == 400
+        assert c.post("/translate", json={"texts": ["red"]}, headers={"Host": "evil.example"}).status_code == 400
+        assert c.get("/models", headers={"Host": f"localhost:{server.url.rsplit(':', 1)[1]}"}).status_code == 200
+        assert c.get("/models").status_code == 200  # Host: 127.0.0.1:PORT
+        with socket.create_connection(server.sock.getsockname()[:2], timeout=30) as raw:
+            raw.sendall(b"GET /models HTTP/1.0\r\n\r\n")
+            assert raw.makefile("rb").readline().split()[1] == b"400"
+
+
+def test_allowed_hosts_flag():
+    from qkv.errors import ConfigError
+    from qkv.serve.hosts import allowed_hosts
+
+    assert allowed_hosts("127.0.0.1") == () and allowed_hosts("localhost") == () and allowed_hosts("::1") == ()
+    assert allowed_hosts("0.0.0.0") == ("*",)  # another address answers any name, unless told which
+    assert allowed_hosts("0.0.0.0", ["box.lan"]) == ("box.lan",)
+    assert allowed_hosts("127.0.0.1", ["a.example, B.example:8000", "[fe80::1]", "*"]) == \
+        ("a.example", "b.example", "fe80::1", "*")
+    for bad in ["http://a.example/", "a b", "a,,b", ""]:
+        with pytest.raises(ConfigError, match="--allowed-hosts"):
+            allowed_hosts("127.0.0.1", [bad])
+
+
+def test_a_server_open_to_the_network_warns_that_it_has_no_authentication(monkeypatch):
+    """``--host 0.0.0.0`` says at start that anyone who reaches it can use the models (the test
+    listens on 127.0.0.1 all the same, and does not run the server)."""
+    import uvicorn
+
+    from qkv.serve import server as server_module
+
+    sockets = []
+
+    def loopback(host, port):
+        sockets.append(socket.create_server(("127.0.0.1", 0)))
+        return sockets[-1]
+
+    monkeypatch.setattr(server_module, "bind", loopback)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    said = {}
+    try:
+        for host in ("0.0.0.0", "127.0.0.1"):
+            said[host] = []
+            server_module.serve([str(FIXTURES / "translate-transformer")], host=host, port=0, log=said[host].append)
+    finally:
+        for s in sockets:
+            s.close()
+    assert [line for line in said["0.0.0.0"] if "no authentication" in line][0].startswith("warning: --host 0.0.0.0")
+    assert not any("warning" in line for line in said["127.0.0.1"])
+    assert any("--allowed-hosts" in line for line in said["127.0.0.1"])
+
+
 def local_references(html: str) -> list[str]:
     """Every src= and href= of a page, each checked to be a path on this server (nothing from outside)."""
     urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", html)
@@ -172,6 +256,32 @@ def local_references(html: str) -> list[str]:
     assert not outside, f"the page fetches from outside: {outside}"
     assert not re.search(r"https?://", html), "no address outside this server, even in the page's script"
     return urls
+
+
+FETCH_OUTSIDE = re.compile(r"""(?:\bsrc\s*[:=]\s*|\burl\(\s*|\bfetch\(\s*)["']?(?:https?:)?//""")
+
+
+def test_nothing_the_server_serves_fetches_from_outside(client):
+    """Every page the server serves names no other host, and no script or style it serves has the
+    browser fetch an image, script or style from one (ReDoc's script fetched its maker's logo)."""
+    pytest.importorskip("fastapi_offline", reason="/docs and /redoc need fastapi-offline: "
+                                                  'pip install -c constraints.txt -e ".[serve]"')
+    from qkv.serve.app import DOCS_FILES, docs_files
+
+    pages = [r.path for r in client.app.routes if "GET" in getattr(r, "methods", ()) and "{" not in r.path]
+    assert {"/", "/docs", "/redoc", "/models", "/openapi.json"} <= set(pages)
+    for path in pages:
+        answer = client.get(path)
+        assert answer.status_code in (200, 204), path
+        if answer.headers.get("content-type", "").startswith("text/html"):
+            local_references(answer.text)
+    files = [f"{DOCS_FILES}/{f.name}" for f in docs_files().iterdir() if f.suffix in (".js", ".css")]
+    assert f"{DOCS_FILES}/redoc.standalone.js" in files and len(files) == 3
+    for url in files:
+        answer = client.get(url)
+        assert answer.status_code == 200 and not FETCH_OUTSIDE.findall(answer.text), (url, FETCH_OUTSIDE.findall(
+            answer.text))
+    assert '"validatorUrl": null' in client.get("/docs").text  # Swagger UI's badge would come from its validator's site
 
 
 @pytest.mark.parametrize("path,scripts", [("/docs", ["swagger-ui-bundle.js", "swagger-ui.css", "favicon.png"]),
@@ -187,13 +297,13 @@ def test_api_docs_pages_are_served_from_local_files(client, path, scripts):
     for url in urls:
         got = client.get(url)
         assert got.status_code == 200 and len(got.content) > 500, url
-    if path == "/redoc":  # ReDoc's logo from its maker's site: the browser is told not to fetch it
+    if path == "/redoc":  # and should anything still try, the browser fetches images from here only
         assert page.headers["content-security-policy"] == "img-src 'self' data:"
 
 
 def test_api_docs_pages_say_how_to_install_their_files(models, monkeypatch):
     monkeypatch.setattr("qkv.serve.app.docs_files", lambda: None)
-    c = TestClient(create_app(models, SMALL))  # not entered: the shared models' batchers are left running
+    c = TestClient(create_app(models, SMALL), base_url=LOCAL)  # not entered: the shared models' batchers left running
     for path in ("/docs", "/redoc"):
         page = c.get(path)
         assert page.status_code == 404 and "fastapi-offline" in page.text and ".[serve]" in page.text
@@ -239,7 +349,6 @@ def test_bad_requests_are_refused_by_name(client, body, status, message):
 @pytest.mark.parametrize("path,body,status,message", [
     ("/classify", {"model": "translate-transformer", "texts": ["a"]}, 422, "serves /translate, /score, not /classify"),
     ("/translate", {"texts": ["a"]}, 422, "several models serve /translate"),
-    ("/classify", {"texts": ["  "]}, 422, "text 1 is empty"),
     ("/fill", {"texts": ["no mask here"]}, 422, "no [MASK]"),
     ("/score", {"model": "translate-transformer", "sources": ["a", "b"], "targets": ["a"]}, 422, "2 sources but 1"),
     ("/generate", {"prefix": "red", "max_new_tokens": 51}, 422, "max_new_tokens 51"),
@@ -254,6 +363,43 @@ def test_other_refusals(client, path, body, status, message):
     assert r.status_code == status, r.text
     assert message in r.json()["error"]
     assert client.get("/translate").status_code == 405
+
+
+@pytest.mark.parametrize("path,body,message", [
+    ("/translate", {"model": "translate-transformer", "texts": ["red", ""]}, "text 2 is empty"),
+    ("/translate", {"model": "translate-lstm-general", "texts": [" \t "]}, "text 1 is empty"),
+    ("/translate", {"model": "prefix_lm-transformer", "texts": ["\n"]}, "text 1 is empty"),
+    ("/translate", {"model": "translate-transformer", "texts": ["red"], "target_prefix": ""},
+     "target_prefix 1 is empty"),
+    ("/score", {"model": "translate-transformer", "sources": ["red", " "], "targets": ["a", "b"]}, "source 2 is empty"),
+    ("/classify", {"texts": ["red", ""]}, "text 2 is empty"),
+    ("/classify", {"texts": ["  "]}, "text 1 is empty"),
+    ("/fill", {"texts": [""]}, "text 1 is empty"),
+    ("/generate", {"prefix": "", "max_new_tokens": 5}, "prefix 1 is empty"),
+    ("/generate", {"prefix": " ", "max_new_tokens": 5, "stream": True}, "prefix 1 is empty"),
+])
+def test_an_empty_text_is_refused_on_every_endpoint(client, path, body, message):
+    """One rule for every endpoint (docs/serving.md): a text a model reads must hold more than spaces."""
+    r = client.post(path, json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == f"{message}: every {message.split()[0]} must hold more than spaces"
+
+
+def test_an_empty_target_is_scored(client, reference):
+    """The exception: /score's target may be empty, the empty translation (its EOS alone)."""
+    row = ok(client.post("/score", json={"model": "translate-transformer", "sources": ["red"], "targets": [""]}))
+    assert row["results"][0]["tokens"] == ["</s>"]
+    expected = reference["translate-transformer"].score(["red"], [""])[0]
+    assert row["results"][0]["token_logprobs"] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("field,value", [("temperature", "NaN"), ("temperature", "Infinity"), ("top_p", "NaN"),
+                                         ("temperature", "-Infinity")])
+def test_a_number_that_is_not_finite_is_named_so(client, field, value):
+    r = client.post("/generate", content=f'{{"prefix": "red", "{field}": {value}}}'.encode(),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == f"{field}: Input should be a finite number"
 
 
 # --- batching ----------------------------------------------------------------------------------------
@@ -357,7 +503,7 @@ def test_a_model_error_is_a_500_for_that_request_only(models, monkeypatch):
         return real(texts, **kw)
 
     monkeypatch.setattr(translator, "translate_rich", flaky)
-    with TestClient(create_app(served, Limits())) as c, ThreadPoolExecutor(3) as pool:
+    with TestClient(create_app(served, Limits()), base_url=LOCAL) as c, ThreadPoolExecutor(3) as pool:
         rs = list(pool.map(lambda t: c.post("/translate", json={"texts": [t]}), ["red cat", "blue", "small tree"]))
         assert [r.status_code for r in rs] == [200, 500, 200]
         assert "the model broke" in rs[1].json()["error"]
@@ -377,6 +523,76 @@ def test_a_real_server_refuses_a_10_mb_body_and_stays_up():
         assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
 
 
+def closed_after(sock: socket.socket, since: float) -> float:
+    """Seconds from ``since`` until the server closes ``sock`` (what it sends before is read and dropped);
+    a server that keeps it open fails the test when the socket's own timeout runs out."""
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - since
+
+
+def test_slow_clients_are_disconnected_while_others_are_answered():
+    """Connections that send nothing, part of a request head (``GET /he``) or trickle one byte at a
+    time are closed when the header timeout runs out (1 s here), not before; other clients are answered
+    all the while, on connections kept alive between requests; an idle connection is closed after
+    the keep-alive timeout."""
+    limits = Limits(header_timeout=1.0, keep_alive_timeout=1.0)
+    served = load_models([str(FIXTURES / "translate-transformer")], limits)
+    heads = [b"", b"GET /he", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"]  # no blank line: never complete
+    with BackgroundServer(create_app(served, limits)) as server:
+        address = server.sock.getsockname()[:2]
+        start = time.monotonic()
+        slow = [socket.create_connection(address, timeout=8) for _ in range(6)]
+        for i, sock in enumerate(slow):
+            sock.sendall(heads[i % len(heads)])
+        trickle = socket.create_connection(address, timeout=8)
+        stop = threading.Event()
+
+        def drip():  # 0.2 s a byte: each byte would restart a timer of the connection's idle time
+            for byte in b"GET /health HTTP/1.1\r\nX-Slow: " + b"x" * 40:
+                if stop.wait(0.2):
+                    return
+                try:
+                    trickle.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+        dripping = threading.Thread(target=drip)
+        dripping.start()
+        try:
+            with ThreadPoolExecutor(len(slow) + 1) as pool:
+                closing = [pool.submit(closed_after, sock, start) for sock in slow + [trickle]]
+                with httpx.Client(base_url=server.url, timeout=30) as c:
+                    for _ in range(3):  # one connection, kept alive: 0.5 s between requests, under both timeouts
+                        assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
+                        time.sleep(0.5)
+                times = [f.result() for f in closing]
+        finally:
+            stop.set()
+            dripping.join()
+            for sock in slow + [trickle]:
+                sock.close()
+        assert all(1.0 <= t < 7 for t in times), times
+        with socket.create_connection(address, timeout=8) as idle:
+            idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answered = time.monotonic()
+            assert idle.recv(12) == b"HTTP/1.1 200"
+            assert 0.9 <= closed_after(idle, answered) < 7
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.get("/health").json()["status"] == "ok"
+
+
+def test_timeouts_are_flags(capsys):
+    model = str(FIXTURES / "translate-transformer")
+    assert main(["serve", model, "--header-timeout", "0"]) == 2
+    assert "--header-timeout must be a number in [0.1, 3600]" in capsys.readouterr().err
+    assert main(["serve", model, "--keep-alive-timeout", "nan"]) == 2
+    assert "--keep-alive-timeout" in capsys.readouterr().err
+
+
 # --- the command ---------------------------------------------------------------------------------------
 
 def test_model_names():
@@ -393,6 +609,8 @@ def test_cli_errors_exit_2_without_a_traceback(capsys, monkeypatch):
     assert "--max-beam" in capsys.readouterr().err
     assert main(["serve", model, "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
+    assert main(["serve", model, "--allowed-hosts", "http://a.example/"]) == 2
+    assert "--allowed-hosts: 'http://a.example/' is not a host name" in capsys.readouterr().err
     from qkv.serve import bind
 
     taken = bind("127.0.0.1", 0)

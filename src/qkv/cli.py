@@ -451,7 +451,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_option_bounds(threads=args.threads)
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
     with sigterm_interrupts():  # kill stops it as Ctrl-C does: exit status 130, no traceback
-        serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log)
+        serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log,
+              allowed_hosts=args.allowed_hosts)
     return 0
 
 

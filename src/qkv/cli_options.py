@@ -585,7 +585,12 @@ def add_serve_parser(sub, handlers: dict) -> None:
     s.add_argument("models", nargs="+", metavar="MODEL",
                    help="checkpoint directory, e.g. runs/default/best (named after its run: default), or NAME=DIR")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine "
-                                                       "only; 0.0.0.0 opens it to the network)")
+                                                       "only; 0.0.0.0 opens it to the network, with no "
+                                                       "authentication)")
+    s.add_argument("--allowed-hosts", action="append", default=[], metavar="NAMES",
+                   help="host names the server answers (the Host header, any port) besides localhost, 127.x.x.x "
+                        "and [::1]: comma-separated or the flag repeated; * for any (default: only those on a "
+                        "loopback --host, any on another); other names get 400, against DNS rebinding")
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port)")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: 0, torch's default)")

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import re
 import threading
 from importlib import resources
 from pathlib import Path
@@ -28,6 +30,7 @@ from starlette.exceptions import HTTPException
 from qkv import __version__
 from qkv.errors import QkvError
 from qkv.serve.batcher import Busy
+from qkv.serve.hosts import answered, host_allowed
 from qkv.serve.limits import Limits
 from qkv.serve.optional import INSTALL
 from qkv.serve.schemas import (ClassifyRequest, FillRequest, GenerateRequest, ScoreRequest, TranslateRequest)
@@ -79,6 +82,25 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class HostCheck:
+    """ASGI middleware: a request whose ``Host`` header names neither this machine's loopback (localhost,
+    127.x.x.x, [::1]) nor one of ``allowed`` (``*``: any) gets 400, so that a web page cannot reach the
+    server through a name of its own that it points here (DNS rebinding)."""
+
+    def __init__(self, app, allowed: tuple[str, ...] = ()):
+        self.app, self.allowed = app, tuple(allowed)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+        if host_allowed(host, self.allowed):
+            return await self.app(scope, receive, send)
+        what = f"the host name {host!r}" if host else "a request without a Host header"
+        return await error(400, f"this server does not answer {what}: it answers {answered(self.allowed)} "
+                                f"(qkv serve --allowed-hosts adds names)")(scope, receive, send)
+
+
 def validation_message(errors: list[dict]) -> str:
     parts = []
     for e in errors:
@@ -104,6 +126,13 @@ def docs_files() -> Path | None:
     return folder if (folder / "swagger-ui-bundle.js").is_file() else None
 
 
+@functools.cache
+def redoc_without_logo(folder: Path) -> str:
+    """ReDoc's script, less the address of its maker's logo (an image on the maker's site, which it
+    would fetch): with none, ReDoc shows no logo and fetches nothing."""
+    return re.sub(r'src:"https?://[^"]*"', 'src:""', (folder / "redoc.standalone.js").read_text(encoding="utf-8"))
+
+
 def add_docs(app: FastAPI) -> None:
     """``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) for ``/openapi.json``, with their scripts, styles
     and icon served by this app from local files, so that both work where nothing outside can be
@@ -119,6 +148,11 @@ def add_docs(app: FastAPI) -> None:
         async def no_docs():
             return HTMLResponse(missing, status_code=404)
         return
+
+    @app.get(f"{DOCS_FILES}/redoc.standalone.js", include_in_schema=False)
+    async def redoc_script():
+        return Response(redoc_without_logo(folder), media_type="text/javascript")
+
     app.mount(DOCS_FILES, StaticFiles(directory=folder), name="docs-files")
 
     def urls(request: Request) -> tuple[str, str]:
@@ -131,7 +165,8 @@ def add_docs(app: FastAPI) -> None:
         return get_swagger_ui_html(openapi_url=openapi, title=f"{app.title} - Swagger UI",
                                    swagger_js_url=f"{files}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{files}/swagger-ui.css",
-                                   swagger_favicon_url=f"{files}/favicon.png")
+                                   swagger_favicon_url=f"{files}/favicon.png",
+                                   swagger_ui_parameters={"validatorUrl": None})  # no badge from the validator's site
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc(request: Request):
@@ -139,13 +174,13 @@ def add_docs(app: FastAPI) -> None:
         page = get_redoc_html(openapi_url=openapi, title=f"{app.title} - ReDoc",
                               redoc_js_url=f"{files}/redoc.standalone.js", redoc_favicon_url=f"{files}/favicon.png",
                               with_google_fonts=False)
-        # ReDoc shows its maker's logo from the maker's site: images only from here, so the browser does not try
-        page.headers["Content-Security-Policy"] = "img-src 'self' data:"
+        page.headers["Content-Security-Policy"] = "img-src 'self' data:"  # should anything try: images from here only
         return page
 
 
-def create_app(models: list[Served], limits: Limits) -> FastAPI:
-    """The application serving ``models`` (each with its batcher, started and stopped with the app)."""
+def create_app(models: list[Served], limits: Limits, allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
+    """The application serving ``models`` (each with its batcher, started and stopped with the app), to
+    requests for a loopback host name or one of ``allowed_hosts`` (``*``: any)."""
     by_name = {m.name: m for m in models}
 
     @contextlib.asynccontextmanager
@@ -160,6 +195,7 @@ def create_app(models: list[Served], limits: Limits) -> FastAPI:
                   description="Translation, scoring, classification and generation with qkv checkpoints. "
                               "Every error is JSON {\"error\": message} with a 4xx status.")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     app.state.models, app.state.limits = by_name, limits
     add_docs(app)
 
@@ -294,4 +330,4 @@ async def stream_generation(model: Served, args: tuple):
         job.add_done_callback(lambda j: j.cancelled() or j.exception())  # nothing left unretrieved
 
 
-__all__ = ["create_app", "BodyLimit", "add_docs", "docs_files"]
+__all__ = ["create_app", "BodyLimit", "HostCheck", "add_docs", "docs_files"]

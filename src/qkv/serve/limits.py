@@ -1,4 +1,5 @@
-"""What one request may ask of ``qkv serve``, and how requests are gathered into batches.
+"""What one request may ask of ``qkv serve``, how requests are gathered into batches, and how long
+a connection may keep the server waiting.
 
 Each field is a ``qkv serve`` flag (``max_texts`` -> ``--max-texts``) with its help as metadata;
 a request past a bound is refused with a 4xx status and a message naming the bound.
@@ -34,6 +35,11 @@ class Limits:
                                  high=10_000)
     max_batch_tokens: int = bound(4096, "source tokens per batch: requests are gathered up to this budget",
                                   high=10**7)
+    header_timeout: float = bound(10.0, "seconds a client has to send a request's headers, from when it connects "
+                                        "(or sends the first byte of its next request); later: the connection "
+                                        "is closed", low=0.1, high=3600)
+    keep_alive_timeout: float = bound(30.0, "seconds an idle connection is kept open after an answer, for the "
+                                            "client's next request", low=0.1, high=3600)
 
     def validate(self) -> "Limits":
         for f in fields(self):

@@ -11,7 +11,7 @@ MODEL_HELP = "the model's name (GET /models); may be left out when one model ser
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # NaN: "should be a finite number"
 
     model: str | None = Field(None, description=MODEL_HELP)
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from qkv.errors import QkvError
+from qkv.serve import hosts
 from qkv.serve.limits import Limits
 from qkv.serve.optional import require
 
@@ -36,11 +37,53 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def header_deadline(seconds: float) -> type:
+    """uvicorn's HTTP protocol with a deadline for a request's headers, which uvicorn lacks: a client
+    that has not sent a whole request head ``seconds`` after it connected (or after the first byte of
+    its next request) is disconnected, so slow or stalled clients cannot hold connections open. The
+    body and the answer are not timed; uvicorn's keep-alive timeout covers the wait between requests."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeaderDeadline(AutoHTTPProtocol):
+        deadline = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self.deadline = self.loop.call_later(seconds, self.too_slow)
+
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            if self.deadline is None and (cycle is None or cycle.response_complete):  # a next request begins
+                self.deadline = self.loop.call_later(seconds, self.too_slow)
+            super().data_received(data)
+            if self.cycle is not cycle:  # its head is complete: the request is the app's now
+                self.end_deadline()
+
+        def connection_lost(self, exc) -> None:
+            self.end_deadline()
+            super().connection_lost(exc)
+
+        def end_deadline(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+                self.deadline = None
+
+        def too_slow(self) -> None:
+            self.deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderDeadline
+
+
 def config(app, log_level: str = "warning"):
+    """uvicorn's settings for ``app`` (made by ``create_app``), with the timeouts of its limits."""
     uvicorn = require("uvicorn")
-    # keep-alive 30 s, not uvicorn's 5: under load the loop may take seconds to read a request that is
-    # already sent, and a connection closed as idle then loses it
-    return uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30)
+    limits: Limits = app.state.limits
+    # keep-alive 30 s by default, not uvicorn's 5: under load the loop may take seconds to read a request
+    # that is already sent, and a connection closed as idle then loses it
+    return uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
+                          timeout_keep_alive=limits.keep_alive_timeout, http=header_deadline(limits.header_timeout))
 
 
 @contextlib.contextmanager
@@ -63,8 +106,11 @@ def sigterm_interrupts():
 
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
-          device: str = "cpu", threads: int = 0, log: Callable[[str], None] = print) -> None:
-    """Load the checkpoints ``paths`` and serve them on ``host:port`` until interrupted."""
+          device: str = "cpu", threads: int = 0, log: Callable[[str], None] = print,
+          allowed_hosts: list[str] = ()) -> None:
+    """Load the checkpoints ``paths`` and serve them on ``host:port`` until interrupted, answering the
+    loopback host names and ``allowed_hosts`` (``--allowed-hosts``; without it, any name when ``host``
+    is not a loopback address)."""
     require("fastapi")
     uvicorn = require("uvicorn")
     import torch
@@ -73,14 +119,20 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: L
     from qkv.serve.service import load_models
 
     limits = (limits or Limits()).validate()
+    names = hosts.allowed_hosts(host, allowed_hosts)
     if threads:
         torch.set_num_threads(threads)
     models = load_models(paths, limits, device)
     sock = bind(host, port)
-    app = create_app(models, limits)
+    app = create_app(models, limits, names)
     where = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
     for m in models:
         log(f"{m.name}: {m.path} ({m.task}; {', '.join(m.endpoints)})")
+    if not hosts.is_loopback_host(host):
+        log(f"warning: --host {host} lets other machines connect, and qkv serve has no authentication: anyone "
+            f"who reaches {where} can use the models; put it behind a proxy that authenticates")
+    if hosts.ANY not in names:
+        log(f"answering requests for the host names {hosts.answered(names)} only (--allowed-hosts adds names)")
     log(f"serving {len(models)} model(s) on {where}/ (the page), {where}/docs (the API); Ctrl-C stops")
     uvicorn.Server(config(app, "info")).run(sockets=[sock])
 

@@ -63,9 +63,10 @@ class Served:
         return decl.stack == "encoder-decoder" and getattr(self.frontend.model, "has_attention", True)
 
     def describe(self) -> dict:
+        """What ``GET /models`` tells of the model: its name, never where its checkpoint lies."""
         f, decl = self.frontend, self.frontend.task_declaration
         out = {"name": self.name, "task": self.task, "kind": decl.kind, "arch": f.model.cfg.arch,
-               "endpoints": self.endpoints, "path": self.path,
+               "endpoints": self.endpoints,
                "parameters": sum(p.numel() for p in f.model.parameters())}
         if "translate" in f.offers:
             out.update(cross_attention=self.has_cross_attention, beam_size=f.decode_cfg.beam_size,
@@ -90,14 +91,17 @@ class Served:
 
     # --- request checks -------------------------------------------------------------------------------
 
-    def check_texts(self, texts: list[str], what: str = "text", tokenizer=None) -> int:
-        """Refuse too many texts, a text too long or not valid Unicode; the token count of all of them."""
+    def check_texts(self, texts: list[str], what: str = "text", tokenizer=None, may_be_empty: bool = False) -> int:
+        """Refuse too many texts, an empty or blank one (unless ``may_be_empty``: /score's targets), one
+        too long or not valid Unicode; the token count of all of them."""
         lim = self.limits
         if len(texts) > lim.max_texts:
             raise RequestError(413, f"{len(texts)} {what}s in one request; this server takes at most {lim.max_texts}")
         tokenizer = tokenizer or self.frontend.tokenizers.src
         total = 0
         for i, text in enumerate(texts, 1):
+            if not may_be_empty and not text.strip():
+                raise RequestError(422, f"{what} {i} is empty: every {what} must hold more than spaces")
             if len(text) > lim.max_chars:
                 raise RequestError(413, f"{what} {i} has {len(text)} characters; this server takes at most "
                                         f"{lim.max_chars} per {what}")
@@ -145,7 +149,7 @@ class Served:
         self.require("translate")
         beam, n_best = self.decode_settings(beam_size, n_best)
         tokens = self.check_texts(texts)
-        if target_prefix:
+        if target_prefix is not None:
             self.check_texts([target_prefix], "target_prefix", self.frontend.tokenizers.tgt)
         want_attention = bool(attention and self.has_cross_attention)
         if want_attention and len(texts) * n_best > self.limits.max_attention:
@@ -165,7 +169,7 @@ class Served:
     async def score(self, pairs: list[tuple[str, str]]) -> dict:
         self.require("score")
         tokens = self.check_texts([s for s, _ in pairs], "source")
-        self.check_texts([t for _, t in pairs], "target", self.frontend.tokenizers.tgt)
+        self.check_texts([t for _, t in pairs], "target", self.frontend.tokenizers.tgt, may_be_empty=True)
         results = await self.submit(("score",), pairs, tokens)
         return {"model": self.name, "results": [
             {"source": s, "target": t, "logprob": sum(lp), "token_logprobs": lp,
@@ -175,9 +179,6 @@ class Served:
 
     async def classify(self, texts: list[str]) -> dict:
         self.require("classify")
-        for i, text in enumerate(texts, 1):
-            if not text.strip():
-                raise RequestError(422, f"text {i} is empty")
         tokens = self.check_texts(texts)
         rows = await self.submit(("classify",), texts, tokens)
         labels = self.frontend.labels
@@ -190,10 +191,10 @@ class Served:
 
     async def fill(self, texts: list[str], k: int) -> dict:
         self.require("fill")
+        tokens = self.check_texts(texts)
         for i, text in enumerate(texts, 1):
             if "[MASK]" not in text:
                 raise RequestError(422, f'text {i} has no [MASK] to fill, e.g. "the movie was [MASK]"')
-        tokens = self.check_texts(texts)
         rows = await self.submit(("fill", k), texts, tokens)
         return {"model": self.name, "results": [
             {"text": t, "masks": [[{"piece": p, "probability": v} for p, v in m] for m in row]}
