@@ -9,8 +9,8 @@ the update `qkv train` runs, on generated data: sentence pairs of random ordinar
 and target lengths drawn uniformly from 10..40 tokens (seeded), cut into batches of the preset's
 ``max_tokens`` by the trainer's own batching. A few updates are run first and not timed (warm-up);
 then ``--updates`` updates are timed one by one (defaults: tiny 30, small 10, base 2, big 1). The
-time per 1,000 updates is the mean of the timed updates times 1,000, extrapolated: nothing here runs
-1,000 updates. Validation, checkpoints and logging are not included.
+time per 1,000 updates is the median of the timed updates times 1,000 (the median: on a shared
+machine a few updates wait for the CPU), extrapolated: nothing here runs 1,000 updates. Validation, checkpoints and logging are not included.
 
 base and big would take many minutes per update on two cores (25,000 tokens per batch): their
 updates are timed on 1/k of the preset's batch (``--split``, defaults base 8, big 16: batches of
@@ -91,7 +91,7 @@ def measure(name: str, timed_updates: int, warmup: int, split_k: int, note: str)
                 seconds.append(time.perf_counter() - t0)
                 tokens.append(stats["tokens"])
         n_params = sum(p.numel() for p in trainer.model.parameters())
-    per_update = split_k * statistics.fmean(seconds)
+    per_update = split_k * statistics.median(seconds)
     return {"seconds_per_update": round(per_update, 4), "seconds_per_1000_updates": round(1000 * per_update, 1),
             "extrapolated_from_updates": timed_updates, "warmup_updates": warmup, "batch_split": split_k,
             "timed_max_tokens": train_cfg.max_tokens, "timed_update_seconds": [round(s, 4) for s in seconds],
@@ -134,7 +134,7 @@ def main() -> int:
               f"{r['seconds_per_1000_updates']:,.0f} s per 1,000 updates (extrapolated from "
               f"{r['extrapolated_from_updates']})", flush=True)
     record = {
-        "what": "seconds per training update (Trainer.train_step) of each preset on generated data, the preset's "
+        "what": "seconds per training update (Trainer.train_step, the median of the timed updates) of each preset on generated data, the preset's "
                 "own tokens per batch (base, big: timed on 1/batch_split of it, times batch_split); per 1,000 "
                 "updates extrapolated from the timed updates",
         "date": _now(),
