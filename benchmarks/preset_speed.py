@@ -13,7 +13,7 @@ time per 1,000 updates is the median of the timed updates times 1,000 (the media
 machine a few updates wait for the CPU), extrapolated: nothing here runs 1,000 updates. Validation, checkpoints and logging are not included.
 
 base and big would take many minutes per update on two cores (25,000 tokens per batch): their
-updates are timed on 1/k of the preset's batch (``--split``, defaults base 8, big 16: batches of
+updates are timed on 1/k of the preset's batch (``--split``, defaults base 16, big 32: batches of
 ``max_tokens / k`` tokens, k times fewer sentences of the same lengths) and the time multiplied by
 k, a second extrapolation, linear in the tokens (the matrix products are; the optimizer step, a
 small part, is counted k times). The file records k for each preset.
@@ -42,7 +42,7 @@ from peers.common import cpu_name, git_commit, set_thread_env  # noqa: E402
 DEFAULT_OUT = ROOT.parent / "src" / "qkv" / "preset_times.json"
 TIMED = {"tiny": 30, "small": 10, "base": 2, "big": 1}  # timed updates per preset
 WARMUP = {"tiny": 3, "small": 2, "base": 1, "big": 1}  # untimed updates first
-SPLIT = {"tiny": 1, "small": 1, "base": 8, "big": 16}  # timed on 1/k of the batch, times k
+SPLIT = {"tiny": 1, "small": 1, "base": 16, "big": 32}  # timed on 1/k of the batch, times k
 LENGTHS = (10, 40)  # source and target lengths of the generated pairs, uniform, inclusive
 
 
@@ -111,8 +111,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
     ap.add_argument("--updates", type=int, help="timed updates for every preset (default: tiny 30, small 10, "
                                                  "base 2, big 1)")
-    ap.add_argument("--split", type=int, help="time every preset on 1/k of its batch, times k (default: base 8, "
-                                               "big 16, the others 1)")
+    ap.add_argument("--split", type=int, help="time every preset on 1/k of its batch, times k (default: base 16, "
+                                               "big 32, the others 1)")
     ap.add_argument("--note", default="", help="a note kept in the file, e.g. how loaded the machine was")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file (default: src/qkv/preset_times.json)")
     args = ap.parse_args()
@@ -126,26 +126,35 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     results = dict(old.get("presets", {})) if old.get("threads") == args.threads else {}
-    for name in names:
+    for name in names:  # the file is written after each preset: an interrupted run keeps what it measured
         r = measure(name, args.updates or TIMED[name], WARMUP[name], args.split or SPLIT[name], args.note)
         results[name] = r
         k = f", timed on 1/{r['batch_split']} of the batch" if r["batch_split"] > 1 else ""
         print(f"{name}: {r['seconds_per_update']:.3f} s per update (timed: {r['timed_update_seconds']}{k}), "
               f"{r['seconds_per_1000_updates']:,.0f} s per 1,000 updates (extrapolated from "
               f"{r['extrapolated_from_updates']})", flush=True)
+        write(args, results, torch.__version__)
+    print(f"wrote {args.out}\n")
+    from qkv.info import preset_table
+
+    print(preset_table(json.loads(args.out.read_text())))
+    return 0
+
+
+def write(args: argparse.Namespace, results: dict, torch_version: str) -> None:
+    from qkv.config import PRESETS
+
     record = {
-        "what": "seconds per training update (Trainer.train_step, the median of the timed updates) of each preset on generated data, the preset's "
-                "own tokens per batch (base, big: timed on 1/batch_split of it, times batch_split); per 1,000 "
+        "what": "seconds per training update (Trainer.train_step, the median of the timed updates) of each preset "
+                "on generated data, the preset's own tokens per batch (base, big: timed on 1/batch_split of it, times batch_split); per 1,000 "
                 "updates extrapolated from the timed updates",
         "date": _now(),
         "commit": git_commit(), "machine": f"{cpu_name()}, {os.cpu_count()} cores", "threads": args.threads,
-        "torch": torch.__version__, "lengths": list(LENGTHS),
+        "torch": torch_version, "lengths": list(LENGTHS),
         "command": " ".join(["python", "benchmarks/preset_speed.py", *sys.argv[1:]]),
         "presets": {n: results[n] for n in PRESETS if n in results},
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":
