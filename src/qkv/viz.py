@@ -442,8 +442,9 @@ def _thinned(col_step: int, row_step: int) -> str:
     return f" (labelled: {', '.join(parts)})" if parts else ""
 
 
-def _caption(data: dict[str, Any], width: float) -> str:
-    """The lines above the maps: the model and the text(s) it read, wrapped to ``width`` inches."""
+def _caption(data: dict[str, Any], width: float | None = None) -> str:
+    """The lines above the maps: the model and the text(s) it read; in the PNG wrapped to ``width``
+    inches (the HTML page wraps its own)."""
     import textwrap
 
     lines = [data["model"]] if data.get("model") else []
@@ -452,6 +453,8 @@ def _caption(data: dict[str, Any], width: float) -> str:
     else:
         how = "the model's greedy translation" if data["target_from"] == "greedy" else "given"
         lines += [f"source: {data['source']}", f"target ({how}): {data['target']}"]
+    if width is None:
+        return "\n".join(lines)
     chars = max(20, int(width * 72 / (11 * 0.6)))  # an 11-point character is about 0.6 x 11 points wide
     return "\n".join(w for line in lines for w in (textwrap.wrap(line, chars) or [""]))
 
