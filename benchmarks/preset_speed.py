@@ -29,6 +29,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -151,7 +152,7 @@ def write(args: argparse.Namespace, results: dict, torch_version: str) -> None:
         "date": _now(),
         "commit": git_commit(), "machine": f"{cpu_name()}, {os.cpu_count()} cores", "threads": args.threads,
         "torch": torch_version, "lengths": list(LENGTHS),
-        "command": " ".join(["python", "benchmarks/preset_speed.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "benchmarks/preset_speed.py", *sys.argv[1:]]),
         "presets": {n: results[n] for n in PRESETS if n in results},
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
