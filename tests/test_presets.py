@@ -92,12 +92,15 @@ def test_info_preset_shows_training_values_and_measured_time(tmp_path, monkeypat
 
 
 def test_info_does_not_claim_a_time_for_a_changed_or_unmeasured_preset(tmp_path, monkeypatch, capsys):
-    fake_times(tmp_path, monkeypatch, tiny=timing("tiny", 2.942), small=timing("small", 9.0, parameters=1))
+    fake_times(tmp_path, monkeypatch, tiny=timing("tiny", 2.942), small=timing("small", 9.0, parameters=1),
+               base=timing("base", 2150.41, batch_split=16, extrapolated_from_updates=2))
     assert main(["info", "--preset", "tiny", "--d-model", "64"]) == 0
     assert "only for the preset unchanged" in capsys.readouterr().out
     assert main(["info", "--preset", "tiny", "--vocab-size", "300"]) == 0
     assert "only for the preset unchanged" in capsys.readouterr().out
+    assert main(["info", "--preset", "base"]) == 0 and "(2,150 s per update, the median of 2 timed, timed on 1/16 of " \
+        "the batch; extrapolated)" in capsys.readouterr().out
     assert main(["info", "--preset", "small"]) == 0  # recorded for another parameter count: stale
     assert "none for the preset as it is now" in capsys.readouterr().out
-    assert main(["info", "--preset", "base"]) == 0
+    assert main(["info", "--preset", "big"]) == 0
     assert "none for the preset as it is now" in capsys.readouterr().out

@@ -185,12 +185,17 @@ def preset_table(times: dict | None = None) -> str:
                                         clock(r["seconds_per_1000_updates"]) if r else "not measured"]) + " |")
     if times:
         split = ", ".join(f"{n} on 1/{r['batch_split']}" for n, r in times["presets"].items() if r["batch_split"] > 1)
-        lines += ["", f"Time (H:MM:SS) extrapolated from a few updates each (median), on generated sentence pairs of "
-                      f"{times['lengths'][0]}-{times['lengths'][1]} tokens at the preset's tokens per batch"
-                      + (f" ({split} of the batch, times the fraction)" if split else "")
+        lines += ["", f"Time (H:MM:SS) extrapolated from a few updates each (their median), on generated sentence "
+                      f"pairs of {times['lengths'][0]}-{times['lengths'][1]} tokens at the preset's tokens per batch"
+                      + (f" ({split} of the batch, the time multiplied back)" if split else "")
                       + f"; {times['machine']}, {times['date']}, commit {times['commit']}; "
                       f"`{times['command']}`." + (f" {_notes(times)}" if _notes(times) else "")]
     return "\n".join(lines)
+
+
+def _seconds(s: float) -> str:
+    """Three significant digits, or whole seconds from 100 on: 2.94, 42.2, 2,150."""
+    return f"{s:.3g}" if s < 100 else f"{s:,.0f}"
 
 
 def _notes(times: dict) -> str:
@@ -214,7 +219,7 @@ def describe_preset(name: str, model_cfg: ModelConfig, vocab_size: int) -> str:
     else:
         split = f", timed on 1/{r['batch_split']} of the batch" if r["batch_split"] > 1 else ""
         lines.append(f"measured training time: {clock(r['seconds_per_1000_updates'])} per 1,000 updates "
-                     f"({r['seconds_per_update']:.3g} s per update, the median of {r['extrapolated_from_updates']} "
+                     f"({_seconds(r['seconds_per_update'])} s per update, the median of {r['extrapolated_from_updates']} "
                      f"timed{split}; extrapolated) on {times['threads']} CPU threads of {times['machine']}, "
                      f"{r['date']}" + (f"; {r['note']}" if r.get("note") else ""))
     return "\n".join(lines)
