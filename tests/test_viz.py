@@ -420,3 +420,66 @@ def test_training_curves_of_each_task(runs, run):
     assert labels(runs["lm"]) == (set(), {"perplexity"})
     assert labels(runs["prefix_lm"])[0] >= {"BLEU", "chrF", "exact match %"}
     assert labels(run)[0] >= {"BLEU", "chrF", "exact match %"}
+
+
+# --- long inputs: a bounded figure, legible labels ------------------------------------------------------
+
+def long_data(n_src: int, n_tgt: int, layers: int = 2, heads: int = 2) -> dict:
+    """attention_data's layout for a source of n_src and a target of n_tgt tokens (uniform weights)."""
+    tokens = {"source": [f"▁s{i}" for i in range(n_src)], "target": [f"▁t{i}" for i in range(n_tgt)]}
+    shape = {"encoder": (n_src, n_src), "decoder_self": (n_tgt, n_tgt), "cross": (n_tgt, n_src)}
+    return {"model": "Transformer encoder-decoder", "source": " ".join(tokens["source"]),
+            "target": " ".join(tokens["target"]), "target_from": "given", "tokens": tokens,
+            "kinds": {k: {"title": t, "queries": q, "keys": kk} for k, (t, q, kk) in viz.KINDS.items()},
+            "weights": {k: [[[[1 / nk] * nk] * nq] * heads] * layers for k, (nq, nk) in shape.items()}}
+
+
+@pytest.mark.parametrize("n, side, step", [(3, 1.0, 1), (20, 4.0, 1), (30, 6.0, 1), (40, 6.0, 1),
+                                           (47, 6.0, 2),   # 0.13 in a label / (6 in / 47 tokens) = 1.02
+                                           (120, 6.0, 3),  # 0.13 / 0.05 = 2.6
+                                           (1000, 6.0, 22)])
+def test_axis_layout_rule(n, side, step):
+    assert viz.axis_layout(n) == (pytest.approx(side), step)
+    assert viz.TICK_FONT >= 7 and viz.PANEL_MAX == 6.0 and viz.LABEL_PITCH == 0.13
+
+
+def test_a_long_input_keeps_a_bounded_figure_and_legible_labels(tmp_path):
+    n_src, n_tgt = 120, 90  # labelled: one in 3 (0.13 / (6/120) = 2.6), one in 2 (0.13 / (6/90) = 1.95)
+    data = long_data(n_src, n_tgt)
+    png = viz.write_attention_png(data, tmp_path / "long.png")
+    fig = viz.attention_figure(data)
+    width, height = fig.get_size_inches()
+    assert int.from_bytes(png.read_bytes()[16:20], "big") == round(width * 110)  # the PNG's pixel width
+    label = 0.15 + 0.07 * len("▁s119")
+    assert width == pytest.approx(label + 2 * (6.0 + 0.25) + 0.9)  # two heads of 6-inch panels, not 24
+    panels = [ax for ax in fig.axes if ax.get_title().startswith("layer")]
+    assert len(panels) == 3 * 2 * 2
+    steps = {"source": 3, "target": 2}
+    for ax in panels:
+        box = ax.get_position()
+        assert (box.width * width, box.height * height) == (pytest.approx(6.0), pytest.approx(6.0))
+        for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+            if not labels:
+                continue
+            texts = [t.get_text() for t in labels]
+            which = "source" if texts[0].startswith("▁s") else "target"
+            assert texts == data["tokens"][which][::steps[which]]
+            assert all(t.get_fontsize() == 7 for t in labels)
+            n = len(data["tokens"][which])
+            assert 6.0 / n * steps[which] >= 0.13  # inches between two labels
+    headings = [t.get_text() for t in fig.texts]
+    assert any(h.startswith("encoder self-attention") and h.endswith("(labelled: one column in 3, one row in 3)")
+               for h in headings)
+    assert any(h.startswith("cross-attention") and h.endswith("(labelled: one column in 3, one row in 2)")
+               for h in headings)
+    caption = fig._suptitle.get_text().splitlines()
+    assert len(caption) > 3 and all(len(line) <= width * 72 / (11 * 0.6) for line in caption)  # wrapped
+
+
+def test_a_short_input_labels_every_token(tmp_path):
+    data = long_data(12, 10)
+    fig = viz.attention_figure(data)
+    enc = [ax for ax in fig.axes if ax.get_title().startswith("layer")][:4]
+    assert [t.get_text() for t in enc[2].get_xticklabels()] == data["tokens"]["source"]  # layer 2 (last), head 1
+    assert enc[0].get_position().width * fig.get_size_inches()[0] == pytest.approx(12 * 0.2)
+    assert not any("labelled" in t.get_text() for t in fig.texts)

@@ -391,7 +391,7 @@ def cmd_average(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
-    from qkv.info import describe
+    from qkv.info import describe, describe_preset
     from qkv.models import build_model
 
     if args.model:
@@ -399,11 +399,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         model = load(args.model).model
     else:
-        model_cfg, _, _ = resolve_configs(args, default_preset="base")
-        v = args.vocab_size or 37000
+        model_cfg, train_cfg, _ = resolve_configs(args, default_preset="base")
+        v = args.vocab_size or train_cfg.vocab_size
         with torch.device("meta"):  # shapes only: no memory, no time
             model = build_model(dataclasses.replace(model_cfg, src_vocab_size=v, tgt_vocab_size=v))
     print(describe(model, args.src_len, args.tgt_len))
+    if not args.model and (args.preset or not args.config):  # the preset's training values and time
+        print(describe_preset(args.preset or "base", model_cfg, v))
     return 0
 
 

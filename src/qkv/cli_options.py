@@ -375,11 +375,12 @@ def add_average_parser(sub, handlers: dict) -> None:
 def add_info_parser(sub, handlers: dict) -> None:
     i = sub.add_parser("info", help="parameter count and training FLOPs",
                        description="Print the parameter count by component and the training FLOPs per target "
-                                   "token, for a preset (no weights are allocated) or a trained MODEL.")
+                                   "token, for a preset (no weights are allocated) or a trained MODEL; for a "
+                                   "preset also its training values and its measured time per 1,000 updates.")
     i.add_argument("model", nargs="?", help="checkpoint directory (instead of a preset)")
     i.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR, help="model preset (default: base)")
     i.add_argument("--config", help="TOML file with a [model] table")
-    i.add_argument("--vocab-size", type=int, dest="vocab_size", help="shared vocabulary size (default: 37000)")
+    i.add_argument("--vocab-size", type=int, dest="vocab_size", help="shared vocabulary size (default: the preset's, base 37000)")
     i.add_argument("--src-len", type=int, default=25, help="source tokens per sentence for the FLOPs")
     i.add_argument("--tgt-len", type=int, default=25, help="target tokens per sentence for the FLOPs")
     add_config_flags(i, ModelConfig, "model (ModelConfig)")

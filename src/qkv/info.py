@@ -17,15 +17,26 @@ of S tokens and a target of T tokens, one forward pass costs
 
 and training (forward + backward) three times that. The count is divided by T to give FLOPs per
 target token (the unit of tokens/s in the benchmarks).
+
+The presets' facts (:func:`preset_facts`, :func:`preset_table`) come from ``qkv.config``'s presets;
+their measured training time from ``preset_times.json`` beside this module, which
+``benchmarks/preset_speed.py`` writes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
 from torch import nn
 
-from qkv.config import ModelConfig
+from qkv.config import PRESETS, ModelConfig, preset
+from qkv.training.progress import clock
+
+PRESET_TIMES = Path(__file__).with_name("preset_times.json")
 
 
 def parameter_breakdown(model: nn.Module) -> dict[str, int]:
@@ -112,4 +123,103 @@ def describe(model: nn.Module, src_len: int = 25, tgt_len: int = 25) -> str:
         fl = transformer_flops(cfg, src_len, tgt_len)
         lines.append(f"FLOPs per target token (matmuls, source {src_len} / target {tgt_len} tokens): "
                      f"forward {fl.forward / 1e6:.1f} MFLOP, training (3x) {fl.training / 1e6:.1f} MFLOP")
+    return "\n".join(lines)
+
+
+# --- presets ---------------------------------------------------------------------------------------
+
+#: the columns of :func:`preset_table`, in order (the keys of :func:`preset_facts`, then the time)
+PRESET_COLUMNS = ("updates", "warmup", "tokens per batch", "vocabulary", "layers (enc/dec)", "d_model", "heads",
+                  "FFN", "parameters")
+
+
+def preset_model(name: str) -> nn.Module:
+    """The preset's model with its own vocabulary (shared), on the meta device: shapes only."""
+    from qkv.models import build_model
+
+    model_cfg, train_cfg = preset(name)
+    v = train_cfg.vocab_size
+    with torch.device("meta"):
+        return build_model(dataclasses.replace(model_cfg, src_vocab_size=v, tgt_vocab_size=v))
+
+
+def preset_facts(name: str) -> dict[str, int | str]:
+    """A preset's training values and model shape (the columns of :data:`PRESET_COLUMNS`)."""
+    m, t = preset(name)
+    return {"updates": t.max_steps, "warmup": t.warmup_steps, "tokens per batch": t.max_tokens,
+            "vocabulary": t.vocab_size, "layers (enc/dec)": f"{m.n_encoder_layers}/{m.n_decoder_layers}",
+            "d_model": m.d_model, "heads": m.n_heads, "FFN": m.d_ff,
+            "parameters": parameter_breakdown(preset_model(name))["total"]}
+
+
+def preset_times() -> dict:
+    """What ``benchmarks/preset_speed.py`` measured, from :data:`PRESET_TIMES` ({} when it has not been run)."""
+    return json.loads(PRESET_TIMES.read_text(encoding="utf-8")) if PRESET_TIMES.is_file() else {}
+
+
+def preset_time(name: str, times: dict, facts: dict | None = None) -> dict | None:
+    """The measured time of ``name`` in ``times`` (:func:`preset_times`), or None when none was measured
+    for the preset as it is now (its tokens per batch and parameter count as recorded)."""
+    r = times.get("presets", {}).get(name)
+    facts = facts or preset_facts(name)
+    if not r or r.get("max_tokens") != facts["tokens per batch"] or r.get("parameters") != facts["parameters"]:
+        return None
+    return r
+
+
+def _number(v: int | str) -> str:
+    return f"{v:,}" if isinstance(v, int) else v
+
+
+def preset_table(times: dict | None = None) -> str:
+    """The Markdown table of docs/training.md: every preset's facts and its measured time per 1,000
+    updates, with the line that says where and how the time was measured."""
+    times = preset_times() if times is None else times
+    threads = times.get("threads", "?")
+    head = ("preset", *PRESET_COLUMNS, f"time per 1,000 updates ({threads} CPU threads)")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name in PRESETS:
+        facts = preset_facts(name)
+        r = preset_time(name, times, facts)
+        lines.append("| " + " | ".join([name, *(_number(v) for v in facts.values()),
+                                        clock(r["seconds_per_1000_updates"]) if r else "not measured"]) + " |")
+    if times:
+        split = ", ".join(f"{n} on 1/{r['batch_split']}" for n, r in times["presets"].items() if r["batch_split"] > 1)
+        lines += ["", f"Time (H:MM:SS) extrapolated from a few updates each (their median), on generated sentence "
+                      f"pairs of {times['lengths'][0]}-{times['lengths'][1]} tokens at the preset's tokens per batch"
+                      + (f" ({split} of the batch, the time multiplied back)" if split else "")
+                      + f"; {times['machine']}, {times['date']}, commit {times['commit']}; "
+                      f"`{times['command']}`." + (f" {_notes(times)}" if _notes(times) else "")]
+    return "\n".join(lines)
+
+
+def _seconds(s: float) -> str:
+    """Three significant digits, or whole seconds from 100 on: 2.94, 42.2, 2,150."""
+    return f"{s:.3g}" if s < 100 else f"{s:,.0f}"
+
+
+def _notes(times: dict) -> str:
+    notes = dict.fromkeys(r.get("note", "") for r in times.get("presets", {}).values())
+    return " ".join(f"{n[0].upper()}{n[1:]}{'' if n.endswith('.') else '.'}" for n in notes if n)
+
+
+def describe_preset(name: str, model_cfg: ModelConfig, vocab_size: int) -> str:
+    """What ``qkv info --preset NAME`` adds: the preset's training values, and its measured training
+    time when ``model_cfg`` and ``vocab_size`` are the preset's own (flags may change them)."""
+    m, t = preset(name)
+    lines = [f"preset {name}: {t.max_steps:,} updates, warmup {t.warmup_steps:,}, {t.max_tokens:,} tokens per batch, "
+             f"vocabulary {t.vocab_size:,}"]
+    times = preset_times()
+    r = preset_time(name, times)
+    if model_cfg != m or vocab_size != t.vocab_size:
+        lines.append("measured training time: only for the preset unchanged (the flags change the model here)")
+    elif r is None:
+        lines.append(f"measured training time: none for the preset as it is now (python benchmarks/preset_speed.py "
+                     f"--presets {name} measures it)")
+    else:
+        split = f", timed on 1/{r['batch_split']} of the batch" if r["batch_split"] > 1 else ""
+        lines.append(f"measured training time: {clock(r['seconds_per_1000_updates'])} per 1,000 updates "
+                     f"({_seconds(r['seconds_per_update'])} s per update, the median of {r['extrapolated_from_updates']} "
+                     f"timed{split}; extrapolated) on {times['threads']} CPU threads of {times['machine']}, "
+                     f"{r['date']}" + (f"; {r['note']}" if r.get("note") else ""))
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 Each picture has a pure function that returns its data and a function that draws it:
 
-    attention_data(frontend, text, target=None)     -> panels -> write_attention_png / write_attention_html
+    attention_data(frontend, text, target=None)     -> panels -> attention_figure -> write_attention_png;
+                                                                 write_attention_html
     positional_data(n_positions, d_model)           -> positional_png
     schedule_data(d_model, warmup, steps, scale)    -> schedule_png
     training_data(run_dir)                          -> training_png
@@ -355,13 +356,32 @@ def _save(fig, path: str | Path, dpi: int = 120) -> Path:
     return p
 
 
-def write_attention_png(data: dict[str, Any], path: str | Path) -> Path:
-    """One PNG of every :func:`panels` entry: a block per attention kind, in it a grid (rows =
-    layers, columns = heads); queries on the vertical axis, keys on the horizontal one, weights
-    from 0 (white) to 1 (dark blue).
+#: The attention PNG's layout rule (inches and points): a panel's side grows by CELL per token up to
+#: PANEL_MAX (30 tokens), then stays there (the cells shrink); tick labels keep TICK_FONT points and
+#: at least LABEL_PITCH between two of them: beyond that, only every k-th token is labelled.
+CELL, PANEL_MAX, TICK_FONT, LABEL_PITCH = 0.2, 6.0, 7, 0.13
 
-    The layout is computed in inches (one cell per token pair), not by matplotlib's layout
-    engines, which are slow with hundreds of tick labels.
+
+def axis_layout(n_tokens: int) -> tuple[float, int]:
+    """(a panel side's length in inches, label every k-th token) for an axis of ``n_tokens``:
+    side = min(CELL·n, PANEL_MAX), at least 1 inch; k = the least that puts LABEL_PITCH between labels."""
+    side = max(1.0, min(CELL * n_tokens, PANEL_MAX))
+    return side, max(1, math.ceil(LABEL_PITCH * n_tokens / side - 1e-9))
+
+
+def write_attention_png(data: dict[str, Any], path: str | Path) -> Path:
+    """One PNG of :func:`attention_figure`."""
+    return _save(attention_figure(data), path, dpi=110)
+
+
+def attention_figure(data: dict[str, Any]):
+    """Every :func:`panels` entry: a block per attention kind, in it a grid (rows = layers, columns
+    = heads); queries on the vertical axis, keys on the horizontal one, weights from 0 (white) to 1
+    (dark blue). Each axis is laid out by :func:`axis_layout`: long inputs keep a bounded figure and
+    legible labels (every k-th token, the ticks at their positions).
+
+    The layout is computed in inches, not by matplotlib's layout engines, which are slow with
+    hundreds of tick labels.
     """
     every = panels(data)
     if not every:
@@ -369,17 +389,20 @@ def write_attention_png(data: dict[str, Any], path: str | Path) -> Path:
     kinds = list(dict.fromkeys(p.kind for p in every))  # in order
     n_layers = {k: 1 + max(p.layer for p in every if p.kind == k) for k in kinds}
     n_heads = 1 + max(p.head for p in every)
-    cell = 0.2  # inches per token
-    extent = {p.kind: (max(1.0, cell * len(p.cols)), max(1.0, cell * len(p.rows))) for p in every}  # (w, h)
+    cols = {p.kind: axis_layout(len(p.cols)) for p in every}  # (inches, label step)
+    rows = {p.kind: axis_layout(len(p.rows)) for p in every}
+    extent = {k: (cols[k][0], rows[k][0]) for k in kinds}  # (w, h)
     label = 0.15 + 0.07 * max(len(t) for p in every for t in (*p.rows, *p.cols))  # room for one axis' token labels
-    gap, title, header, top, bar = 0.25, 0.28, 0.45, 0.75, 0.9  # inches
+    gap, title, header, bar = 0.25, 0.28, 0.45, 0.9  # inches
     panel_w = max(w for w, _ in extent.values())
     width = label + n_heads * (panel_w + gap) + bar
+    caption = _caption(data, width)
+    top = 0.3 + 0.19 * len(caption.splitlines())  # the caption's lines of 11 points
     block = {k: header + n_layers[k] * (extent[k][1] + title) + label for k in kinds}  # height of a kind's block
     block_top = {k: top + sum(block[j] for j in kinds[:i]) for i, k in enumerate(kinds)}
     height = top + sum(block.values())
     fig = _figure(figsize=(width, height))
-    fig.suptitle(_caption(data), fontsize=11, y=1 - 0.12 / height, va="top")
+    fig.suptitle(caption, fontsize=11, y=1 - 0.12 / height, va="top")
 
     def box(x, y, w, h):  # inches from the top-left corner -> figure fractions
         return [x / width, 1 - (y + h) / height, w / width, h / height]
@@ -387,8 +410,8 @@ def write_attention_png(data: dict[str, Any], path: str | Path) -> Path:
     for kind in kinds:
         info = data["kinds"][kind]
         fig.text(0.1 / width, 1 - (block_top[kind] + 0.3) / height,
-                 f"{info['title']}: rows = {info['queries']} queries, columns = {info['keys']} keys",
-                 fontsize=10, weight="bold")
+                 f"{info['title']}: rows = {info['queries']} queries, columns = {info['keys']} keys"
+                 + _thinned(cols[kind][1], rows[kind][1]), fontsize=10, weight="bold")
     images = {}
     for p in every:
         pw, ph = extent[p.kind]
@@ -398,29 +421,42 @@ def write_attention_png(data: dict[str, Any], path: str | Path) -> Path:
                                    aspect="auto")
         ax.set_title(f"layer {p.layer + 1}, head {p.head + 1}", fontsize=8, pad=3)
         last_row, first_col = p.layer == n_layers[p.kind] - 1, p.head == 0
-        ax.set_xticks(range(len(p.cols)) if last_row else [])
-        ax.set_yticks(range(len(p.rows)) if first_col else [])
+        x_step, y_step = cols[p.kind][1], rows[p.kind][1]
+        ax.set_xticks(range(0, len(p.cols), x_step) if last_row else [])
+        ax.set_yticks(range(0, len(p.rows), y_step) if first_col else [])
         if last_row:
-            ax.set_xticklabels(p.cols, rotation=90, fontsize=7)
+            ax.set_xticklabels(p.cols[::x_step], rotation=90, fontsize=TICK_FONT)
         if first_col:
-            ax.set_yticklabels(p.rows, fontsize=7)
-        ax.tick_params(length=0, pad=2)
+            ax.set_yticklabels(p.rows[::y_step], fontsize=TICK_FONT)
+        ax.tick_params(length=2 if x_step > 1 or y_step > 1 else 0, pad=2)
     for kind in kinds:
         bar_h = min(n_layers[kind] * (extent[kind][1] + title) - title, 3.0)
         cax = fig.add_axes(box(label + n_heads * (panel_w + gap), block_top[kind] + header + title, 0.12, bar_h))
         fig.colorbar(images[kind], cax=cax, label="weight")
-    return _save(fig, path, dpi=110)
+    return fig
 
 
-def _caption(data: dict[str, Any]) -> str:
-    """The lines above the maps: the model and the text(s) it read."""
+def _thinned(col_step: int, row_step: int) -> str:
+    """What a block's heading adds when not every token is labelled: "(labelled: one column in 3)"."""
+    parts = [f"one {side} in {k}" for side, k in (("column", col_step), ("row", row_step)) if k > 1]
+    return f" (labelled: {', '.join(parts)})" if parts else ""
+
+
+def _caption(data: dict[str, Any], width: float | None = None) -> str:
+    """The lines above the maps: the model and the text(s) it read; in the PNG wrapped to ``width``
+    inches (the HTML page wraps its own)."""
+    import textwrap
+
     lines = [data["model"]] if data.get("model") else []
     if data.get("target") is None:
         lines.append(f"text: {data['source']}")
     else:
         how = "the model's greedy translation" if data["target_from"] == "greedy" else "given"
         lines += [f"source: {data['source']}", f"target ({how}): {data['target']}"]
-    return "\n".join(lines)
+    if width is None:
+        return "\n".join(lines)
+    chars = max(20, int(width * 72 / (11 * 0.6)))  # an 11-point character is about 0.6 x 11 points wide
+    return "\n".join(w for line in lines for w in (textwrap.wrap(line, chars) or [""]))
 
 
 HTML_TEMPLATE = """<!doctype html>

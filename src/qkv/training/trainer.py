@@ -32,7 +32,9 @@ Everything else is here, the same for every task:
   boundary (a second one stops at once); an update with a non-finite loss or gradient norm is
   skipped, ``nonfinite_limit`` of them in a row stop the run (exit status 3), and non-finite weights
   are never saved;
-* a progress bar with loss, learning rate and tokens/s; every record appended to ``metrics.jsonl``.
+* a progress bar (or, without a terminal, a line every 50 updates) with loss, learning rate, tokens/s,
+  the time trained and an estimate of the time left (:mod:`qkv.training.progress`); every record
+  appended to ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from qkv.training import distributed
 from qkv.checkpoint import (MANIFEST, fault_point, list_checkpoints, load_into, read_checkpoint, read_settings,
                             save_checkpoint, step_path)
 from qkv.training.distributed import DistInfo
+from qkv.training.progress import clock_fields
 from qkv.training.rundir import RunLock, holds_checkpoints, missing_last_message, recover, truncate_metrics
 from qkv.training.schedule import learning_rate
 
@@ -557,8 +560,10 @@ class Trainer:
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
+        # the bar's clock is the run's own (over every resume, with max_time): in the postfix, not tqdm's
         bar = tqdm(total=c.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not (main and sys.stderr.isatty()), file=sys.stderr)
+                   disable=not (main and sys.stderr.isatty()), file=sys.stderr,
+                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{rate_fmt}{postfix}]")
         window_tokens, window_start = 0, time.perf_counter()
         last_record: dict = {}
         logged = False
@@ -578,10 +583,12 @@ class Trainer:
                     window_tokens += stats["tokens"]
                     now = time.perf_counter()
                     tok_s = window_tokens / max(now - window_start, 1e-9)
+                    elapsed = self.elapsed + now - started
                     bar.update(1)
-                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:,.0f}")
+                    bar.set_postfix_str(f"loss {stats['loss']:.3f}, lr {stats['lr']:.2e}, {tok_s:,.0f} "
+                                        f"{self.task.unit}/s, {clock_fields(self.step, c.max_steps, elapsed, c.max_time)}")
                     if self.step % 50 == 0 or self.step == 1:
-                        self._log_progress(stats, tok_s, bar)
+                        self._log_progress(stats, tok_s, bar, elapsed)
                         window_tokens, window_start = 0, now
                     elif not logged and bar.disable and main:  # a resumed run says when it trains again
                         self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
@@ -620,14 +627,15 @@ class Trainer:
         self.log(f"stopped: {reason}; checkpoints in {kept}")
         return TrainResult(self.out_dir, self.step, last_record, is_main=main)
 
-    def _log_progress(self, stats: dict, tok_s: float, bar: tqdm) -> None:
+    def _log_progress(self, stats: dict, tok_s: float, bar: tqdm, elapsed: float) -> None:
         c = self.train_cfg
         self.record({"step": self.step, "epoch": self.epoch, "train_loss": stats["loss"],
                      "train_nll": stats["nll"], "lr": stats["lr"], "grad_norm": stats["grad_norm"],
                      RATE_FIELDS.get(self.task.unit, f"{self.task.unit}_per_s"): tok_s})
         if bar.disable and self.dist.is_main:  # no terminal (a log file, CI): the progress as lines
             self.log(f"step {self.step}/{c.max_steps}  epoch {self.epoch}  loss {stats['loss']:.3f}  "
-                     f"lr {stats['lr']:.2e}  {tok_s:,.0f} {self.task.unit}/s")
+                     f"lr {stats['lr']:.2e}  {tok_s:,.0f} {self.task.unit}/s  "
+                     + clock_fields(self.step, c.max_steps, elapsed, c.max_time))
 
     def _save_interrupted(self) -> None:
         """Commit last/ at this update boundary, after Ctrl-C or SIGTERM (every rank calls it)."""
