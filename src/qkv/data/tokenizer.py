@@ -156,6 +156,12 @@ class Tokenizer:
         """True when ``<cls>``, ``[MASK]``, ``<sep>`` sit at their fixed ids 4, 5, 6."""
         return all(i < self.vocab_size and self.sp.id_to_piece(i) == piece for i, piece in SPECIAL_PIECES.items())
 
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """The ids of the special pieces: PAD, UNK, BOS, EOS, and ``<cls>``, ``[MASK]``, ``<sep>``
+        where this model has them (:attr:`has_specials`); every other id is an ordinary piece."""
+        return (PAD, UNK, BOS, EOS) + (tuple(sorted(SPECIAL_PIECES)) if self.has_specials else ())
+
     def require_specials(self, task: str) -> None:
         """Raise a clear error when a task needs ``<cls>``/``[MASK]``/``<sep>`` and this model lacks them."""
         if not self.has_specials:

@@ -23,7 +23,7 @@ from qkv.data.batching import collate
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding.batch import decode_sentences
 from qkv.decoding.beam_search import Hypothesis
-from qkv.decoding.greedy import max_output_len
+from qkv.decoding.greedy import banned_ids, max_output_len
 from qkv.decoding.forced import forced_logprobs
 from qkv.errors import ConfigError
 from qkv.frontends.base import Frontend, TruncationHandler
@@ -77,10 +77,11 @@ class Translator(Frontend):
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
         self.check_beam(cfg.beam_size)
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
+        banned = banned_ids(self.tokenizers.tgt)
         if not target_prefix:
-            return decode_sentences(self.model, src_ids, cfg)
+            return decode_sentences(self.model, src_ids, cfg, banned)
         prefix = self.tokenizers.tgt.encode([target_prefix])[0]
-        hyps = decode_sentences(Prefixed(self.model, prefix, cfg), src_ids, cfg)
+        hyps = decode_sentences(Prefixed(self.model, prefix, cfg), src_ids, cfg, banned)
         return [[Hypothesis(prefix + h.tokens, h.score, h.logprob) for h in nbest] for nbest in hyps]
 
     def translate_rich(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
