@@ -329,7 +329,7 @@ def test_hf_model_card_and_generation_config(trained, data, tmp_path, capsys):
     assert '"max_steps": 40' in readme  # the training configuration
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert gen["decoder_start_token_id"] == BOS and gen["forced_eos_token_id"] == EOS
-    assert gen["suppress_tokens"] == [0, 2] and gen["num_beams"] == 4 and gen["length_penalty"] == 0.6
+    assert gen["suppress_tokens"] == [0, 1, 2] and gen["num_beams"] == 4 and gen["length_penalty"] == 0.6
     assert gen["early_stopping"] == "never" and gen["max_new_tokens"] == 1025
 
 

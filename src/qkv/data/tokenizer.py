@@ -182,6 +182,19 @@ class Tokenizer:
             cleaned.append([i for i in row if i not in (PAD, BOS)])
         return self.sp.decode(cleaned)
 
+    def piece_ids(self, pieces: Sequence[str], where: str) -> list[int]:
+        """The ids of ``pieces`` (e.g. the ``tokens`` of a translation), unchanged: no re-segmentation.
+        A piece this model lacks, or PAD, BOS or EOS, is a :class:`QkvError` naming ``where``."""
+        ids = []
+        for p in pieces:
+            i = self.sp.piece_to_id(p) if isinstance(p, str) else UNK
+            if i == UNK and p != self.sp.id_to_piece(UNK):
+                raise QkvError(f"{where}: {p!r} is not a piece of this tokenizer")
+            if i in (PAD, BOS, EOS):
+                raise QkvError(f"{where}: {p!r} is a special piece, not one a target can hold")
+            ids.append(i)
+        return ids
+
     def id_to_piece(self, i: int) -> str:
         """The piece for id ``i``, e.g. ``'▁Haus'`` (for display)."""
         return self.sp.id_to_piece(i)
