@@ -489,5 +489,6 @@ def test_language_models_never_sample_special_tokens(name, temperature):
     assert len(specials) == 6
     text = "".join(model.generate("red cat", 300, temperature=temperature, seed=1))
     assert not any(s in text for s in SPECIAL_TEXT), text
-    ids = list(sample(model.model, model.prompt_ids("red cat"), 300, temperature, seed=2, banned=banned_ids(model.tokenizer)))
+    banned = banned_ids(model.tokenizer)
+    ids = list(sample(model.model, model.prompt_ids("red cat"), 300, temperature, seed=2, banned=banned))
     assert len(ids) == 300 and not set(ids) & set(specials)

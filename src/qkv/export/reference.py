@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from qkv.config import BOS, EOS, PAD
+from qkv.config import EOS, PAD
 from qkv.data.batching import collate
 from qkv.decoding.greedy import banned_ids
 from qkv.export.source import Source
