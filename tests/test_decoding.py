@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -196,17 +197,21 @@ def test_eos_ends_early_and_is_not_returned():
     assert [h.logprob for h in hyps] == pytest.approx([math.log(0.7), math.log(0.3)], abs=1e-5)
 
 
-def test_pad_and_bos_never_emitted_unk_allowed():
-    table = lambda s, p: dist({PAD: 0.4, BOS: 0.3, UNK: 0.2, EOS: 0.1})  # noqa: E731
-    assert greedy(TableModel(table), src_of([0]), torch.tensor([2])) == [[UNK, UNK]]
-    hyps = beam_search(TableModel(table), src_of([0]), 3, 0.0, torch.tensor([2]), nbest=3)[0]
-    # Only UNK (.2) and EOS (.1) may be emitted; scores keep the model's probabilities (no
-    # renormalisation). EOS always ranks 2nd of the live candidates (< k), so it finishes each step:
-    # [] = .1, [UNK] = .2 * .1 = .02, [UNK UNK] = .2 * .2 * .1 = .004 (EOS forced at max_len 2).
-    assert [h.tokens for h in hyps] == [[], [UNK], [UNK, UNK]]
-    expected = [math.log(0.1), math.log(0.02), math.log(0.004)]
+def test_special_tokens_are_never_emitted():
+    """PAD, UNK and BOS (the default ``banned``) and any id passed in ``banned`` are never emitted,
+    however likely; the scores keep the model's own probabilities (no renormalisation)."""
+    table = lambda s, p: dist({PAD: 0.3, BOS: 0.2, UNK: 0.2, A: 0.15, B: 0.1, EOS: 0.05})  # noqa: E731
+    assert greedy(TableModel(table), src_of([0]), torch.tensor([2])) == [[A, A]]
+    assert greedy(TableModel(table), src_of([0]), torch.tensor([2]), banned=(PAD, UNK, BOS, A)) == [[B, B]]
+    hyps = beam_search(TableModel(table), src_of([0]), 3, 0.0, torch.tensor([2]), nbest=3, banned=(PAD, UNK, BOS, A))[0]
+    # Only B (.1) and EOS (.05) may be emitted. EOS always ranks 2nd of the live candidates (< k), so
+    # it finishes each step: [] = .05, [B] = .1 * .05 = .005, [B B] = .1 * .1 * .05 = .0005 (EOS
+    # forced at max_len 2).
+    assert [h.tokens for h in hyps] == [[], [B], [B, B]]
+    expected = [math.log(0.05), math.log(0.005), math.log(0.0005)]
     assert [h.logprob for h in hyps] == pytest.approx(expected, abs=1e-5)
-    assert all(PAD not in h.tokens and BOS not in h.tokens for h in hyps)
+    default = beam_search(TableModel(table), src_of([0]), 3, 0.0, torch.tensor([2]), nbest=3)[0]
+    assert {t for h in default for t in h.tokens} == {A, B}
 
 
 # --- batching, pruning and agreement between decoders -------------------------------------------------
@@ -259,14 +264,14 @@ def test_batched_equals_one_by_one(beam_size: int):
 
 def test_wide_beam_is_exhaustive():
     # With k at least the number of possible outputs, beam search finishes every sequence:
-    # compare with brute-force enumeration over {UNK, A, B, C}^<=2 + EOS (1 + 4 + 16 = 21).
+    # compare with brute-force enumeration over {A, B, C}^<=2 + EOS (1 + 3 + 9 = 13; UNK is never emitted).
     table = random_table(seed=3, eos_bias=0.0)
-    tokens = [UNK, A, B, C]
+    tokens = [A, B, C]
     outputs = [list(seq) for n in range(3) for seq in itertools.product(tokens, repeat=n)]
     scored = sorted(
         ((table_logprob(table, 0, y) / ((5 + len(y) + 1) / 6) ** 0.6, y) for y in outputs), reverse=True
     )
-    hyps = beam_search(TableModel(table), src_of([0]), 21, 0.6, torch.tensor([2]), nbest=21)[0]
+    hyps = beam_search(TableModel(table), src_of([0]), 13, 0.6, torch.tensor([2]), nbest=13)[0]
     assert [h.tokens for h in hyps] == [y for _, y in scored]
     assert [h.score for h in hyps] == pytest.approx([s for s, _ in scored], abs=1e-4)
 
@@ -413,3 +418,77 @@ def test_greedy_choice_is_the_argmax_of_the_masked_log_probs():
         got = greedy_choice(logits.clone(), at_limit, before_min_len)
         assert torch.equal(got, want)
         assert not torch.isin(got, torch.tensor([0, 2])).any()
+
+
+# --- special tokens: never emitted, from any checkpoint ----------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
+SPECIAL_TEXT = ("<cls>", "[MASK]", "<sep>", "<unk>", "<pad>", "<s>", "\u2047")  # \u2047: how UNK decodes
+
+
+class FavouringSpecials(torch.nn.Module):
+    """A model whose step adds ``boost`` to the logits of ``ids``: unmasked, they would win every step."""
+
+    def __init__(self, model: torch.nn.Module, ids: list[int], boost: float):
+        super().__init__()
+        self.model, self.ids, self.boost, self.cfg = model, ids, boost, model.cfg
+
+    def start(self, src):
+        return self.model.start(src)
+
+    def step(self, tokens, state):
+        logits, state = self.model.step(tokens, state)
+        logits = logits.clone()
+        logits[:, self.ids] += self.boost
+        return logits, state
+
+    def max_source_len(self):
+        return self.model.max_source_len()
+
+    def max_steps(self, src_lengths):
+        return self.model.max_steps(src_lengths)
+
+
+def random_weights_favouring_specials(name: str, boost: float):
+    """The fixture checkpoint ``name`` with random weights and every special id but EOS boosted."""
+    import qkv
+
+    frontend = qkv.load(FIXTURES / name)
+    torch.manual_seed(0)
+    for p in frontend.model.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    specials = [i for i in range(frontend.tokenizers.tgt.vocab_size) if i != EOS and
+                (i in (PAD, UNK, BOS) or frontend.tokenizers.tgt.id_to_piece(i) in SPECIAL_TEXT)]
+    frontend.model = FavouringSpecials(frontend.model, specials, boost)
+    return frontend, specials
+
+
+@pytest.mark.parametrize("name", ["translate-transformer", "translate-lstm-general", "prefix_lm-transformer"])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translators_never_emit_special_tokens(name, beam):
+    model, specials = random_weights_favouring_specials(name, boost=5.0)
+    assert len(specials) == (6 if name.startswith("prefix_lm") else 3)  # PAD UNK BOS (+ <cls> [MASK] <sep>)
+    sources = ["red cat", "the big dog sun", "small tree", "blue"] * 3
+    hyps = model.hypotheses(sources, beam_size=beam, nbest=beam, max_len_b=20)
+    tokens = [t for nbest in hyps for h in nbest for t in h.tokens]
+    assert len(tokens) > 40  # outputs, not just EOS: EOS is not favoured
+    assert not set(tokens) & set(specials)
+    for text, _ in (pair for nbest in model.translate_scored(sources, beam_size=beam, nbest=beam) for pair in nbest):
+        assert not any(s in text for s in SPECIAL_TEXT), text
+
+
+@pytest.mark.parametrize("name", ["lm-transformer", "lm-lstm"])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_language_models_never_sample_special_tokens(name, temperature):
+    """Sampled (and greedy, temperature 0) text from a random-weight LM has no special piece in it;
+    the boost makes them the likeliest tokens, so unmasked, most of the 300 would be special."""
+    from qkv.decoding import banned_ids
+    from qkv.decoding.sampling import sample
+
+    model, specials = random_weights_favouring_specials(name, boost=3.0)
+    assert len(specials) == 6
+    text = "".join(model.generate("red cat", 300, temperature=temperature, seed=1))
+    assert not any(s in text for s in SPECIAL_TEXT), text
+    banned = banned_ids(model.tokenizer)
+    ids = list(sample(model.model, model.prompt_ids("red cat"), 300, temperature, seed=2, banned=banned))
+    assert len(ids) == 300 and not set(ids) & set(specials)

@@ -72,27 +72,59 @@ def test_which_layers_are_quantised(trained):
     assert not isinstance(kept.tgt_embed, Int8TiedOutput)
 
 
+#: What dynamic int8 promises for one matrix product, as a fraction of its output's scale: weights
+#: in 8 bits per row (off by at most half a step, max|w| / 254) and activations in 7 bits (torch's
+#: x86 engines use ``reduce_range``: half a step is max|x| / 254 of a range twice as wide, so
+#: max|x| / 127), together 1/254 + 1/127 = 1/85 (first order).
+INT8_STEP = 1 / 85
+N_INT8 = 2 * 4 + 2 * 5 + 1  # int8 matrices of the model (test_which_layers_are_quantised)
+
+
+def int8_bound(logits: torch.Tensor) -> torch.Tensor:
+    """A bound, per position (..., V) -> (...), on how far int8 logits may be from the float ones: the
+    N_INT8 products in sequence each add INT8_STEP of the scale to first order, and the logits' scale
+    is their largest magnitude. Derived from the quantisation step, not measured on one CPU."""
+    return N_INT8 * INT8_STEP * logits.abs().amax(-1)
+
+
+def float_margin(logits: torch.Tensor) -> torch.Tensor:
+    """(..., V) -> (...): how far the float model's choice is ahead of its runner-up."""
+    top2 = logits.topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
 @torch.inference_mode()
 def test_logits_agree(trained):
+    """The int8 logits are within the bound int8 promises, and pick the float model's token
+    wherever the float model is ahead by more than twice that bound (the two can swap only there)."""
     b = trained.test
     f, q = trained.float(b.src, b.tgt_in), trained.int8(b.src, b.tgt_in)  # (B, T, V)
     keep = b.tgt_out != 0
     f, q = f[keep], q[keep]  # (N, V) real positions
-    corr = torch.corrcoef(torch.stack([f.flatten(), q.flatten()]))[0, 1]
-    assert corr > 0.998
-    assert (f.argmax(-1) == q.argmax(-1)).float().mean() > 0.98
-    top = f.argmax(-1, keepdim=True)  # log-prob of the float model's choice, in both models
-    assert (f.log_softmax(-1).gather(1, top) - q.log_softmax(-1).gather(1, top)).abs().mean() < 0.05
+    bound = int8_bound(f)  # (N,)
+    assert ((q - f).abs().amax(-1) <= bound).all()
+    sure = float_margin(f) > 2 * bound  # (N,)
+    assert sure.float().mean() > 0.5  # the float model is confident (it learned): the check below is not empty
+    assert torch.equal(f.argmax(-1)[sure], q.argmax(-1)[sure])
     assert not torch.equal(f, q)  # it really is a different computation
 
 
+@torch.inference_mode()
 def test_same_decoded_tokens(trained):
+    """Greedy decoding gives the float model's tokens for every sentence whose float decoding is
+    ahead by more than twice the int8 bound at every step (forced along the float output)."""
     src = trained.test.src
-    same = [a == b for a, b in zip(greedy(trained.int8, src, 12), greedy(trained.float, src, 12))]
-    assert sum(same) >= 62  # of 64
+    f_out, q_out = greedy(trained.float, src, 12), greedy(trained.int8, src, 12)
+    batch = collate([s[s > EOS].tolist() for s in src], f_out)
+    logits = trained.float(batch.src, batch.tgt_in)  # (B, T, V): the steps of the float decoding
+    steps = batch.tgt_out != 0
+    ahead = (float_margin(logits) > 2 * int8_bound(logits)) | ~steps  # (B, T)
+    sure = ahead.all(dim=1).tolist()
+    assert sum(sure) > len(sure) // 2  # a property of the float model: the check below is not empty
+    assert [q for q, s in zip(q_out, sure) if s] == [f for f, s in zip(f_out, sure) if s]
     f = beam_search(trained.float, src, 4, 0.6, 12)
     q = beam_search(trained.int8, src, 4, 0.6, 12)
-    assert sum(a[0].tokens == b[0].tokens for a, b in zip(q, f)) >= 62
+    assert [a[0].tokens for a, s in zip(q, sure) if s] == [b[0].tokens for b, s in zip(f, sure) if s]
 
 
 def test_bad_values_fail_clearly(trained, tmp_path):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from qkv.config import BOS, EOS, MODEL_PRESETS, PAD
+from qkv.config import BOS, EOS, MODEL_PRESETS, PAD, UNK
 from qkv.decoding.sampling import apply_temperature, next_token, sample, top_k_filter, top_p_filter
 from qkv.errors import ConfigError
 from qkv.models.decoder_only import DecoderOnlyTransformer
@@ -46,7 +46,7 @@ def test_temperature_divides_logits_and_filtered_draws_stay_in_the_set():
     for seed in (0, 5, 8):  # seeds 5 and 8 put PAD or BOS among the raw top 5
         logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(seed))
         masked = logits.clone()
-        masked[:, [PAD, BOS]] = -math.inf  # never drawn, so the top 5 are taken among the others
+        masked[:, [PAD, UNK, BOS]] = -math.inf  # never drawn, so the top 5 are taken among the others
         allowed = kept(top_k_filter(masked, 5))
         draws = {int(next_token(logits, 1.0, top_k=5, generator=g)) for _ in range(200)}
         assert draws <= allowed and len(draws) > 1
@@ -79,7 +79,7 @@ def test_temperature_zero_equals_greedy_recomputation(kind):
         logits = m(torch.tensor([seq]))
         logits = logits[0] if isinstance(logits, tuple) else logits
         z = logits[0, -1].clone()
-        z[[PAD, BOS]] = -math.inf
+        z[[PAD, UNK, BOS]] = -math.inf
         seq.append(int(z.argmax()))
     assert out == seq[3:]
 

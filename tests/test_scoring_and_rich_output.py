@@ -10,6 +10,7 @@ import qkv
 from qkv.cli import main
 from qkv.decoding.batch import decode_sentences
 from qkv.decoding.forced import forced_logprobs
+from qkv.errors import QkvError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
 SOURCES = ["red cat", "the big dog sun", "small tree", "blue"]
@@ -121,3 +122,58 @@ def test_jsonl_output_has_scores_token_logprobs_and_alignments(tmp_path):
         assert all(0 <= i < src_len for i, _ in pairs)
     text = qkv.load(model).translate_scored(["red cat"], beam_size=2, nbest=2)[0]
     assert [h["text"] for h in rows[0]["hypotheses"]] == [t for t, _ in text]
+
+
+def test_score_takes_the_pieces_of_translate_jsonl_and_gives_the_beam_logprob(tmp_path):
+    """``qkv score --tgt-format jsonl`` scores every hypothesis of ``qkv translate --output-format
+    jsonl`` by its own pieces: each total is that hypothesis's beam ``logprob`` (EOS included)."""
+    import json
+
+    src, hyp, out = tmp_path / "s.txt", tmp_path / "hyp.jsonl", tmp_path / "scores.txt"
+    src.write_text("red cat\n\nthe big dog sun\nsmall tree\n")  # the empty line has no hypotheses
+    model = FIXTURES / "translate-transformer"
+    assert main(["translate", str(model), "--input", str(src), "--output-format", "jsonl", "--beam-size", "4",
+                 "--nbest", "3", "--output", str(hyp)]) == 0
+    logprobs = [h["logprob"] for line in hyp.read_text().splitlines() for h in json.loads(line)["hypotheses"]]
+    assert len(logprobs) == 9
+    assert main(["score", str(model), "--src", str(src), "--tgt", str(hyp), "--tgt-format", "jsonl",
+                 "--output", str(out)]) == 0
+    totals = [float(row.split("\t")[0]) for row in out.read_text().splitlines()]
+    assert totals == pytest.approx(logprobs, abs=1e-4)
+
+
+def test_pieces_are_scored_as_given_not_re_segmented(tmp_path):
+    """Pieces that are not the tokenizer's segmentation of their text ('▁ ▁ c a t' reads 'cat',
+    which is '▁ c a t') score as those pieces, by the API and by ``--tgt-format pieces``."""
+    model = qkv.load(FIXTURES / "translate-transformer")
+    tgt = model.tokenizers.tgt
+    pieces = ["▁", "▁", "c", "a", "t"]
+    assert tgt.piece_ids(pieces, "here") == [4, 4, 19, 12, 14] and tgt.encode(["cat"]) == [[4, 19, 12, 14]]
+    want = forced_logprobs(model.model, model.tokenizers.src.encode(["red cat"]), [[4, 4, 19, 12, 14]])
+    got = model.score(["red cat"], [pieces])
+    assert got[0] == pytest.approx(want[0], abs=1e-6) and len(got[0]) == 6
+    assert sum(got[0]) != pytest.approx(sum(model.score(["red cat"], ["cat"])[0]), abs=1e-3)
+    src, tgt_file, out = tmp_path / "s.txt", tmp_path / "t.txt", tmp_path / "scores.txt"
+    src.write_text("red cat\n")
+    tgt_file.write_text(" ".join(pieces) + "\n")
+    assert main(["score", str(FIXTURES / "translate-transformer"), "--src", str(src), "--tgt", str(tgt_file),
+                 "--tgt-format", "pieces", "--output", str(out)]) == 0
+    assert float(out.read_text().split("\t")[0]) == pytest.approx(sum(want[0]), abs=1e-5)
+
+
+def test_score_names_the_line_of_a_bad_piece_or_jsonl_line(tmp_path, capsys):
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("red cat\nsmall tree\n")
+    model = str(FIXTURES / "translate-transformer")
+    for fmt, text, needle in [
+        ("pieces", "▁ c a t\n▁ Z\n", f"{tgt}:2: 'Z' is not a piece of this tokenizer"),
+        ("pieces", "▁ </s>\n▁\n", f"{tgt}:1: '</s>' is a special piece"),
+        ("jsonl", '{"hypotheses": []}\nnot json\n', f"{tgt}:2: not a line of qkv translate --output-format jsonl"),
+        ("jsonl", '{"hypotheses": [{"text": "x"}]}\n{"hypotheses": []}\n', f"{tgt}:1: not a line of qkv translate"),
+    ]:
+        tgt.write_text(text)
+        assert main(["score", model, "--src", str(src), "--tgt", str(tgt), "--tgt-format", fmt]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err, err
+    with pytest.raises(QkvError, match="target 2: 'Z' is not a piece"):
+        qkv.load(model).score(["red cat", "tree"], [["▁", "c"], ["▁", "Z"]])

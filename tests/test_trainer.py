@@ -191,10 +191,10 @@ def test_fused_loss_gives_the_gradients_of_the_unfused_loss(task):
         loss, nll = token_loss(model, inputs, tgt, dataclasses.replace(TRAIN, fused_loss=fused, label_smoothing=0.1))
         loss.backward()
         grads[fused] = (loss.item(), nll.item(), {k: p.grad.clone() for k, p in model.named_parameters()})
-    assert grads[True][0] == pytest.approx(grads[False][0], rel=1e-6)
-    assert grads[True][1] == pytest.approx(grads[False][1], rel=1e-6)
+    assert grads[True][0] == pytest.approx(grads[False][0], rel=1e-12)
+    assert grads[True][1] == pytest.approx(grads[False][1], rel=1e-12)
     for k, g in grads[False][2].items():
-        torch.testing.assert_close(grads[True][2][k], g, rtol=1e-5, atol=1e-7, msg=k)
+        torch.testing.assert_close(grads[True][2][k], g, rtol=1e-10, atol=1e-12, msg=k)
 
 
 def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path, monkeypatch):

@@ -308,6 +308,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     src, tgt = read_lines(args.src), read_lines(args.tgt)
     if len(src) != len(tgt):
         raise QkvError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
+    if args.tgt_format != "text":  # pieces, scored as given: (source line, pieces) per target
+        pairs = list(target_pieces(tgt, args.tgt, args.tgt_format, model.tokenizers.tgt))
+        src, tgt = [src[i] for i, _ in pairs], [pieces for _, pieces in pairs]
     scores = model.score(src, tgt, truncation_warning("score", args, "scored", source=args.src))
     with output_stream(args.output) as out_fh:
         out_fh.write("".join(f"{sum(lp):.6f}\t" + " ".join(f"{v:.6f}" for v in lp) + "\n" for lp in scores))
@@ -315,6 +318,27 @@ def cmd_score(args: argparse.Namespace) -> int:
     log(f"scored {len(scores)} pairs, {n} target tokens (EOS included): mean log-probability "
         f"{sum(map(sum, scores)) / max(n, 1):.4f} per token")
     return 0
+
+
+def target_pieces(lines: list[str], path: str, fmt: str, tokenizer):
+    """``(line index, pieces)`` of each target in ``lines``: ``pieces``, one target a line, its pieces
+    separated by spaces; ``jsonl``, the lines of ``qkv translate --output-format jsonl``, every
+    hypothesis's ``tokens`` in turn (an empty source line has none). Errors name the file and line."""
+    for i, line in enumerate(lines):
+        where = f"{path}:{i + 1}"
+        if fmt == "pieces":
+            hyps = [line.split()]
+        else:
+            try:
+                hyps = [h["tokens"] for h in json.loads(line)["hypotheses"]]
+            except (ValueError, TypeError, KeyError) as e:
+                raise QkvError(f"{where}: not a line of qkv translate --output-format jsonl "
+                               f"(an object with 'hypotheses', each with 'tokens'): {e}") from None
+        for pieces in hyps:
+            if not isinstance(pieces, list):
+                raise QkvError(f"{where}: 'tokens' is not a list of pieces")
+            tokenizer.piece_ids(pieces, where)  # a piece the model lacks is named here, with its line
+            yield i, pieces
 
 
 def cmd_classify(args: argparse.Namespace) -> int:

@@ -248,6 +248,10 @@ def add_score_parser(sub, handlers: dict) -> None:
     sc.add_argument("model", help="checkpoint directory of a translate or prefix_lm run")
     sc.add_argument("--src", required=True, help="source sentences, one a line (plain or gzip)")
     sc.add_argument("--tgt", required=True, help="target sentences to score, as many lines as --src")
+    sc.add_argument("--tgt-format", choices=["text", "pieces", "jsonl"], default="text",
+                    help="text: tokenized by the model; pieces: target pieces separated by spaces, scored as given; "
+                         "jsonl: qkv translate --output-format jsonl output, every hypothesis scored by its own "
+                         "pieces (an output line per hypothesis), so a beam output scores its beam log-probability")
     sc.add_argument("--output", "-o", help="write the scores here instead of stdout (all or nothing)")
     sc.add_argument("--device", default="cpu", help=DEVICE_HELP)
     sc.set_defaults(func=handlers["score"])

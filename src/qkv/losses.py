@@ -32,13 +32,14 @@ def label_smoothed_nll_loss(
     negative log-likelihood. Positions whose target is ``ignore_index`` (padding) count 0.
 
     Args:
-        logits: (..., V) unnormalised scores, any float dtype (computed in float32).
+        logits: (..., V) unnormalised scores, any float dtype (computed in float32, or in float64
+            for float64 logits: :func:`loss_dtype`).
         target: (...) token ids, the same leading shape as ``logits``.
         epsilon: eps_ls in [0, 1); the paper uses 0.1.
         ignore_index: target id that contributes nothing (PAD).
 
     Returns:
-        (loss_sum, nll_sum): float32 scalars summed over the non-ignored positions. ``nll_sum``
+        (loss_sum, nll_sum): scalars of that dtype summed over the non-ignored positions. ``nll_sum``
         is the un-smoothed -log p(y), for perplexity = exp(nll_sum / n_tokens).
     """
     if logits.shape[:-1] != target.shape:
@@ -46,7 +47,7 @@ def label_smoothed_nll_loss(
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"epsilon must be in [0, 1), got {epsilon}")
     vocab_size = logits.size(-1)
-    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (..., V), float32 even for bf16 logits
+    log_probs = torch.log_softmax(logits.to(loss_dtype(logits.dtype)), dim=-1)  # (..., V), float32 even for bf16 logits
     keep = target != ignore_index  # (...)
     safe_target = target.masked_fill(~keep, 0)  # ignored ids may be out of range (e.g. -100)
     nll = -log_probs.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1)  # (...)
@@ -54,6 +55,12 @@ def label_smoothed_nll_loss(
     loss = (1.0 - epsilon) * nll + (epsilon / vocab_size) * smooth
     zero = loss.new_zeros(())
     return torch.where(keep, loss, zero).sum(), torch.where(keep, nll, zero).sum()
+
+
+def loss_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the loss computes in: float32 for half-precision inputs (bf16, fp16), never less
+    precise than the input (float64 stays float64, so a float64 check is exact to float64)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 # --- the output projection and the loss in one pass, chunk by chunk -----------------------------------
@@ -82,14 +89,15 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, chunk: int, need_grad: bool):
         n, vocab = hidden.size(0), weight.size(0)
-        loss_sum = hidden.new_zeros((), dtype=torch.float32)
-        nll_sum = hidden.new_zeros((), dtype=torch.float32)
+        acc = loss_dtype(hidden.dtype)  # float32, float64 for float64 inputs
+        loss_sum = hidden.new_zeros((), dtype=acc)
+        nll_sum = hidden.new_zeros((), dtype=acc)
         grad_hidden = torch.empty_like(hidden) if need_grad else None  # (N, d)
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None  # (V, d)
+        grad_weight = torch.zeros_like(weight, dtype=acc) if need_grad else None  # (V, d)
         for start in range(0, n, chunk):
             h = hidden[start:start + chunk]  # (C, d)
             y = target[start:start + chunk, None]  # (C, 1)
-            z = torch.mm(h, weight.t()).float()  # (C, V) logits
+            z = torch.mm(h, weight.t()).to(acc)  # (C, V) logits
             logp = torch.log_softmax(z, dim=-1)  # (C, V)
             nll = -logp.gather(1, y).squeeze(1)  # (C,)
             nll_sum += nll.sum()
@@ -101,7 +109,7 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
                     g.sub_(epsilon / vocab)  # p - q
                 g = g.to(hidden.dtype)
                 grad_hidden[start:start + chunk] = torch.mm(g, weight.to(hidden.dtype))  # (C, d)
-                grad_weight.addmm_(g.t().float(), h.float())  # (V, d)
+                grad_weight.addmm_(g.t().to(acc), h.to(acc))  # (V, d)
         if need_grad:
             ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         ctx.mark_non_differentiable(nll_sum)

@@ -184,7 +184,7 @@ def _translation_data(translator, source: str, target: str | None) -> dict[str, 
     """translate (Transformer or recurrent with attention) and prefix_lm. The source is encoded as
     the model reads it (pieces + EOS), the target as the decoder reads it (BOS + pieces)."""
     from qkv.data.batching import collate
-    from qkv.decoding import greedy, max_output_len
+    from qkv.decoding import banned_ids, greedy, max_output_len
 
     model, tokenizers, device = translator.model, translator.tokenizers, translator.device
     src_ids = tokenizers.src.encode([source])[0]
@@ -196,7 +196,7 @@ def _translation_data(translator, source: str, target: str | None) -> dict[str, 
         cfg = translator.decode_cfg
         budget = max_output_len(torch.tensor([src.size(1)]), cfg.max_len_a, cfg.max_len_b,
                                 None if steps is None else torch.as_tensor(steps) - 1)
-        tgt_ids = greedy(model, src, budget.to(device), cfg.min_len)[0]
+        tgt_ids = greedy(model, src, budget.to(device), cfg.min_len, banned=banned_ids(tokenizers.tgt))[0]
         target_text, target_from = tokenizers.tgt.decode([tgt_ids])[0], "greedy"
     else:
         tgt_ids, target_text, target_from = tokenizers.tgt.encode([target])[0], target, "given"

@@ -156,6 +156,12 @@ class Tokenizer:
         """True when ``<cls>``, ``[MASK]``, ``<sep>`` sit at their fixed ids 4, 5, 6."""
         return all(i < self.vocab_size and self.sp.id_to_piece(i) == piece for i, piece in SPECIAL_PIECES.items())
 
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """The ids of the special pieces: PAD, UNK, BOS, EOS, and ``<cls>``, ``[MASK]``, ``<sep>``
+        where this model has them (:attr:`has_specials`); every other id is an ordinary piece."""
+        return (PAD, UNK, BOS, EOS) + (tuple(sorted(SPECIAL_PIECES)) if self.has_specials else ())
+
     def require_specials(self, task: str) -> None:
         """Raise a clear error when a task needs ``<cls>``/``[MASK]``/``<sep>`` and this model lacks them."""
         if not self.has_specials:
@@ -175,6 +181,19 @@ class Tokenizer:
                 row = row[: row.index(EOS)]
             cleaned.append([i for i in row if i not in (PAD, BOS)])
         return self.sp.decode(cleaned)
+
+    def piece_ids(self, pieces: Sequence[str], where: str) -> list[int]:
+        """The ids of ``pieces`` (e.g. the ``tokens`` of a translation), unchanged: no re-segmentation.
+        A piece this model lacks, or PAD, BOS or EOS, is a :class:`QkvError` naming ``where``."""
+        ids = []
+        for p in pieces:
+            i = self.sp.piece_to_id(p) if isinstance(p, str) else UNK
+            if i == UNK and p != self.sp.id_to_piece(UNK):
+                raise QkvError(f"{where}: {p!r} is not a piece of this tokenizer")
+            if i in (PAD, BOS, EOS):
+                raise QkvError(f"{where}: {p!r} is a special piece, not one a target can hold")
+            ids.append(i)
+        return ids
 
     def id_to_piece(self, i: int) -> str:
         """The piece for id ``i``, e.g. ``'▁Haus'`` (for display)."""

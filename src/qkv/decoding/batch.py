@@ -6,22 +6,26 @@ BLEU of the translate task): token ids in, hypotheses out, in input order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from qkv.config import DecodeConfig
 from qkv.data.batching import collate
 from qkv.decoding.beam_search import Hypothesis, beam_search
-from qkv.decoding.greedy import greedy, max_output_len
+from qkv.decoding.greedy import NEVER_EMITTED, greedy, max_output_len
 from qkv.masks import real_tokens
 
 
 @torch.inference_mode()
-def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: DecodeConfig,
+                     banned: Sequence[int] = NEVER_EMITTED) -> list[list[Hypothesis]]:
     """The ``cfg.nbest`` best hypotheses of each source (token ids without EOS), best first.
 
     Greedy when ``beam_size == nbest == 1`` (its score is 0.0), else beam search. Output lengths
     follow ``max_len_a · src_len + max_len_b``, capped where the model's positions end. The model
-    is put in eval mode for the call and restored after.
+    is put in eval mode for the call and restored after. ``banned``: ids never emitted
+    (:func:`~qkv.decoding.greedy.banned_ids` of the target tokenizer).
     """
     device = next(model.parameters()).device
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths batch together
@@ -37,10 +41,12 @@ def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: Deco
             max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b,
                                      None if steps is None else torch.as_tensor(steps) - 1)
             if cfg.beam_size == 1 and cfg.nbest == 1:
-                hyps = [[Hypothesis(t, 0.0, 0.0)] for t in greedy(model, batch.src, max_len, cfg.min_len)]
+                outputs = greedy(model, batch.src, max_len, cfg.min_len, banned=banned)
+                hyps = [[Hypothesis(t, 0.0, 0.0)] for t in outputs]
             else:
                 hyps = beam_search(model, batch.src, cfg.beam_size, cfg.length_penalty, max_len, cfg.nbest,
-                                   cfg.min_len, length_norm=cfg.length_norm, early_stopping=cfg.early_stopping)
+                                   cfg.min_len, length_norm=cfg.length_norm, early_stopping=cfg.early_stopping,
+                                   banned=banned)
             for i, nbest in zip(idx, hyps):
                 results[i] = nbest
     finally:

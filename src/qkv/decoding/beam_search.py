@@ -51,13 +51,14 @@ batch (``state.reorder`` with fewer rows), so they cost nothing in later steps
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from qkv.config import BOS, EOS
-from qkv.decoding.greedy import IncrementalDecoder, as_max_len, log_probs
+from qkv.decoding.greedy import NEVER_EMITTED, IncrementalDecoder, as_max_len, log_probs
 from qkv.errors import ConfigError
 
 
@@ -125,20 +126,21 @@ def _initial_beams(max_len: Tensor, beam_size: int) -> _Beams:
 
 
 def _top_candidates(
-    scores: Tensor, logits: Tensor, n_cand: int, at_limit: Tensor, before_min_len: bool
+    scores: Tensor, logits: Tensor, n_cand: int, at_limit: Tensor, before_min_len: bool,
+    banned: Sequence[int] = NEVER_EMITTED,
 ) -> _Candidates:
     """Top ``n_cand`` of ``scores[i, j] + log p(v | hypothesis j of sentence i)`` over (j, v).
 
     scores (N, k); logits (N*k, V), the model's, row ``i * k + j`` for hypothesis ``j`` of
     sentence ``i``; at_limit (N,): sentences at their ``max_len`` (only EOS allowed);
-    before_min_len: EOS not allowed yet. The log-probs are those of
+    before_min_len: EOS not allowed yet; banned: ids never emitted. The log-probs are those of
     :func:`~qkv.decoding.greedy.log_probs` and :func:`~qkv.decoding.greedy.force_eos`, but the
     (N, k*V) table of every extension is never built. Since ``scores[i, j]`` is the same for
     every token ``v`` of row ``j``, a candidate among the top ``n_cand`` of sentence ``i`` is
     among the top ``n_cand`` tokens of its own row (otherwise ``n_cand`` extensions of that row
     would beat it). So:
 
-    1. ``log_softmax`` of each row (one pass over the vocabulary), with PAD and BOS (and EOS before
+    1. ``log_softmax`` of each row (one pass over the vocabulary), with ``banned`` (and EOS before
        ``min_len``) set to -inf afterwards, as :func:`log_probs` does: columns only;
     2. the top ``n_cand`` tokens of each row (a second pass): (N, k, n_cand);
     3. add ``scores`` and keep the top ``n_cand`` of these ``k * n_cand`` per sentence.
@@ -148,7 +150,7 @@ def _top_candidates(
     those of the whole table (ties aside, which ``topk`` may break either way).
     """
     n, k = scores.shape
-    logp = log_probs(logits)  # (N*k, V), PAD and BOS at -inf
+    logp = log_probs(logits, banned)  # (N*k, V), banned ids at -inf
     eos_logp = logp[:, EOS].clone()  # (N*k,) the model's log p(EOS), kept for rows at their limit
     if before_min_len:
         logp[:, EOS] = -math.inf
@@ -248,6 +250,7 @@ def beam_search(
     *,
     length_norm: str = "gnmt",
     early_stopping: bool = False,
+    banned: Sequence[int] = NEVER_EMITTED,
     drop_finished: bool = True,
 ) -> list[list[Hypothesis]]:
     """Beam-search a batch; returns, per sentence, its ``nbest`` best hypotheses (best first).
@@ -260,6 +263,7 @@ def beam_search(
     length_norm: ``"gnmt"``, lp = ((5+|Y|)/6)**alpha, or ``"length"``, lp = |Y|**alpha (fairseq).
     early_stopping: a sentence is done once ``k`` hypotheses have finished (fairseq's rule).
     fairseq's own decoding is ``length_norm="length", early_stopping=True`` with alpha 1.
+    banned: ids never emitted (:func:`~qkv.decoding.greedy.banned_ids` of the target tokenizer).
 
     drop_finished: only for measuring what removing done sentences saves
     (``benchmarks/means.py``): ``False`` keeps their ``k`` rows in the batch until every
@@ -287,7 +291,8 @@ def beam_search(
     ended = torch.zeros(batch_size, dtype=torch.bool, device=src.device)  # drop_finished=False only
     for step in range(int(beams.max_len.max()) + 1):
         logits, state = model.step(tokens, state)
-        cand = _top_candidates(beams.scores, logits, 2 * k, beams.max_len <= step, step < min_len)  # (N, 2k)
+        cand = _top_candidates(beams.scores, logits, 2 * k, beams.max_len <= step, step < min_len,
+                               banned)  # (N, 2k)
         _finalize(cand, beams, step, alpha, finished, None if drop_finished else ~ended, length_norm, early_stopping)
         live = _select_live(cand, k)  # (N, k)
         done = _done(beams, cand.scores.gather(1, live), step, alpha, finished, length_norm, early_stopping)  # (N,)

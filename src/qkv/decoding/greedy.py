@@ -11,8 +11,12 @@ Shared conventions (also used by :mod:`qkv.decoding.beam_search`):
 
 * the model returns unnormalised logits; beam search takes ``log_softmax`` in float32, greedy
   needs no normalisation (the argmax is the same; :func:`greedy_choice`);
-* PAD and BOS are never emitted (their log-probs are set to -inf after the softmax, so the
-  scores stay the model's own log-probs); UNK is allowed;
+* special tokens are never emitted: PAD, UNK, BOS, and ``<cls>``, ``[MASK]``, ``<sep>`` where the
+  tokenizer has them (``banned``, :func:`banned_ids` of the output tokenizer; the default
+  :data:`NEVER_EMITTED` are the ids special in every tokenizer). Their log-probs are set to -inf
+  after the softmax, so the scores stay the model's own log-probs. EOS only ends an output. UNK
+  is refused too: it stands for a piece the tokenizer cannot write, so it would print as
+  ``<unk>`` (a source's unknown piece is not copied either);
 * ``max_len[i]`` is the number of tokens (EOS excluded) sentence ``i`` may produce: at step
   ``t = max_len[i]`` every token but EOS is masked, so EOS is forced there and its log-prob
   is the model's own ``log p(EOS | y_<t, x)``.
@@ -21,12 +25,13 @@ Shared conventions (also used by :mod:`qkv.decoding.beam_search`):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from qkv.config import BOS, EOS, PAD
+from qkv.config import BOS, EOS, PAD, UNK
 
 
 class DecoderState(Protocol):
@@ -51,6 +56,21 @@ class IncrementalDecoder(Protocol):
         ...
 
 
+NEVER_EMITTED = (PAD, UNK, BOS)  # special in every tokenizer (EOS only ends an output)
+
+
+def banned_ids(tokenizer) -> tuple[int, ...]:
+    """The ids a decoder never emits in ``tokenizer``'s pieces: its special ids
+    (:attr:`qkv.data.tokenizer.Tokenizer.special_ids`) but EOS, which ends an output."""
+    return tuple(i for i in tokenizer.special_ids if i != EOS)
+
+
+def ban(logits: Tensor, banned: Sequence[int]) -> Tensor:
+    """Set the columns ``banned`` of ``logits`` (N, V) to -inf, in place; returns ``logits``."""
+    logits[:, list(banned)] = -math.inf
+    return logits
+
+
 MAX_OUTPUT_LEN = 1024  # tokens: the absolute cap on a decoding budget, whatever a and b say
 
 
@@ -71,18 +91,15 @@ def max_output_len(src_lengths: Tensor, a: float, b: int, limit: Tensor | int | 
     return budget
 
 
-def log_probs(logits: Tensor) -> Tensor:
-    """``log_softmax`` over the vocabulary in float32, with PAD and BOS set to -inf.
+def log_probs(logits: Tensor, banned: Sequence[int] = NEVER_EMITTED) -> Tensor:
+    """``log_softmax`` over the vocabulary in float32, with the ``banned`` ids set to -inf.
 
     log p(v | y_<t, x) = z_v - log sum_u exp(z_u), for logits z (N, V).
 
     The mask is applied after the softmax (as fairseq does), so scores stay the model's own
     log-probs: the remaining tokens are not renormalised.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
-    logp[:, PAD] = -math.inf
-    logp[:, BOS] = -math.inf
-    return logp
+    return ban(torch.log_softmax(logits.float(), dim=-1), banned)  # (N, V)
 
 
 def force_eos(logp: Tensor, at_limit: Tensor, before_min_len: bool = False) -> Tensor:
@@ -96,13 +113,13 @@ def force_eos(logp: Tensor, at_limit: Tensor, before_min_len: bool = False) -> T
     return torch.where(at_limit.unsqueeze(1), only_eos, logp)  # (N, V)
 
 
-def greedy_choice(logits: Tensor, at_limit: Tensor, before_min_len: bool = False) -> Tensor:
-    """``argmax_v force_eos(log_probs(logits))[:, v]`` without normalising: log_softmax only
-    subtracts a constant per row, so the argmax of the logits (PAD and BOS masked, EOS masked
+def greedy_choice(logits: Tensor, at_limit: Tensor, before_min_len: bool = False,
+                  banned: Sequence[int] = NEVER_EMITTED) -> Tensor:
+    """``argmax_v force_eos(log_probs(logits, banned))[:, v]`` without normalising: log_softmax only
+    subtracts a constant per row, so the argmax of the logits (``banned`` masked, EOS masked
     before ``min_len``) is the same token; rows ``at_limit`` (N,) get EOS. ``logits`` (N, V) are
     overwritten in those columns."""
-    logits[:, PAD] = -math.inf
-    logits[:, BOS] = -math.inf
+    ban(logits, banned)
     if before_min_len:
         logits[:, EOS] = -math.inf
     return logits.argmax(dim=-1).masked_fill(at_limit, EOS)  # (N,)
@@ -120,14 +137,16 @@ def as_max_len(max_len: Tensor | int, batch_size: int, device: torch.device) -> 
 
 @torch.inference_mode()
 def greedy(
-    model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_len: int = 0, *, drop_finished: bool = True
+    model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_len: int = 0, *,
+    banned: Sequence[int] = NEVER_EMITTED, drop_finished: bool = True,
 ) -> list[list[int]]:
     """Greedy-decode a batch; returns one token list per sentence, without BOS/EOS.
 
     src: LongTensor (B, S) padded with PAD. max_len: LongTensor (B,) (or an int), the number
     of tokens each sentence may emit before EOS is forced. min_len: EOS is not allowed before
     this many tokens (``min_len = max_len`` makes every output exactly that long, as speed
-    benchmarks of random-weight models need). Decoding stops when every sentence has emitted
+    benchmarks of random-weight models need). banned: ids never emitted (:func:`banned_ids` of the
+    target tokenizer). Decoding stops when every sentence has emitted
     EOS; finished sentences are removed from the batch as they end.
 
     drop_finished: only for measuring what that removal saves (``benchmarks/means.py``):
@@ -145,7 +164,7 @@ def greedy(
     ended = torch.zeros(batch_size, dtype=torch.bool, device=src.device)  # drop_finished=False only
     for t in range(int(max_len.max()) + 1):
         logits, state = model.step(tokens, state)
-        tokens = greedy_choice(logits, max_len[rows] <= t, before_min_len=t < min_len)  # (N,)
+        tokens = greedy_choice(logits, max_len[rows] <= t, t < min_len, banned)  # (N,)
         if not drop_finished:  # rows that ended earlier are fed EOS and their output ignored
             tokens = tokens.masked_fill(ended, EOS)
             ended |= tokens == EOS

@@ -22,7 +22,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from qkv.config import BOS, EOS, PAD
+from qkv.config import BOS, EOS
+from qkv.decoding.greedy import NEVER_EMITTED, ban
 from qkv.errors import ConfigError
 
 
@@ -73,12 +74,11 @@ def next_token(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    banned: Sequence[int] = NEVER_EMITTED,
 ) -> Tensor:
     """Draw one token per row from ``logits (N, V)`` -> ``(N,)``; ``temperature=0`` is greedy (argmax).
-    PAD and BOS are never drawn."""
-    logits = logits.float().clone()
-    logits[:, PAD] = -math.inf
-    logits[:, BOS] = -math.inf
+    The ``banned`` ids (special tokens, see :mod:`qkv.decoding.greedy`) are never drawn."""
+    logits = ban(logits.float().clone(), banned)
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
@@ -96,12 +96,14 @@ def sample(
     top_p: float = 1.0,
     seed: int | None = None,
     stop_at_eos: bool = False,
+    banned: Sequence[int] = NEVER_EMITTED,
 ) -> Iterator[int]:
     """Continue ``prefix`` (token ids) with up to ``max_new_tokens`` drawn tokens, yielding each
     as it is drawn. The prefix runs through the model once (``start`` on all but its last token,
     then ``step`` on the last); every later step feeds one token. An empty prefix starts from BOS.
     With ``stop_at_eos`` generation ends at EOS (not yielded); otherwise EOS is an ordinary token
-    (in a text stream it marks the end of a line)."""
+    (in a text stream it marks the end of a line). ``banned``: ids never drawn
+    (:func:`~qkv.decoding.greedy.banned_ids` of the model's tokenizer)."""
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     device = next(model.parameters()).device
@@ -115,7 +117,7 @@ def sample(
     token = torch.tensor([ids[-1]], dtype=torch.long, device=device)  # (1,)
     for _ in range(max_new_tokens):
         logits, state = model.step(token, state)
-        token = next_token(logits, temperature, top_k, top_p, generator)
+        token = next_token(logits, temperature, top_k, top_p, generator, banned)
         t = int(token)
         if stop_at_eos and t == EOS:
             return

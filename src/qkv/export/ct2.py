@@ -20,10 +20,11 @@ What carries over, and how:
   ``linear[0]``; cross-attention splits it into the query ``linear[0]`` and the fused key/value
   ``linear[1]``; ReLU feed-forward;
 * the output projection (tied to the target embedding, or its own matrix), no bias but -1e4 on
-  PAD and BOS: qkv's decoders never emit those two, and with this bias CTranslate2 never does
-  either, whatever options it is called with. The other logits are unchanged; CTranslate2's
-  log-probabilities are normalised over the tokens other than PAD and BOS (qkv's are not, which
-  changes beam scores by log(1 - p(PAD) - p(BOS)), a negligible amount for a trained model);
+  the special tokens qkv's decoders never emit (:func:`qkv.decoding.banned_ids`: PAD, UNK, BOS,
+  and ``<cls>``, ``[MASK]``, ``<sep>`` where the tokenizer has them); with this bias CTranslate2
+  never emits them either, whatever options it is called with. The other logits are unchanged;
+  CTranslate2's log-probabilities are normalised over the other tokens (qkv's are not, which
+  changes beam scores by log(1 - p(special)), a negligible amount for a trained model);
 * the source ends with EOS (``add_source_eos``), the decoder starts from BOS ``<s>``
   (``decoder_start_token``), as ``qkv.data.batching.collate`` and qkv's decoders do;
 * the vocabularies: the SentencePiece pieces in the order of their ids, so CTranslate2's token
@@ -38,12 +39,13 @@ import numpy as np
 import torch
 
 from qkv.config import BOS, EOS, PAD, SEP, UNK
+from qkv.decoding.greedy import banned_ids
 from qkv.errors import QkvError
 from qkv.export.source import Source
 from qkv.nn.positional import sinusoidal_table
 
 POSITIONS = 2048  # rows of the sinusoidal table written (CTranslate2 refuses positions beyond its table)
-NEVER_EMITTED = -1e4  # output bias on PAD and BOS
+NEVER_EMITTED = -1e4  # output bias on the special tokens qkv never emits
 SUPPORTED = {("translate", "transformer"): "Translator", ("lm", "transformer"): "Generator",
              ("prefix_lm", "transformer"): "Generator"}
 SPM_FILES = {"src": "source.spm", "tgt": "target.spm"}  # translation; a language model has one: spm.model
@@ -179,7 +181,7 @@ def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_nor
     output = src.w("output_proj.weight") if src.has("output_proj.weight") else src.w(embed)
     spec.projection.weight = _np(output)  # tied: the same array as the embedding, which CTranslate2 aliases
     bias = np.zeros(output.shape[0], dtype=np.float32)
-    bias[[PAD, BOS]] = NEVER_EMITTED
+    bias[list(banned_ids(src.tokenizers.tgt))] = NEVER_EMITTED
     spec.projection.bias = bias
     for i, layer in enumerate(spec.layer):
         p = f"{layers}.{i}"
@@ -241,7 +243,7 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
         "sentencepiece": spm,
         "special_tokens": {"pad": pieces[PAD], "unk": pieces[UNK], "bos": pieces[BOS], "eos": pieces[EOS]},
         "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
-        "never_emitted": [pieces[PAD], pieces[BOS]],
+        "never_emitted": [pieces[i] for i in banned_ids(src.tokenizers.tgt)],
         "verified": check,
     }
     if src.task == "translate":

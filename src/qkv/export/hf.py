@@ -14,7 +14,7 @@ what qkv's encoder-decoder computes, up to float rounding (every export checks t
     shared / separate embeddings          share_encoder_decoder_embeddings
     tied / untied output projection       tie_word_embeddings (lm_head), final_logits_bias = 0
     PAD 0, EOS 3; decoder starts from BOS decoder_start_token_id = BOS (2), not Marian's usual PAD
-    PAD and BOS never emitted             generation_config.suppress_tokens = [PAD, BOS]
+    special tokens never emitted          generation_config.suppress_tokens = banned_ids (PAD, UNK, BOS, ...)
     EOS forced at the length limit        forced_eos_token_id = EOS
 
 The permutation. qkv's positional encoding interleaves sin and cos per dimension pair
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from qkv.config import BOS, EOS, PAD, UNK
-from qkv.decoding import MAX_OUTPUT_LEN
+from qkv.decoding import MAX_OUTPUT_LEN, banned_ids
 from qkv.errors import QkvError
 from qkv.export.source import Source
 
@@ -147,7 +147,8 @@ def generation_config(src: Source):
             "early_stopping": True if dec.early_stopping else "never"} if dec.beam_size > 1 else {"num_beams": 1}
     return GenerationConfig(
         decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS,
-        suppress_tokens=[PAD, BOS], max_new_tokens=MAX_OUTPUT_LEN + 1, num_return_sequences=dec.nbest, **beam,
+        suppress_tokens=list(banned_ids(src.tokenizers.tgt)), max_new_tokens=MAX_OUTPUT_LEN + 1,
+        num_return_sequences=dec.nbest, **beam,
         **({"min_new_tokens": dec.min_len} if dec.min_len else {}),
     )
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from qkv.config import BOS, EOS, PAD
+from qkv.config import EOS, PAD
 from qkv.data.batching import collate
+from qkv.decoding.greedy import banned_ids
 from qkv.export.source import Source
 from qkv.models import build_model
 
@@ -58,7 +59,8 @@ def reference_log_probs(src: Source, sources: list[list[int]], targets: list[lis
                         never_emitted: float = -1e4) -> list[torch.Tensor]:
     """Per probe sequence, the log-probability of each target token and EOS (translation) or of each
     token after the first (language models, over ``source + target``), from logits with
-    ``never_emitted`` added on PAD and BOS, as the CTranslate2 export's output bias does."""
+    ``never_emitted`` added on the special tokens qkv never emits (:func:`qkv.decoding.banned_ids`), as the
+    CTranslate2 export's output bias does."""
     model = reference_model(src)
     if src.task == "translate":
         logits = translation_logits(model, sources, targets)
@@ -68,8 +70,7 @@ def reference_log_probs(src: Source, sources: list[list[int]], targets: list[lis
         logits = lm_logits(model, seqs)
         wanted = [s[1:] for s in seqs]
     logits = logits.double()  # a copy outside inference mode
-    logits[..., PAD] += never_emitted
-    logits[..., BOS] += never_emitted
+    logits[..., list(banned_ids(src.tokenizers.tgt))] += never_emitted
     logp = torch.log_softmax(logits, dim=-1)
     return [logp[i, torch.arange(len(w)), torch.tensor(w)] for i, w in enumerate(wanted)]
 

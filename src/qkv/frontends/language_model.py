@@ -81,6 +81,7 @@ class LanguageModel(Frontend):
         prefix's lines end with EOS, except the last, which the model continues. With a subword
         tokenizer end the prefix at a word boundary: a word cut in two is tokenized into pieces the
         model rarely saw in that place."""
+        from qkv.decoding.greedy import banned_ids
         from qkv.decoding.sampling import sample
 
         ids, max_new_tokens = self.fit_positions(self.prompt_ids(prefix), max_new_tokens)
@@ -88,7 +89,8 @@ class LanguageModel(Frontend):
         line = self.tokenizer.encode([lines[-1]])[0]  # the tokens of the line being written
         shown = self.tokenizer.decode([line])[0]
         with self.evaluating():
-            for t in sample(self.model, ids, max_new_tokens, temperature, top_k, top_p, seed):
+            for t in sample(self.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
+                            banned=banned_ids(self.tokenizer)):
                 if t == EOS:
                     line, shown = [], ""
                     yield "\n"

@@ -23,7 +23,7 @@ from qkv.data.batching import collate
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding.batch import decode_sentences
 from qkv.decoding.beam_search import Hypothesis
-from qkv.decoding.greedy import max_output_len
+from qkv.decoding.greedy import banned_ids, max_output_len
 from qkv.decoding.forced import forced_logprobs
 from qkv.errors import ConfigError
 from qkv.frontends.base import Frontend, TruncationHandler
@@ -77,10 +77,11 @@ class Translator(Frontend):
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
         self.check_beam(cfg.beam_size)
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
+        banned = banned_ids(self.tokenizers.tgt)
         if not target_prefix:
-            return decode_sentences(self.model, src_ids, cfg)
+            return decode_sentences(self.model, src_ids, cfg, banned)
         prefix = self.tokenizers.tgt.encode([target_prefix])[0]
-        hyps = decode_sentences(Prefixed(self.model, prefix, cfg), src_ids, cfg)
+        hyps = decode_sentences(Prefixed(self.model, prefix, cfg), src_ids, cfg, banned)
         return [[Hypothesis(prefix + h.tokens, h.score, h.logprob) for h in nbest] for nbest in hyps]
 
     def translate_rich(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
@@ -162,16 +163,24 @@ class Translator(Frontend):
             yield from self.translate_lines(list(lines), warn, rich=rich, **overrides)
             done += len(lines)
 
-    def score(self, sources: list[str], targets: list[str], on_truncate: TruncationHandler | None = None,
-              ) -> list[list[float]]:
+    def score(self, sources: list[str], targets: list[str | Sequence[str]],
+              on_truncate: TruncationHandler | None = None) -> list[list[float]]:
         """Forced decoding: the log-probability of each target token given its source and the
         target's previous tokens, EOS last (:func:`qkv.decoding.forced.forced_logprobs`); their sum
-        is log p(target | source), the ``logprob`` beam search gives the same output."""
+        is log p(target | source).
+
+        A target is a text, tokenized by the target tokenizer, or a list of target pieces, scored
+        as given (the ``tokens`` of :meth:`translate_rich`, of ``--output-format jsonl``). Scoring a
+        beam-search output by its own pieces gives its ``logprob`` exactly; its text may score
+        otherwise, where the search chose pieces that are not the tokenizer's segmentation of the text."""
         if isinstance(sources, str) or isinstance(targets, str):
             raise TypeError("score() takes lists of sentences, not single strings")
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sources)), on_truncate)
-        return forced_logprobs(self.model, src_ids, self.tokenizers.tgt.encode(list(targets)),
-                               self.decode_cfg.batch_size)
+        tgt = self.tokenizers.tgt
+        texts = iter(tgt.encode([t for t in targets if isinstance(t, str)]))
+        tgt_ids = [next(texts) if isinstance(t, str) else tgt.piece_ids(t, f"target {i + 1}")
+                   for i, t in enumerate(targets)]
+        return forced_logprobs(self.model, src_ids, tgt_ids, self.decode_cfg.batch_size)
 
     def check_beam(self, beam_size: int) -> None:
         """A beam wider than the target vocabulary has nothing to fill it with: refused by name."""

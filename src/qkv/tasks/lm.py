@@ -182,6 +182,7 @@ class LmTask(Task):
 def greedy_continuation(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
     """The greedy continuation of a one-line ``prompt``, its lines joined by " / " (a sample to watch
     during validation; :class:`qkv.frontends.LanguageModel` is what users generate with)."""
+    from qkv.decoding.greedy import banned_ids
     from qkv.decoding.sampling import sample
 
     ids = tokenizer.encode([prompt])[0]
@@ -192,7 +193,7 @@ def greedy_continuation(model, tokenizer, prompt: str, max_new_tokens: int) -> s
     was_training = model.training
     model.eval()
     try:
-        out = list(sample(model, ids, max_new_tokens, 0.0, 0, 1.0, None))
+        out = list(sample(model, ids, max_new_tokens, 0.0, 0, 1.0, None, banned=banned_ids(tokenizer)))
     finally:
         model.train(was_training)
     lines, line = [], []

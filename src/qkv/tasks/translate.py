@@ -218,9 +218,11 @@ class TranslateTask(Task):
         if n <= 0:
             return {}
         from qkv.decoding.batch import decode_sentences  # the decoding loop the Translator front-end runs
+        from qkv.decoding.greedy import banned_ids
 
         src_ids = tokenizers.src.encode(split.raw_src[:n])
-        best = decode_sentences(model, src_ids, replace(decode_cfg, beam_size=1, nbest=1))
+        best = decode_sentences(model, src_ids, replace(decode_cfg, beam_size=1, nbest=1),
+                                banned_ids(tokenizers.tgt))
         hyps = tokenizers.tgt.decode([nbest[0].tokens for nbest in best])
         refs = split.raw_tgt[:n]  # in the training text's form (perhaps tokenized): a progress signal, quietly
         return {"valid_bleu": bleu(hyps, refs, quiet=True).score, "valid_chrf": chrf(hyps, refs).score,
