@@ -498,6 +498,16 @@ def test_resume_refuses_model_flags(run, capsys, tmp_path):
     assert snapshot(out) == before
 
 
+def test_resume_refuses_an_update_freq_that_changes_the_update_size(run, capsys, tmp_path):
+    """One process before and after: --update-freq cannot change (it may only keep update_freq x processes)."""
+    out = shutil.copytree(run.out, tmp_path / "run")
+    before = snapshot(out)
+    rc, _, err = cli(capsys, *data_argv(run.files, out, "--resume", "--max-steps", "40", "--update-freq", "3"))
+    assert_user_error(rc, err, "train", "--update-freq 3 with 1 process(es) makes an update of 3 batches",
+                      "(give --update-freq 1)")
+    assert snapshot(out) == before
+
+
 def test_resume_accepts_unchanged_flags(run, capsys, tmp_path):
     out = shutil.copytree(run.out, tmp_path / "run")
     rc, _, err = cli(capsys, *train_argv(run.files, out, "--resume", "--max-steps", str(MAX_STEPS)))
