@@ -234,7 +234,7 @@ def test_evaluate_model(run, capsys, tmp_path):
     rc, out, err = cli(capsys, "evaluate", run.best, "--src", run.files.src_valid, "--ref", run.files.tgt_valid,
                        "--output", hyps)
     assert rc == 0, err
-    bleu_line, convention_line, chrf_line = out.splitlines()
+    bleu_line, convention_line, chrf_line = out.splitlines()  # no language: one line asks for --lang
     assert bleu_line.startswith("sacreBLEU (cased, detokenized): BLEU = ")
     assert "sacreBLEU signature:" in bleu_line and "tok:13a" in bleu_line
     # the reference file has no language suffix: the lowercased Moses BLEU asks for --lang
@@ -249,11 +249,13 @@ def test_evaluate_identical_files_is_100(capsys, tmp_path):
     ref = write_lines(tmp_path / "ref.txt", lines)
     rc, out, err = cli(capsys, "evaluate", "--hyp", hyp, "--ref", ref, "--lang", "en")
     assert rc == 0, err
-    sacre, moses, chrf = out.splitlines()
+    sacre, moses, wmt, chrf = out.splitlines()
     assert sacre.startswith("sacreBLEU (cased, detokenized): BLEU = 100.00 ") and "tok:13a" in sacre
     assert moses.startswith("Multi30k convention (lowercased, punctuation-normalized, Moses-tokenized -l en): "
                             "BLEU = 100.00 ")
     assert "case:lc" in moses and "tok:lc.norm.tok-en" in moses
+    assert wmt.startswith("WMT convention (cased, Moses-tokenized -l en, compounds split ##AT##-##AT##; the "
+                          "Transformer paper's): BLEU = 100.00 ") and "tok:moses-en+compound-split" in wmt
     assert chrf.startswith("chrF2 = 100.00 ")
 
 
@@ -262,8 +264,9 @@ def test_evaluate_names_both_conventions_and_infers_the_language(capsys, tmp_pat
     ref = write_lines(tmp_path / "ref.de", ["ein mann fährt ein fahrrad ."])
     rc, out, err = cli(capsys, "evaluate", "--hyp", hyp, "--ref", ref)
     assert rc == 0, err
-    sacre, moses, _ = out.splitlines()
+    sacre, moses, wmt, _ = out.splitlines()
     assert "-l de" in moses and "BLEU = 100.00" in moses  # lowercased + tokenized: identical
+    assert "-l de" in wmt and "BLEU = 100.00" not in wmt  # cased: not identical
     assert "BLEU = 100.00" not in sacre  # cased, detokenized: not identical
 
 
@@ -638,6 +641,16 @@ def test_resume_refuses_model_flags(run, capsys, tmp_path):
     before = snapshot(out)
     rc, _, err = cli(capsys, *data_argv(run.files, out, "--resume", "--max-steps", "40", "--d-model", "64"))
     assert_user_error(rc, err, "train", "--resume", "--d-model", "cannot change")
+    assert snapshot(out) == before
+
+
+def test_resume_refuses_an_update_freq_that_changes_the_update_size(run, capsys, tmp_path):
+    """One process before and after: --update-freq cannot change (it may only keep update_freq x processes)."""
+    out = shutil.copytree(run.out, tmp_path / "run")
+    before = snapshot(out)
+    rc, _, err = cli(capsys, *data_argv(run.files, out, "--resume", "--max-steps", "40", "--update-freq", "3"))
+    assert_user_error(rc, err, "train", "--update-freq 3 with 1 process(es) makes an update of 3 batches",
+                      "(give --update-freq 1)")
     assert snapshot(out) == before
 
 

@@ -4,7 +4,8 @@ The runs go through the real command, ``python -m torch.distributed.run --standa
 --nproc-per-node 2 -m qkv train ...`` (what ``torchrun`` runs), on a tiny word-reversal task:
 
 * reference: one process, ``--update-freq 4``, 6 updates, a numbered checkpoint every 3;
-* DDP: two processes, ``--update-freq 2``, stopped at update 3, then ``--resume`` to 6.
+* DDP: two processes, ``--update-freq 2``, stopped at update 3, then ``--resume`` to 6;
+* one process, ``--update-freq 4``, stopped at update 3, then resumed on two with ``--update-freq 2``.
 
 The data make 17 batches an epoch, so update 5 (the epoch's last) holds one batch: rank 1 has
 none and must join the all-reduce with a zero-weighted backward, and update 6 is in epoch 1.
@@ -124,6 +125,18 @@ def test_resume_in_ddp_continues_to_the_same_weights(runs):
     d, _, _ = runs
     # ddp/step_000006 was written by the resumed run: it equals the uninterrupted reference
     assert max_diff(d / "ref" / "step_000006", d / "ddp" / "last") < ATOL
+
+
+def test_resume_on_more_processes_keeps_the_update_with_a_smaller_update_freq(runs, tmp_path):
+    """A run of one process with --update-freq 4, resumed on two with --update-freq 2: every update still
+    takes 4 batches, so the weights are the uninterrupted run's."""
+    d, _, _ = runs
+    data = write_data(tmp_path)
+    out = tmp_path / "one"
+    assert main(["train", *data, *FLAGS, "--update-freq", "4", "--max-steps", "3", "--out", str(out)]) == 0
+    resumed = torchrun(tmp_path, *data, "--resume", "--update-freq", "2", "--max-steps", "6", "--out", str(out))
+    assert "update now takes 2 x 2 batches (was 4 x 1)" in resumed.stderr
+    assert max_diff(d / "ref" / "step_000006", out / "last") < ATOL
 
 
 # --- the helpers without a process group ------------------------------------------------------------

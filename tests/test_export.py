@@ -23,7 +23,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -200,6 +202,35 @@ def quantized_log_prob_bound(ckpt: Path, levels: int) -> float:
 
 
 @needs_ct2
+def test_ctranslate2_beam_is_qkv_beam_with_length_norm_length_and_early_stopping(trained, tmp_path, capsys):
+    """What the export says (its note, printed and in qkv_export.json and the card) holds: CTranslate2's
+    beam search gives qkv's outputs under --length-norm length --early-stopping, given qkv's min_len
+    (0) as min_decoding_length. (Here CTranslate2's default min_decoding_length 1 changes one of the
+    seven outputs, and qkv's default stopping rule another.)"""
+    import ctranslate2
+    import sentencepiece as spm
+
+    ckpt = trained("post")
+    rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "ct2")
+    assert rc == 0, err
+    out = tmp_path / "ct2"
+    note = "beam outputs are qkv's with both --length-norm length and --early-stopping"
+    assert note in err.splitlines()[-1]
+    assert any(note in d for d in json.loads((out / "qkv_export.json").read_text())["decode"]["differences"])
+    assert note in (out / "README.md").read_text()
+    model = qkv.load(ckpt)
+    cfg = dataclasses.replace(model.decode_cfg, length_norm="length", early_stopping=True)
+    want = decode_sentences(model.model, model.tokenizers.src.encode(SENTENCES), cfg)
+    translator = ctranslate2.Translator(str(out), intra_threads=1)
+    source = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    for sentence, hyps in zip(SENTENCES, want):
+        pieces = source.encode(sentence, out_type=str)
+        r = translator.translate_batch([pieces], beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
+                                       max_decoding_length=budget(len(pieces)), min_decoding_length=cfg.min_len)
+        assert r[0].hypotheses[0] == [model.tokenizers.tgt.id_to_piece(t) for t in hyps[0].tokens], sentence
+
+
+@needs_ct2
 @pytest.mark.parametrize("quantization", ["int8", "float16"])
 def test_ctranslate2_quantized_models_load_and_translate(trained, tmp_path, capsys, quantization):
     rc, err = export(capsys, trained("post"), "ctranslate2", tmp_path / "q", "--quantization", quantization)
@@ -349,7 +380,63 @@ def test_hf_model_card_and_generation_config(trained, data, tmp_path, capsys):
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert gen["decoder_start_token_id"] == BOS and gen["forced_eos_token_id"] == EOS
     assert gen["suppress_tokens"] == [0, 1, 2] and gen["num_beams"] == 4 and gen["length_penalty"] == 0.6
-    assert gen["early_stopping"] == "never" and gen["max_new_tokens"] == 1025
+    # qkv's stopping rule (early_stopping false), and qkv's limit for the longest training source:
+    # max_len 256 (the default) tokens -> 1.0 * 256 + 50, then EOS
+    assert gen["early_stopping"] is False and gen["max_new_tokens"] == 256 + 50 + 1
+
+
+@needs_hf
+def test_hf_beam_generate_stops_as_qkv_and_gives_its_outputs(trained, tmp_path, capsys):
+    """generate() with the written generation_config: qkv's beam outputs (qkv ranking as Hugging Face
+    does, length_norm length, the same alpha) and qkv's stopping rule, so a sentence's search ends
+    soon after its best hypothesis, far below the length limit."""
+    from transformers import MarianMTModel
+
+    ckpt = trained("post")
+    rc, err = export(capsys, ckpt, "hf", tmp_path / "hf")
+    assert rc == 0, err
+    model = qkv.load(ckpt)
+    hf = MarianMTModel.from_pretrained(str(tmp_path / "hf")).eval()
+    steps = []
+    hf.model.decoder.register_forward_hook(lambda *_: steps.append(1))
+    src_ids = model.tokenizers.src.encode(SENTENCES)
+    cfg = dataclasses.replace(model.decode_cfg, length_norm="length")
+    assert cfg.beam_size == hf.generation_config.num_beams == 4
+    beam = decode_sentences(model.model, src_ids, cfg)
+    for i, ids in enumerate(src_ids):
+        x = torch.tensor([ids + [EOS]])
+        for limit in (budget(len(ids)) + 1, None):  # qkv's limit for this sentence; the written one
+            steps.clear()
+            y = hf.generate(input_ids=x, attention_mask=torch.ones_like(x),
+                            **({"max_new_tokens": limit} if limit else {}))[0].tolist()
+            assert [t for t in y[1:] if t != EOS] == beam[i][0].tokens, SENTENCES[i]
+            assert len(steps) < budget(len(ids)) // 2, (SENTENCES[i], len(steps))  # ended long before the limit
+
+
+def card_code_blocks(readme: str) -> list[tuple[str, str]]:
+    """The fenced code blocks of a model card: (language, code)."""
+    return re.findall(r"^```(\w*)\n(.*?)^```$", readme, flags=re.M | re.S)
+
+
+@pytest.mark.skipif(not (HAS_CT2 and HAS_HF), reason=f"ctranslate2 and transformers are needed: {INSTALL}")
+@pytest.mark.parametrize("fixture,fmt", [("translate-transformer", "hf"), ("translate-transformer", "ctranslate2"),
+                                         ("lm-transformer", "ctranslate2"), ("prefix_lm-transformer", "ctranslate2")])
+def test_every_code_block_of_a_model_card_runs_as_written(tmp_path, capsys, fixture, fmt):
+    """Each card's Python runs from another working directory, unchanged; its JSON parses."""
+    rc, err = export(capsys, FIXTURES / fixture, fmt, tmp_path / "export")
+    assert rc == 0, err
+    blocks = card_code_blocks((tmp_path / "export" / "README.md").read_text(encoding="utf-8"))
+    assert sorted(lang for lang, _ in blocks) == ["json", "python"], blocks
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for lang, code in blocks:
+        if lang == "json":
+            json.loads(code)
+            continue
+        result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, f"{fixture} {fmt} card:\n{code}\n{result.stderr[-2000:]}"
+        assert result.stdout.strip(), f"{fixture} {fmt} card's code printed nothing"
 
 
 # --- what cannot be represented, and bad input ---------------------------------------------------------------

@@ -131,3 +131,25 @@ def test_bleu_in_the_published_convention_of_already_tokenized_hypotheses():
     assert bleu_tok_lc(*one, "de", hyps_tokenized=True).score == pytest.approx(100.0)
     # scored as raw text, the @-@ would not be merged back and the 4-grams around it would miss
     assert bleu_tok_lc(*one, "de").score < 60
+
+
+def test_tokenized_bleu_with_compound_splitting_is_the_papers_wmt_convention():
+    """The Transformer paper's WMT 2014 convention (tensor2tensor's get_ende_bleu.sh): tokenizer.perl -l de
+    on cased text, then s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g, then multi-bleu.perl."""
+    from sacrebleu.metrics import BLEU
+
+    from qkv.metrics import bleu_compound_split, compound_split
+
+    # Perl's left-to-right substitution: a-b-c keeps its second hyphen (b was consumed by the first match)
+    assert compound_split(["Rich-Text-Format , a-b-c - x"]) == \
+        ["Rich ##AT##-##AT## Text ##AT##-##AT## Format , a ##AT##-##AT## b-c - x"]
+    hyp = ["Das Rich-Text-Format ist gut, sagte er heute früh."]
+    ref = ["Das Rich-Text-Dokument ist gut, sagte er heute früh."]
+    # the same pair prepared by hand: Moses tokens (no -a, cased), then the compounds split
+    by_hand = BLEU(tokenize="none", smooth_method="none").corpus_score(
+        ["Das Rich ##AT##-##AT## Text ##AT##-##AT## Format ist gut , sagte er heute früh ."],
+        [["Das Rich ##AT##-##AT## Text ##AT##-##AT## Dokument ist gut , sagte er heute früh ."]])
+    s = bleu_compound_split(hyp, ref, "de")
+    assert s.score == pytest.approx(by_hand.score) and 50 < s.score < 100
+    assert "tok:moses-de+compound-split" in s.signature and "case:mixed" in s.signature
+    assert "hyp_len = 14" in s.summary  # 10 Moses tokens, 2 compounds split into 3 tokens each

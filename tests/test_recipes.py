@@ -309,7 +309,8 @@ def test_wmt14_readme_commands_parse():
     text = (ROOT / "recipes" / "wmt14" / "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     commands = [" ".join(c.split()) for b in blocks for c in b.replace("\\\n", " ").splitlines() if c.strip()]
-    assert len(commands) >= 6, commands
+    commands = [c for c in commands if c.split()[0] in ("qkv", "torchrun")]  # not the data's cat, sacrebleu
+    assert len(commands) >= 7, commands
     parser = build_parser({name: (lambda a: 0) for name in COMMANDS})
     seen = set()
     for command in commands:
@@ -321,3 +322,21 @@ def test_wmt14_readme_commands_parse():
         assert not extra, f"{command}: unknown {extra}"
         seen.add(args.command)
     assert seen >= {"preprocess", "train", "average", "translate", "evaluate"}
+
+
+def test_wmt14_base_config_is_the_papers_setup():
+    """recipes/wmt14/base.toml, as qkv train --config resolves it, against the paper (sections 5.3, 5.4, 6.1
+    and Table 3, row base): residual dropout 0.1 and no attention dropout, no gradient clipping, Adam
+    0.9 / 0.98 / 1e-9, the warmup schedule with 4000 steps, label smoothing 0.1, beam 4, alpha 0.6, |x| + 50."""
+    model, train, decode = resolve_configs(argparse.Namespace(config=str(ROOT / "recipes" / "wmt14" / "base.toml"),
+                                                              preset=None))
+    assert (model.d_model, model.n_heads, model.d_ff, model.n_encoder_layers, model.n_decoder_layers) == \
+        (512, 8, 2048, 6, 6)
+    assert (model.dropout, model.attention_dropout, model.norm_first) == (0.1, 0.0, False)
+    assert train.clip_norm == 0.0  # off
+    assert (train.optimizer, train.adam_beta1, train.adam_beta2, train.adam_eps) == ("adam", 0.9, 0.98, 1e-9)
+    assert (train.schedule, train.warmup_steps, train.lr_scale, train.label_smoothing) == ("noam", 4000, 1.0, 0.1)
+    assert (decode.beam_size, decode.length_penalty, decode.length_norm, decode.max_len_a, decode.max_len_b) == \
+        (4, 0.6, "gnmt", 1.0, 50)
+    text = (ROOT / "recipes" / "wmt14" / "README.md").read_text(encoding="utf-8")
+    assert "Ampere" in text and "wmt14/full" in text and "3,003" in text and "##AT##-##AT##" in text

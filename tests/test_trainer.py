@@ -92,6 +92,21 @@ def test_refuses_to_overwrite_or_resume_nothing(tmp_path):
         train(MODEL, TRAIN, DecodeConfig(), ParallelData([], [], name="empty"), None, tmp_path / "e", log=QUIET)
 
 
+def test_resume_refuses_an_update_freq_that_changes_the_update_size(tmp_path):
+    """--update-freq may change on --resume only to keep update_freq x processes (here one process: not at all);
+    the refusal names both sizes and the value that keeps it, and the run is left as it was."""
+    data = numbers(1, 100, 3)
+    cfg = dataclasses.replace(TRAIN, max_steps=2, eval_every=2, update_freq=3)
+    train(MODEL, cfg, DecodeConfig(), data, None, tmp_path / "r", log=QUIET)
+    before = read_checkpoint(tmp_path / "r" / "last", need_trainer_state=True).trainer_state["step"]
+    with pytest.raises(QkvError) as e:
+        train(MODEL, dataclasses.replace(cfg, update_freq=2, max_steps=4), DecodeConfig(), data, None, tmp_path / "r",
+              resume=True, log=QUIET)
+    assert str(e.value).startswith("--update-freq 2 with 1 process(es) makes an update of 2 batches where ")
+    assert "took 3 (3 x 1 process(es))" in str(e.value) and "(give --update-freq 3)" in str(e.value)
+    assert read_checkpoint(tmp_path / "r" / "last", need_trainer_state=True).trainer_state["step"] == before == 2
+
+
 # --- device, mixed precision, torch.compile ---------------------------------------------------------
 
 def test_bf16_autocast_trains_with_a_finite_loss(tmp_path):

@@ -384,9 +384,11 @@ def check_option_bounds(seed: int | None = None, threads: int = 0, **floats: flo
 
 # TrainConfig fields a resumed run may change: limits, evaluation cadence, hardware. Everything else
 # (the model, the data, the optimisation) continues as the run was started; the search may change.
+# update_freq may change only so that an update keeps its size, update_freq x processes, when the
+# number of processes changes (Trainer.restore checks it: the run's own process count is in its state).
 RESUMABLE = frozenset({"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks",
                        "eval_every", "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile",
-                       "fused_loss", "nonfinite_limit"})
+                       "fused_loss", "nonfinite_limit", "update_freq"})
 SECTIONS = ("model", "train", "decode")
 
 

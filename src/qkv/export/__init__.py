@@ -76,7 +76,7 @@ def export(checkpoint: str | Path, fmt: str, out: str | Path, quantization: str 
             from qkv.export import hf
 
             info = hf.write(src, tmp)
-        info["card"] = write_card(src, fmt, tmp, card, info)
+        info["card"] = write_card(src, fmt, tmp, card, info, location=out)
         (tmp / "qkv_export.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if out.is_dir():
             out.rmdir()  # empty (checked above)
@@ -88,15 +88,21 @@ def export(checkpoint: str | Path, fmt: str, out: str | Path, quantization: str 
 
 
 def summary(info: dict, out: str | Path) -> str:
-    """One line on what an export wrote and how it was checked."""
+    """One line on what an export wrote and how it was checked; for a CTranslate2 translation model with a
+    beam, a second one on how its beam search matches qkv's."""
     check = info.get("verified", {})
     if "max_abs_logit_difference" in check:
         how = f"max |delta logit| {check['max_abs_logit_difference']:.2g}"
     else:
         how = f"max |delta log p| {check.get('max_abs_log_prob_difference', float('nan')):.2g}"
         how += "" if check.get("checked", True) else f" ({info.get('quantization')} weights: reported, not checked)"
-    return (f"wrote {out} for {info['runtime']} ({info.get('quantization', 'float32')} weights); the exported model "
+    line = (f"wrote {out} for {info['runtime']} ({info.get('quantization', 'float32')} weights); the exported model "
             f"and the checkpoint agree on {check.get('probe_sequences', 0)} probe sequences: {how}")
+    from qkv.export.ct2 import BEAM_NOTE
+
+    if BEAM_NOTE in info.get("decode", {}).get("differences", []):
+        line += f"\nnote: {BEAM_NOTE} (README.md says what else differs)"
+    return line
 
 
 __all__ = ["export", "summary", "FORMATS", "QUANTIZATIONS", "CardInfo", "read_source"]

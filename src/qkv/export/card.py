@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from qkv.decoding.greedy import MAX_OUTPUT_LEN
 from qkv.errors import QkvError
 from qkv.export.source import Source
 
@@ -211,44 +212,59 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
     return meta
 
 
-def usage(src: Source, fmt: str) -> str:
+def usage(src: Source, fmt: str, location: str) -> str:
+    """The card's code: it runs as written, from any working directory, while the export is at ``location``."""
+    here = f"model_dir = {json.dumps(location)}  # this export (or, uploaded, its name on the Hub)"
     if fmt == "hf":
-        return """```python
+        dec = src.decode
+        return f"""```python
 from transformers import MarianMTModel, MarianTokenizer
 
-tokenizer = MarianTokenizer.from_pretrained("DIR")
-model = MarianMTModel.from_pretrained("DIR")
+{here}
+tokenizer = MarianTokenizer.from_pretrained(model_dir)
+model = MarianMTModel.from_pretrained(model_dir)
 batch = tokenizer(["your sentence"], return_tensors="pt", padding=True)
-out = model.generate(**batch)          # generation_config.json: qkv's decoding settings
+# generation_config.json holds qkv's decoding settings. qkv's length limit is per source,
+# {dec.max_len_a:g} * its tokens (with EOS) + {dec.max_len_b}, at most {MAX_OUTPUT_LEN}, then EOS; for this batch's longest:
+limit = min(int({dec.max_len_a!r} * batch["input_ids"].shape[1] + {dec.max_len_b}), {MAX_OUTPUT_LEN}) + 1
+out = model.generate(**batch, max_new_tokens=limit)
 print(tokenizer.batch_decode(out, skip_special_tokens=True))
 ```"""
     if src.task == "translate":
-        return """```python
+        return f"""```python
+import os
 import ctranslate2, sentencepiece as spm
 
-translator = ctranslate2.Translator("DIR")
-source, target = spm.SentencePieceProcessor(model_file="DIR/source.spm"), spm.SentencePieceProcessor(model_file="DIR/target.spm")
+{here}
+translator = ctranslate2.Translator(model_dir)
+source = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "source.spm"))
+target = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "target.spm"))
 pieces = source.encode(["your sentence"], out_type=str)        # no </s>: the model appends it
-results = translator.translate_batch(pieces, beam_size=BEAM, length_penalty=ALPHA)
+results = translator.translate_batch(pieces, beam_size={src.decode.beam_size}, length_penalty={src.decode.length_penalty:g},
+                                     min_decoding_length={src.decode.min_len})
 print([target.decode(r.hypotheses[0]) for r in results])
-```""".replace("BEAM", str(src.decode.beam_size)).replace("ALPHA", f"{src.decode.length_penalty:g}")
-    prompt = ("sp.encode(source, out_type=str) + ['</s>', '<sep>', '<s>']" if src.task == "prefix_lm"
+```"""
+    prompt = ("sp.encode('your sentence', out_type=str) + ['</s>', '<sep>', '<s>']" if src.task == "prefix_lm"
               else "sp.encode('the text to continue', out_type=str)   # or ['<s>'] for no prompt")
-    ending = "end_token='</s>'" if src.task == "prefix_lm" else "end_token=[]   # '</s>' is a line break, not the end"
+    ending = ("end_token='</s>')" if src.task == "prefix_lm"
+              else "end_token=[])   # '</s>' is a line break, not the end")
     return f"""```python
+import os
 import ctranslate2, sentencepiece as spm
 
-generator = ctranslate2.Generator("DIR")
-sp = spm.SentencePieceProcessor(model_file="DIR/spm.model")
+{here}
+generator = ctranslate2.Generator(model_dir)
+sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
 prompt = {prompt}
 result = generator.generate_batch([prompt], max_length=100, sampling_topk=1, include_prompt_in_result=False,
-                                  {ending})
+                                  {ending}
 print(sp.decode(result[0].sequences[0]))
 ```"""
 
 
-def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: dict) -> dict:
-    """Write ``out/README.md``; returns the front matter."""
+def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: dict, location: Path | None = None) -> dict:
+    """Write ``out/README.md`` for an export that will be at ``location`` (default: ``out``), the
+    directory its code names; returns the front matter."""
     test = score_test_set(src, info)
     valid = validation_scores(src)
     meta = front_matter(src, fmt, info, test, valid)
@@ -272,7 +288,7 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
         "",
         "## Use",
         "",
-        usage(src, fmt).replace("DIR", "."),
+        usage(src, fmt, str(Path(location or out).resolve())),
         "",
     ]
     if "tokenize" in export_info:

@@ -255,6 +255,7 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
             "qkv": {"beam_size": dec.beam_size, "length_penalty": dec.length_penalty, "length_norm": dec.length_norm,
                     "max_len_a": dec.max_len_a, "max_len_b": dec.max_len_b, "min_len": dec.min_len},
             "ctranslate2": {"beam_size": dec.beam_size, "length_penalty": dec.length_penalty,
+                            "min_decoding_length": dec.min_len,  # CTranslate2's default is 1
                             "max_decoding_length": f"{dec.max_len_a:g} * len(source pieces + </s>) + {dec.max_len_b} "
                                                    "(per sentence; CTranslate2's own default is 256)",
                             "max_input_length": positions},  # counts the </s> it appends: qkv's cut exactly
@@ -286,7 +287,15 @@ def _differences(dec) -> list[str]:
                          "beam outputs may differ where hypotheses of different lengths compete")
         else:
             notes.append("beam search: both divide the log-probability by |Y|^length_penalty (length_norm length)")
+        notes.append(BEAM_NOTE)
     return notes
+
+
+BEAM_NOTE = ("beam search: CTranslate2 ends a sentence's search as soon as beam_size hypotheses have finished, "
+             "qkv's --early-stopping rule (qkv's default searches on while a live hypothesis can still win); its "
+             "beam outputs are qkv's with both --length-norm length and --early-stopping, not with "
+             "--length-norm length alone (and with min_decoding_length = qkv's min_len: CTranslate2's default, 1, "
+             "forbids the empty output qkv allows)")
 
 
 def verify(src: Source, out: Path, quantization: str | None) -> dict:
@@ -321,4 +330,4 @@ def verify(src: Source, out: Path, quantization: str | None) -> dict:
             "max_abs_log_prob_difference": delta, "checked": quantization is None}
 
 
-__all__ = ["check", "write", "model_spec", "converter_class", "SUPPORTED", "POSITIONS"]
+__all__ = ["check", "write", "model_spec", "converter_class", "SUPPORTED", "POSITIONS", "BEAM_NOTE"]

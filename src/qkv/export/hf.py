@@ -16,6 +16,8 @@ what qkv's encoder-decoder computes, up to float rounding (every export checks t
     PAD 0, EOS 3; decoder starts from BOS decoder_start_token_id = BOS (2), not Marian's usual PAD
     special tokens never emitted          generation_config.suppress_tokens = banned_ids (PAD, UNK, BOS, ...)
     EOS forced at the length limit        forced_eos_token_id = EOS
+    a·|x| + b tokens per source           max_new_tokens: one per call (see length_limit)
+    stop when no live hypothesis wins     early_stopping = False (qkv's early_stopping: True)
 
 The permutation. qkv's positional encoding interleaves sin and cos per dimension pair
 (``PE[:, 2i] = sin(pos / 10000^(2i/d))``, ``PE[:, 2i+1] = cos(...)``); Marian's puts
@@ -38,7 +40,7 @@ from pathlib import Path
 import torch
 
 from qkv.config import BOS, EOS, PAD, UNK
-from qkv.decoding import MAX_OUTPUT_LEN, banned_ids
+from qkv.decoding import MAX_OUTPUT_LEN, banned_ids, max_output_len
 from qkv.errors import QkvError
 from qkv.export.source import Source
 
@@ -138,16 +140,29 @@ def marian_config(src: Source):
     )
 
 
+def length_limit(src: Source) -> int:
+    """generate()'s ``max_new_tokens``: qkv's limit for the longest source training kept (``max_len``
+    tokens), then EOS. generate() has one limit per call where qkv gives each source its own."""
+    dec = src.decode
+    return int(max_output_len(torch.tensor([src.train.max_len]), dec.max_len_a, dec.max_len_b)[0]) + 1
+
+
 def generation_config(src: Source):
-    """qkv's saved decoding settings, as near as Hugging Face's generate() can say them (see :func:`differences`)."""
+    """qkv's saved decoding settings, as near as Hugging Face's generate() can say them (see :func:`differences`).
+
+    Stopping: Hugging Face's ``early_stopping=False`` is qkv's rule (a sentence is done when it has
+    ``num_beams`` finished hypotheses and the best live one, normalised at its current length, cannot
+    beat the worst of them), ``True`` is qkv's ``early_stopping``. ("never" would keep searching
+    while a hypothesis of ``max_new_tokens`` tokens could still win: to the limit, for any
+    length_penalty > 0.)"""
     from transformers import GenerationConfig
 
     dec = src.decode
     beam = {"num_beams": dec.beam_size, "length_penalty": dec.length_penalty,
-            "early_stopping": True if dec.early_stopping else "never"} if dec.beam_size > 1 else {"num_beams": 1}
+            "early_stopping": dec.early_stopping} if dec.beam_size > 1 else {"num_beams": 1}
     return GenerationConfig(
         decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS,
-        suppress_tokens=list(banned_ids(src.tokenizers.tgt)), max_new_tokens=MAX_OUTPUT_LEN + 1,
+        suppress_tokens=list(banned_ids(src.tokenizers.tgt)), max_new_tokens=length_limit(src),
         num_return_sequences=dec.nbest, **beam,
         **({"min_new_tokens": dec.min_len} if dec.min_len else {}),
     )
@@ -156,10 +171,12 @@ def generation_config(src: Source):
 def differences(src: Source) -> list[str]:
     """Where generate() with the written generation_config.json can differ from ``qkv translate``."""
     dec = src.decode
-    notes = [f"length limit: qkv gives each sentence max_len_a * source tokens + max_len_b = "
-             f"{dec.max_len_a:g} * |x| + {dec.max_len_b} output tokens; generate() has one limit per call: "
-             f"max_new_tokens = {MAX_OUTPUT_LEN + 1} (qkv's cap of {MAX_OUTPUT_LEN} tokens, then EOS); pass "
-             "max_new_tokens = limit + 1 to match qkv on a sentence that reaches its limit"]
+    notes = [f"length limit: qkv gives each sentence max_len_a * source tokens (with EOS) + max_len_b = "
+             f"{dec.max_len_a:g} * |x| + {dec.max_len_b} output tokens (at most {MAX_OUTPUT_LEN}), then EOS; "
+             f"generate() has one limit per call, max_new_tokens, written as {length_limit(src)}: qkv's limit for "
+             f"the longest source training kept (max_len = {src.train.max_len} tokens) plus EOS. Pass "
+             "max_new_tokens = qkv's limit for the call's longest source + 1 (the card's code does) to match "
+             "qkv on a sentence that reaches its limit"]
     if dec.beam_size > 1:
         if dec.length_norm == "gnmt":
             notes.append(f"beam search ranks by log P / |Y|^{dec.length_penalty:g} (Hugging Face's length_penalty), "
@@ -167,8 +184,9 @@ def differences(src: Source) -> list[str]:
                          "outputs may differ where hypotheses of different lengths compete")
         else:
             notes.append("beam search ranks by log P / |Y|^length_penalty in both (|Y| with EOS)")
-        notes.append("early_stopping 'never' is qkv's rule (a sentence's search ends when no live hypothesis can beat "
-                     "the finished ones)" if not dec.early_stopping else
+        notes.append("early_stopping false is qkv's rule: a sentence's search ends when it has num_beams finished "
+                     "hypotheses and the best live one, at its current length, cannot beat them"
+                     if not dec.early_stopping else
                      "early_stopping true: both end a sentence's search once num_beams hypotheses have finished")
     notes.append("MarianTokenizer.decode(..., skip_special_tokens=True) drops <unk> pieces where qkv writes "
                  "SentencePiece's ' ⁇ ' for them")
@@ -271,4 +289,5 @@ def verify(src: Source, out: Path) -> dict:
             "tokenizer_texts": len(texts)}
 
 
-__all__ = ["check", "write", "marian_order", "marian_state_dict", "marian_config", "generation_config", "differences"]
+__all__ = ["check", "write", "marian_order", "marian_state_dict", "marian_config", "generation_config", "differences",
+           "length_limit"]

@@ -293,11 +293,8 @@ class Trainer:
         self.lr_shrinks = int(st.get("lr_shrinks", 0))
         self.nonfinite = int(st.get("nonfinite", 0))
         self.saved_last = self.step if path.name == "last" else -1
-        saved_world = int(st.get("world_size", 1))
-        if saved_world != self.dist.world_size:
-            self.log(f"note: {path} was written by a run of {saved_world} process(es), this one has "
-                     f"{self.dist.world_size}: an update now takes {self.train_cfg.update_freq} x "
-                     f"{self.dist.world_size} batches (was {self.train_cfg.update_freq} x {saved_world})")
+        self._check_update_size(path, int(ckpt.config.get("train", {}).get("update_freq", 1)),
+                                int(st.get("world_size", 1)))
         rank_rng = st.get("rank_rng")
         if rank_rng is not None and len(rank_rng) == self.dist.world_size:
             states = list(rank_rng[self.dist.rank])
@@ -310,6 +307,23 @@ class Trainer:
             torch.set_rng_state(states[0])
         if len(states) > 1 and self.device.type == "cuda":
             torch.cuda.set_rng_state(states[1], self.device)
+
+    def _check_update_size(self, path: Path, saved_freq: int, saved_world: int) -> None:
+        """An update takes update_freq x processes batches. --update-freq may change on --resume only to keep
+        that size (with another number of processes); a run resumed on other processes without it is told
+        the value that would."""
+        freq, world = self.train_cfg.update_freq, self.dist.world_size
+        size, saved_size = freq * world, saved_freq * saved_world
+        keep = f"--update-freq {saved_size // world}" if saved_size % world == 0 else None
+        if freq != saved_freq and size != saved_size:
+            raise QkvError(f"--update-freq {freq} with {world} process(es) makes an update of {size} batches where "
+                           f"{path} took {saved_size} ({saved_freq} x {saved_world} process(es)): on --resume "
+                           "--update-freq may change only to keep the update's size"
+                           + (f" (give {keep})" if keep else " (no whole --update-freq does with this many processes)"))
+        if saved_world != world:
+            self.log(f"note: {path} was written by a run of {saved_world} process(es), this one has {world}: an "
+                     f"update now takes {freq} x {world} batches (was {saved_freq} x {saved_world})"
+                     + ("" if size == saved_size else f"; {keep} keeps its size" if keep else ""))
 
     def record(self, entry: dict) -> None:
         if not self.dist.is_main:
