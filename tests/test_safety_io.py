@@ -13,6 +13,8 @@ import io
 import json
 import os
 import random
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -212,6 +214,50 @@ def test_average_refuses_to_overwrite_what_it_averages(run, capsys, tmp_path):
     assert rc == 0, err
     rc, _, err = cli(capsys, "average", rundir, "--last", "1", "--out", rundir / "avg1")  # a new name in the run
     assert rc == 0, err
+
+
+def test_average_never_writes_into_another_run(run, capsys, tmp_path):
+    """A training checkpoint (it has trainer state: a run resumes from it) and the directory of another
+    run, locked or not, are refused as --out, by name, with nothing written; the run still resumes."""
+    import shutil
+
+    from qkv.checkpoint import read_checkpoint
+
+    mine = shutil.copytree(run.mt.parent, tmp_path / "mine")
+    other = shutil.copytree(run.clf.parent, tmp_path / "other")
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    copied = shutil.copytree(other / "last", tmp_path / "copy-of-last")  # trainer state outside any run
+    for out, needle in ((other / "last", "training checkpoint"), (other / "best", "training checkpoint"),
+                        (copied, "training checkpoint"), (other / "avg", f"inside the run directory {other}"),
+                        (other / "averages" / "avg", f"inside the run directory {other}"),
+                        (other, f"is the run directory {other}")):
+        rc, _, err = cli(capsys, "average", mine / "best", mine / "last", "--out", out)
+        assert_user_error(rc, err, "average", f"--out {out}", needle)
+        assert len(err.strip().splitlines()) == 1
+    (other / ".lock").unlink()  # a run that is not running: its metrics and checkpoints still say what it is
+    rc, _, err = cli(capsys, "average", mine / "best", mine / "last", "--out", other / "avg")
+    assert_user_error(rc, err, "average", f"inside the run directory {other}")
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == {
+        p: b for p, b in before.items() if p.name != ".lock"}
+    assert read_checkpoint(other / "last", need_trainer_state=True).trainer_state is not None
+    # a run that is starting (its lock held, nothing written yet)
+    hold = "import sys, time\nfrom qkv.training.rundir import RunLock\nRunLock(sys.argv[1]).__enter__()\n" \
+           "print('held', flush=True)\ntime.sleep(120)\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / "starting")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rc, _, err = cli(capsys, "average", mine / "best", mine / "last", "--out", tmp_path / "starting" / "avg")
+        assert_user_error(rc, err, "average", f"inside the run directory {tmp_path / 'starting'}")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in (tmp_path / "starting").iterdir()) == [".lock"]
+    # what the docs promise: a new directory, a new name in the averaged run's own directory, an average
+    # again; a directory with a .lock file that no process holds (other tools make them too) is no run
+    for out in (tmp_path / "avg", mine / "avg1", mine / "avg1", tmp_path / "starting" / "avg"):
+        rc, _, err = cli(capsys, "average", mine / "best", mine / "last", "--out", out)
+        assert rc == 0, err
 
 
 # --- early output checks -------------------------------------------------------------------------------
