@@ -400,17 +400,33 @@ def test_cli_refuses_crashing_values_by_name(run, capsys):
 
 
 def test_huge_output_budget_is_capped(run, capsys):
+    """The decoder caps every budget at 1024 tokens; a --max-len-a or --max-len-b above 1024 could only
+    ever mean that cap, so it is refused by name rather than accepted silently."""
     import torch
 
     from qkv.decoding import MAX_OUTPUT_LEN, max_output_len
 
+    assert MAX_OUTPUT_LEN == 1024
     assert max_output_len(torch.tensor([3, 10]), 1e300, 50).tolist() == [MAX_OUTPUT_LEN] * 2
     assert max_output_len(torch.tensor([3, 10]), 1.0, 10**30).tolist() == [MAX_OUTPUT_LEN] * 2
     assert max_output_len(torch.tensor([3, 10]), 1.0, 50, limit=torch.tensor([20, 5])).tolist() == [20, 5]
-    for flags in (["--max-len-a", "1e300"], ["--max-len-b", str(10**30)]):
-        rc, out, err = cli(capsys, "translate", run.mt, "red cat", "--beam-size", "2", *flags)
-        assert rc == 0, err
-        assert out.count("\n") == 1
+    for flag, value, field in (("--max-len-a", "1e300", "max_len_a"), ("--max-len-a", "1025", "max_len_a"),
+                               ("--max-len-b", str(10**30), "max_len_b"), ("--max-len-b", "1025", "max_len_b")):
+        rc, out, err = cli(capsys, "translate", run.mt, "red cat", "--beam-size", "2", flag, value)
+        assert_user_error(rc, err, "translate", f"'{field}'", "1024")
+        assert out == ""
+    rc, out, err = cli(capsys, "translate", run.mt, "red cat", "--max-len-a", "1024", "--max-len-b", "1024")
+    assert rc == 0, err
+    assert out.count("\n") == 1
+
+
+def test_valid_fraction_must_be_a_fraction(capsys, tmp_path):
+    """Refused by name before anything is read (the training text named here does not exist)."""
+    for value in ("nan", "inf", "-0.1", "1"):
+        rc, _, err = cli(capsys, "train", "--task", "lm", "--train", tmp_path / "missing.txt", "--valid-fraction",
+                         value, "--out", tmp_path / "never")
+        assert_user_error(rc, err, "train", "--valid-fraction", value)
+    assert not (tmp_path / "never").exists()
 
 
 def test_learned_positions_shorter_than_max_len_refused(run, capsys):

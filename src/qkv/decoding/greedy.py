@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from qkv.config import BOS, EOS, PAD
+from qkv.config import BOS, EOS, MAX_OUTPUT_LEN, PAD
 
 
 class DecoderState(Protocol):
@@ -49,9 +49,6 @@ class IncrementalDecoder(Protocol):
     def step(self, tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
         """Feed ``tokens`` (B,) and return ``(logits (B, V), new state)``."""
         ...
-
-
-MAX_OUTPUT_LEN = 1024  # tokens: the absolute cap on a decoding budget, whatever a and b say
 
 
 def max_output_len(src_lengths: Tensor, a: float, b: int, limit: Tensor | int | None = None) -> Tensor:
