@@ -179,6 +179,37 @@ def test_translate_interrupted_keeps_the_previous_output(run, capsys, tmp_path, 
     assert leftovers(tmp_path) == []
 
 
+def test_translate_stopped_by_sigterm_leaves_no_temporary_file(run, tmp_path, signal_when):
+    """SIGTERM (kill, timeout, a scheduler) while a long --input is being translated: the temporary
+    file holding the lines done so far is removed, the previous output stays, exit status 130."""
+    inp = write_lines(tmp_path / "in.txt", run.src * 200)
+    dst = write_lines(tmp_path / "out.txt", ["previous translations"])
+
+    def translating() -> bool:  # some lines are written to the temporary file
+        return any(p.suffix == ".tmp" and p.stat().st_size > 0 for p in tmp_path.iterdir())
+
+    rc, err = signal_when(["translate", run.mt, "--input", inp, "--output", dst, "--beam-size", "1"],
+                          translating)
+    assert rc == 130, err
+    assert "qkv translate: interrupted" in err and "Traceback" not in err
+    assert dst.read_text() == "previous translations\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_stale_temporary_output_is_removed_by_the_next_write(run, capsys, tmp_path, pids):
+    """The temporary file of a writer killed outright (kill -9) goes at the next write of the same
+    output; that of a process still running, or of another output, stays."""
+    dead, live = pids
+    stale, alive, other = (tmp_path / f".out.txt.{dead}.abc123.tmp", tmp_path / f".out.txt.{live}.abc123.tmp",
+                           tmp_path / f".other.txt.{dead}.abc123.tmp")
+    for p in (stale, alive, other):
+        p.write_text("lines done so far\n")
+    rc, _, err = cli(capsys, "translate", run.mt, "red cat", "--output", tmp_path / "out.txt")
+    assert rc == 0, err
+    assert not stale.exists() and alive.exists() and other.exists()
+    assert (tmp_path / "out.txt").read_text().count("\n") == 1
+
+
 def test_translate_and_embed_write_complete_files(run, capsys, tmp_path):
     inp = write_lines(tmp_path / "in.txt", run.src[:3])
     dst = tmp_path / "out.txt"
