@@ -14,3 +14,52 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def signal_when():
+    """``signal_when(argv, ready, sig=SIGTERM)``: run ``python -m qkv ARGV`` as a real process, send it
+    ``sig`` as soon as ``ready()`` is true, and return its exit status and stderr. Fails if the process
+    ends before ``ready()`` (it was too quick to be stopped midway)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def run(argv, ready, sig=signal.SIGTERM, timeout=240):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "qkv", *map(str, argv)], env=env, text=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        try:
+            while not ready():
+                if proc.poll() is not None:
+                    pytest.fail(f"the process ended (status {proc.returncode}) before it could be stopped midway: "
+                                f"{proc.stderr.read()}")
+                if time.monotonic() > deadline:
+                    pytest.fail("the process never reached the point to stop it at")
+                time.sleep(0.05)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return proc.returncode, err
+
+    return run
+
+
+@pytest.fixture
+def pids():
+    """``(dead, live)``: the pid of a process that has ended, and of one that runs until the test ends."""
+    import subprocess
+    import sys
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield ended.pid, running.pid
+    running.kill()
+    running.wait()

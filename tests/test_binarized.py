@@ -315,6 +315,37 @@ def test_invalid_utf8_found_while_encoding(tmp_path):
         preprocess(a, b, first, vocab_size=300, log=lambda m: None)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stopped_preprocess_leaves_no_temporary_directory(data, tmp_path, signal_when, workers):
+    """SIGTERM (kill, timeout) in the middle of the encoding pass: the temporary directory beside the
+    output, already holding token arrays, is removed; exit status 130, as for Ctrl-C."""
+    src, tgt = corpus(200_000, seed=2)
+    a, b = write(tmp_path / "big.en", src), write(tmp_path / "big.de", tgt)
+    out = tmp_path / "out"
+
+    def encoding() -> bool:  # the temporary directory exists and token arrays are being written into it
+        return any(p.name.startswith(".out.tmp-") and any(p.iterdir()) for p in tmp_path.iterdir())
+
+    rc, err = signal_when(["preprocess", "--src-train", a, "--tgt-train", b, "--tokenizer-from", data,
+                           "--workers", workers, "--out", out], encoding)
+    assert rc == 130, err
+    assert "qkv preprocess: interrupted" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.de", "big.en"]
+
+
+def test_a_stale_temporary_directory_is_removed_by_the_next_run(data, files, tmp_path, pids, capsys):
+    """What a preprocess killed outright (kill -9) left beside its output goes at the next run on that
+    output; the temporary directory of a process still running stays."""
+    dead, live = pids
+    for pid in (dead, live):
+        (tmp_path / f".out.tmp-{pid}").mkdir()
+        (tmp_path / f".out.tmp-{pid}" / "train.src.tokens.npy").write_bytes(b"x" * 1000)
+    assert main(["preprocess", "--src-train", files["src_train"], "--tgt-train", files["tgt_train"],
+                 "--tokenizer-from", data, "--out", str(tmp_path / "out")]) == 0
+    assert f"removed {tmp_path / f'.out.tmp-{dead}'}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".out.tmp-{live}", "out"]
+
+
 def test_translate_streams_a_file(data, files, tmp_path):
     run = tmp_path / "run"
     assert main(["train", "--data", data, *TRAIN, "--max-steps", "2", "--out", str(run)]) == 0

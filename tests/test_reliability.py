@@ -277,6 +277,30 @@ def test_sigterm_anywhere_resumes_to_the_uninterrupted_weights(where, reference,
     assert_same_run(reference, out)
 
 
+STOP_IN_HELD_OUT_TEST = (
+    "import os, signal, sys\n"
+    "import qkv.data.toy as toy\n"
+    "real = toy.held_out_report\n"
+    "def report(model, out):  # SIGTERM reaches the process as the held-out test begins\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    return real(model, out)\n"
+    "toy.held_out_report = report\n"
+    "from qkv.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_sigterm_after_training_exits_130_as_documented(tmp_path):
+    """SIGTERM at any stage of a command is an interruption (exit status 130), also once training is
+    over and the embedded task's held-out test runs, where no training handler is installed any more."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", STOP_IN_HELD_OUT_TEST, "train", "--max-steps", "1", "--eval-every",
+                           "1", "--eval-bleu-samples", "0", "--threads", "1", "--out", str(out)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 130, proc.stderr
+    assert "qkv train: interrupted" in proc.stderr and "Traceback" not in proc.stderr
+    assert read_checkpoint(out / "last", need_trainer_state=True).trainer_state["step"] == 1
+
+
 # --- 4. crashes at each checkpoint-writing stage ---------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,8 @@ import io
 import json
 import os
 import random
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -177,6 +179,37 @@ def test_translate_interrupted_keeps_the_previous_output(run, capsys, tmp_path, 
     assert leftovers(tmp_path) == []
 
 
+def test_translate_stopped_by_sigterm_leaves_no_temporary_file(run, tmp_path, signal_when):
+    """SIGTERM (kill, timeout, a scheduler) while a long --input is being translated: the temporary
+    file holding the lines done so far is removed, the previous output stays, exit status 130."""
+    inp = write_lines(tmp_path / "in.txt", run.src * 200)
+    dst = write_lines(tmp_path / "out.txt", ["previous translations"])
+
+    def translating() -> bool:  # some lines are written to the temporary file
+        return any(p.suffix == ".tmp" and p.stat().st_size > 0 for p in tmp_path.iterdir())
+
+    rc, err = signal_when(["translate", run.mt, "--input", inp, "--output", dst, "--beam-size", "1"],
+                          translating)
+    assert rc == 130, err
+    assert "qkv translate: interrupted" in err and "Traceback" not in err
+    assert dst.read_text() == "previous translations\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_stale_temporary_output_is_removed_by_the_next_write(run, capsys, tmp_path, pids):
+    """The temporary file of a writer killed outright (kill -9) goes at the next write of the same
+    output; that of a process still running, or of another output, stays."""
+    dead, live = pids
+    stale, alive, other = (tmp_path / f".out.txt.{dead}.abc123.tmp", tmp_path / f".out.txt.{live}.abc123.tmp",
+                           tmp_path / f".other.txt.{dead}.abc123.tmp")
+    for p in (stale, alive, other):
+        p.write_text("lines done so far\n")
+    rc, _, err = cli(capsys, "translate", run.mt, "red cat", "--output", tmp_path / "out.txt")
+    assert rc == 0, err
+    assert not stale.exists() and alive.exists() and other.exists()
+    assert (tmp_path / "out.txt").read_text().count("\n") == 1
+
+
 def test_translate_and_embed_write_complete_files(run, capsys, tmp_path):
     inp = write_lines(tmp_path / "in.txt", run.src[:3])
     dst = tmp_path / "out.txt"
@@ -212,6 +245,50 @@ def test_average_refuses_to_overwrite_what_it_averages(run, capsys, tmp_path):
     assert rc == 0, err
     rc, _, err = cli(capsys, "average", rundir, "--last", "1", "--out", rundir / "avg1")  # a new name in the run
     assert rc == 0, err
+
+
+def test_average_never_writes_into_another_run(run, capsys, tmp_path):
+    """A training checkpoint (it has trainer state: a run resumes from it) and the directory of another
+    run, locked or not, are refused as --out, by name, with nothing written; the run still resumes."""
+    import shutil
+
+    from qkv.checkpoint import read_checkpoint
+
+    mine = shutil.copytree(run.mt.parent, tmp_path / "mine")
+    other = shutil.copytree(run.clf.parent, tmp_path / "other")
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    copied = shutil.copytree(other / "last", tmp_path / "copy-of-last")  # trainer state outside any run
+    for out, needle in ((other / "last", "training checkpoint"), (other / "best", "training checkpoint"),
+                        (copied, "training checkpoint"), (other / "avg", f"inside the run directory {other}"),
+                        (other / "averages" / "avg", f"inside the run directory {other}"),
+                        (other, f"is the run directory {other}")):
+        rc, _, err = cli(capsys, "average", mine / "best", mine / "last", "--out", out)
+        assert_user_error(rc, err, "average", f"--out {out}", needle)
+        assert len(err.strip().splitlines()) == 1
+    (other / ".lock").unlink()  # a run that is not running: its metrics and checkpoints still say what it is
+    rc, _, err = cli(capsys, "average", mine / "best", mine / "last", "--out", other / "avg")
+    assert_user_error(rc, err, "average", f"inside the run directory {other}")
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == {
+        p: b for p, b in before.items() if p.name != ".lock"}
+    assert read_checkpoint(other / "last", need_trainer_state=True).trainer_state is not None
+    # a run that is starting (its lock held, nothing written yet)
+    hold = "import sys, time\nfrom qkv.training.rundir import RunLock\nRunLock(sys.argv[1]).__enter__()\n" \
+           "print('held', flush=True)\ntime.sleep(120)\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / "starting")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rc, _, err = cli(capsys, "average", mine / "best", mine / "last", "--out", tmp_path / "starting" / "avg")
+        assert_user_error(rc, err, "average", f"inside the run directory {tmp_path / 'starting'}")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in (tmp_path / "starting").iterdir()) == [".lock"]
+    # what the docs promise: a new directory, a new name in the averaged run's own directory, an average
+    # again; a directory with a .lock file that no process holds (other tools make them too) is no run
+    for out in (tmp_path / "avg", mine / "avg1", mine / "avg1", tmp_path / "starting" / "avg"):
+        rc, _, err = cli(capsys, "average", mine / "best", mine / "last", "--out", out)
+        assert rc == 0, err
 
 
 # --- early output checks -------------------------------------------------------------------------------
@@ -354,17 +431,33 @@ def test_cli_refuses_crashing_values_by_name(run, capsys):
 
 
 def test_huge_output_budget_is_capped(run, capsys):
+    """The decoder caps every budget at 1024 tokens; a --max-len-a or --max-len-b above 1024 could only
+    ever mean that cap, so it is refused by name rather than accepted silently."""
     import torch
 
     from qkv.decoding import MAX_OUTPUT_LEN, max_output_len
 
+    assert MAX_OUTPUT_LEN == 1024
     assert max_output_len(torch.tensor([3, 10]), 1e300, 50).tolist() == [MAX_OUTPUT_LEN] * 2
     assert max_output_len(torch.tensor([3, 10]), 1.0, 10**30).tolist() == [MAX_OUTPUT_LEN] * 2
     assert max_output_len(torch.tensor([3, 10]), 1.0, 50, limit=torch.tensor([20, 5])).tolist() == [20, 5]
-    for flags in (["--max-len-a", "1e300"], ["--max-len-b", str(10**30)]):
-        rc, out, err = cli(capsys, "translate", run.mt, "red cat", "--beam-size", "2", *flags)
-        assert rc == 0, err
-        assert out.count("\n") == 1
+    for flag, value, field in (("--max-len-a", "1e300", "max_len_a"), ("--max-len-a", "1025", "max_len_a"),
+                               ("--max-len-b", str(10**30), "max_len_b"), ("--max-len-b", "1025", "max_len_b")):
+        rc, out, err = cli(capsys, "translate", run.mt, "red cat", "--beam-size", "2", flag, value)
+        assert_user_error(rc, err, "translate", f"'{field}'", "1024")
+        assert out == ""
+    rc, out, err = cli(capsys, "translate", run.mt, "red cat", "--max-len-a", "1024", "--max-len-b", "1024")
+    assert rc == 0, err
+    assert out.count("\n") == 1
+
+
+def test_valid_fraction_must_be_a_fraction(capsys, tmp_path):
+    """Refused by name before anything is read (the training text named here does not exist)."""
+    for value in ("nan", "inf", "-0.1", "1"):
+        rc, _, err = cli(capsys, "train", "--task", "lm", "--train", tmp_path / "missing.txt", "--valid-fraction",
+                         value, "--out", tmp_path / "never")
+        assert_user_error(rc, err, "train", "--valid-fraction", value)
+    assert not (tmp_path / "never").exists()
 
 
 def test_learned_positions_shorter_than_max_len_refused(run, capsys):

@@ -35,7 +35,8 @@ from qkv.config import SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
 from qkv.data.corpus import count_lines, input_chunks, read_inputs
-from qkv.files import check_not_input, check_output_dir, check_output_file, os_error_message, output_stream, write_lines
+from qkv.files import (check_not_input, check_output_dir, check_output_file, os_error_message, output_stream,
+                       sigterm_interrupts, write_lines)
 
 # --- configs: preset < --config < flags -------------------------------------------------------------
 
@@ -472,13 +473,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from qkv.serve import Limits, serve
-    from qkv.serve.server import sigterm_interrupts
 
     check_option_bounds(threads=args.threads)
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
-    with sigterm_interrupts():  # kill stops it as Ctrl-C does: exit status 130, no traceback
-        serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log,
-              allowed_hosts=args.allowed_hosts)
+    serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log,
+          allowed_hosts=args.allowed_hosts)
     return 0
 
 
@@ -555,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     except QkvError as e:  # a value checked as it is read (--preset): one line, not the command's usage
         return report(argv[0], e, e.exit_code)
     try:
-        return args.func(args)
+        with sigterm_interrupts():  # kill, timeout: as Ctrl-C, at any stage (temporary files removed, status 130)
+            return args.func(args)
     except QkvError as e:
         return report(args.command, e, e.exit_code)
     except KeyboardInterrupt:

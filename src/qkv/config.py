@@ -39,6 +39,7 @@ DEFAULT_LR = 1e-3  # the rate of the constant and inverse_sqrt schedules when Tr
 # of OpenMP threads fail to start (about 31,000 segfaulted a 2-core machine, at its memory-map limit).
 MAX_POSITIONS = 65536
 MAX_THREADS = 1024
+MAX_OUTPUT_LEN = 1024  # tokens: the absolute cap on a decoding budget, whatever max_len_a and max_len_b say
 MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; the trainer adds 1_000_003 * rank + step to the seed
 
 
@@ -50,6 +51,14 @@ def setting(default: Any, help: str, hidden: bool = False) -> Any:
 def _check(cond: bool, field: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"invalid config field '{field}': {msg}")
+
+
+def _check_finite(cfg: Any) -> None:
+    """Every float field of a config is a finite number: inf and nan pass every comparison of the
+    checks that follow, or fail them obscurely, and no setting of qkv means anything by them."""
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
 
 
 @dataclass(frozen=True)
@@ -112,9 +121,7 @@ class ModelConfig:
         return self.arch in RNN_ARCHS
 
     def validate(self) -> "ModelConfig":
-        for f in fields(self):  # inf and nan pass every comparison below, or fail it obscurely
-            v = getattr(self, f.name)
-            _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
+        _check_finite(self)
         _check(self.max_positions <= MAX_POSITIONS, "max_positions",
                f"must be at most {MAX_POSITIONS}, got {self.max_positions}")
         _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}; choose one of {', '.join(ARCHS)}")
@@ -253,9 +260,7 @@ class TrainConfig:
         ' (tokens x vocabulary) logits (same values; faster; Transformers and recurrent seq2seq)')
 
     def validate(self) -> "TrainConfig":
-        for f in fields(self):  # inf and nan pass every comparison below, or fail it obscurely
-            v = getattr(self, f.name)
-            _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
+        _check_finite(self)
         _check(0 <= self.seed <= MAX_SEED, "seed", f"must be in [0, 2**63 - 1], got {self.seed}")
         _check(self.threads <= MAX_THREADS, "threads", f"must be at most {MAX_THREADS} (0: torch's default), "
                f"got {self.threads}")
@@ -311,23 +316,25 @@ class DecodeConfig:
         'outputs) instead of when no live one can beat them')
     max_len_a: float = setting(
         1.0,
-        'max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)')
+        'max output length = a·source length + b, at most 1024 tokens (a and b: at most 1024 each) and what '
+        'learned positions allow')
     max_len_b: int = setting(
         50,
-        'max output length = a·source length + b (at most 1024 tokens, and what learned positions allow)')
+        'max output length = a·source length + b, at most 1024 tokens (a and b: at most 1024 each) and what '
+        'learned positions allow')
     min_len: int = setting(0, 'no EOS before this many output tokens')
     nbest: int = setting(1, 'hypotheses to output per sentence')
     batch_size: int = setting(64, 'sentences per decoding batch')
 
     def validate(self) -> "DecodeConfig":
-        for f in fields(self):  # inf and nan pass every comparison below, or fail it obscurely
-            v = getattr(self, f.name)
-            _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
+        _check_finite(self)
         _check(self.beam_size >= 1, "beam_size", "must be >= 1")
         _check(self.length_penalty >= 0, "length_penalty", "must be >= 0")
         _check(self.length_norm in ("gnmt", "length"), "length_norm", f"must be gnmt or length, got {self.length_norm!r}")
-        _check(self.max_len_a >= 0, "max_len_a", "must be >= 0")
-        _check(self.max_len_b >= 0, "max_len_b", "must be >= 0")
+        for name in ("max_len_a", "max_len_b"):  # beyond the cap, a value would only ever mean the cap
+            v = getattr(self, name)
+            _check(0 <= v <= MAX_OUTPUT_LEN, name, f"must be in [0, {MAX_OUTPUT_LEN}] (no output is longer than "
+                   f"{MAX_OUTPUT_LEN} tokens), got {v:g}")
         _check(self.min_len >= 0, "min_len", "must be >= 0")
         _check(1 <= self.nbest <= self.beam_size, "nbest", f"must be in [1, beam_size={self.beam_size}]")
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")

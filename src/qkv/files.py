@@ -6,6 +6,9 @@ leaves a truncated file, and ``--output`` may name a file that is still being re
 FIFOs and descriptor links (``/dev/null``, ``/dev/stdout``, ``/dev/full``, ``/proc/self/fd/1``)
 are written in place: they cannot be renamed over. Every ``OSError`` of the writing becomes a
 :class:`~qkv.errors.QkvError` naming the file (``ENOSPC``: "no space left on device (disk full)").
+The temporary file's name holds the writer's pid (``.NAME.PID.XXXXXXXX.tmp``): one left behind by
+a process that was killed outright (``kill -9``, a power cut) is removed by the next write of the
+same output (:func:`remove_stale_temps`); one of a live process never is.
 
 :func:`check_output_file` and :func:`check_output_dir` say, before a model is loaded or data
 are read, whether a path can be written at all: not a directory where a file goes, a parent
@@ -18,8 +21,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
+import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -100,8 +107,9 @@ def atomic_output(path: str | os.PathLike, binary: bool = False) -> Iterator[_Ou
             yield _Output(fh, path)
         return
     target = Path(os.path.realpath(path))
+    remove_stale_temps(target.parent, re.escape(f".{target.name}.") + r"(?P<pid>\d+)\.\w+\.tmp")
     with _naming(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
     try:
         fh = open(fd, mode, encoding=encoding)
         with _closing(fh, path, sync=True):
@@ -113,6 +121,42 @@ def atomic_output(path: str | os.PathLike, binary: bool = False) -> Iterator[_Ou
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (it may belong to another user). Where this cannot be asked
+    (Windows), every process counts as alive."""
+    if os.name == "nt":  # os.kill(pid, 0) sends CTRL_C_EVENT there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def remove_stale_temps(directory: str | os.PathLike, pattern: str) -> list[Path]:
+    """Remove the entries of ``directory`` whose names match ``pattern`` (a regular expression with
+    a ``pid`` group: the process that was writing them) and whose process is gone: what a writer
+    killed outright left behind. Returns what was removed; what cannot be removed stays, quietly."""
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return []
+    removed = []
+    for p in entries:
+        m = re.fullmatch(pattern, p.name)
+        if m is None or pid_alive(int(m["pid"])):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager
@@ -216,6 +260,27 @@ def output_stream(path: str | None):
         yield fh
 
 
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block SIGTERM (``kill``, ``timeout``, a scheduler or service manager) is a
+    KeyboardInterrupt, as Ctrl-C is, not the signal's default death: temporary files are removed on
+    the way out and the ``qkv`` command exits with status 130. Training and ``qkv serve`` install their
+    own handlers while they run (training first commits ``last/``; uvicorn lets the requests under way
+    finish and raises the signal again when it has stopped)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def write_lines(path: str, lines: list[str]) -> None:
     """One line per item, all or nothing."""
     with atomic_output(path) as fh:
@@ -223,4 +288,4 @@ def write_lines(path: str, lines: list[str]) -> None:
 
 
 __all__ = ["output_stream", "write_lines", "atomic_output", "check_output_file", "check_output_dir", "check_not_input", "is_special",
-           "os_error_message", "os_error_reason"]
+           "os_error_message", "os_error_reason", "pid_alive", "remove_stale_temps", "sigterm_interrupts"]

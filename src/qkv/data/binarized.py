@@ -32,18 +32,24 @@ Filters, each counted in the manifest (a pair is counted under the first it fail
 ``empty`` (a blank side), ``identical`` (source equal to target), ``too_long`` (a side over
 ``max_len`` tokens), ``ratio`` (one side more than ``max_ratio`` times as long as the other, in
 tokens). Bad input is a :class:`~qkv.errors.CorpusError` naming the file and line: a missing file,
-invalid UTF-8, files of different line counts. Output goes to a temporary directory renamed to
-``DIR`` at the end: a failed or interrupted run leaves no half-written corpus.
+invalid UTF-8, files of different line counts. Output goes to a temporary directory beside it,
+``.DIR.tmp-PID``, renamed to ``DIR`` at the end: a failed or interrupted run (Ctrl-C, SIGTERM)
+leaves no half-written corpus, and the temporary directory of a run killed outright (``kill -9``)
+is removed by the next run on that ``DIR`` (never one of a process that is still running).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,6 +61,7 @@ from qkv.data.buckets import LengthIndex, index_dtype
 from qkv.data.corpus import decode_line, stream_lines
 from qkv.data.tokenizer import Tokenizer, TokenizerPair
 from qkv.errors import CorpusError, QkvError
+from qkv.files import remove_stale_temps
 
 MANIFEST = "manifest.json"
 FORMAT = "qkv-binarized"
@@ -246,6 +253,33 @@ def _init_worker(src_model: bytes, tgt_model: bytes) -> None:
     _worker_tokenizers = TokenizerPair(src, src if tgt_model == src_model else Tokenizer(tgt_model))
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM that come during the block take effect when it ends: the interrupt they
+    raise would otherwise strike inside ``os.fork``'s hooks, where it is printed and ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in caught[:1]:
+            signal.raise_signal(signum)
+
+
+def _init_pool_worker(src_model: bytes, tgt_model: bytes) -> None:
+    """A worker process of the pool: the tokenizers, and signals left to the main process, which
+    stops the pool (Ctrl-C reaches the whole process group; SIGTERM ends a worker quietly)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _init_worker(src_model, tgt_model)
+
+
 def encode_chunk(job: tuple) -> ChunkResult:
     """Decode, filter and encode one chunk of line pairs (in a worker process)."""
     start, src_lines, tgt_lines, paths, filters, train = job
@@ -409,7 +443,10 @@ def _write_split(tmp: Path, name: str, src: Path, tgt: Path, tokenizers: Tokeniz
                 bar.update(sum(map(len, job[1])) + sum(map(len, job[2])) + 2 * len(job[1]))
         else:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            with ctx.Pool(workers, _init_worker, (tokenizers.src.model_bytes, tokenizers.tgt.model_bytes)) as pool:
+            with contextlib.ExitStack() as stack:
+                with _signals_deferred():  # while the workers are forked
+                    pool = stack.enter_context(ctx.Pool(workers, _init_pool_worker, (tokenizers.src.model_bytes,
+                                                                                     tokenizers.tgt.model_bytes)))
                 pending: deque = deque()  # at most 2 chunks per worker in flight: memory stays bounded
                 for job in jobs:
                     pending.append((job, pool.apply_async(encode_chunk, (job,))))
@@ -499,6 +536,8 @@ def preprocess(
         for p in (a, b):
             if not p.is_file():
                 raise CorpusError(f"{p}: no such file" if not p.exists() else f"{p}: is not a file")
+    for stale in remove_stale_temps(out.parent, re.escape(f".{out.name}.tmp-") + r"(?P<pid>\d+)"):
+        log(f"removed {stale}, left by an interrupted run")
     if tokenizer_from:
         tokenizers = tokenizer_of(tokenizer_from)
         log(f"tokenizer: {tokenizer_from} ({tokenizers!r})")

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from qkv.config import BOS, EOS, PAD, UNK
+from qkv.config import BOS, EOS, MAX_OUTPUT_LEN, PAD, UNK
 
 
 class DecoderState(Protocol):
@@ -69,9 +69,6 @@ def ban(logits: Tensor, banned: Sequence[int]) -> Tensor:
     """Set the columns ``banned`` of ``logits`` (N, V) to -inf, in place; returns ``logits``."""
     logits[:, list(banned)] = -math.inf
     return logits
-
-
-MAX_OUTPUT_LEN = 1024  # tokens: the absolute cap on a decoding budget, whatever a and b say
 
 
 def max_output_len(src_lengths: Tensor, a: float, b: int, limit: Tensor | int | None = None) -> Tensor:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import socket
 import threading
 import time
@@ -84,25 +82,6 @@ def config(app, log_level: str = "warning"):
     # that is already sent, and a connection closed as idle then loses it
     return uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
                           timeout_keep_alive=limits.keep_alive_timeout, http=header_deadline(limits.header_timeout))
-
-
-@contextlib.contextmanager
-def sigterm_interrupts():
-    """Within the block SIGTERM (``kill``, a service manager's stop) is a KeyboardInterrupt, as Ctrl-C is,
-    not the signal's default death. Around :func:`serve`: uvicorn handles both signals while it runs (the
-    requests under way finish) and raises them again when it has stopped."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,

@@ -6,7 +6,8 @@ which were written at 10-minute intervals. For the big models, we averaged the l
     θ̄ = (1/K) Σ_k θ_k
 
 over checkpoints of one run (same architecture and tokenizer). The result is an ordinary
-checkpoint directory (without trainer state: it is for decoding, not for resuming).
+checkpoint directory (without trainer state: it is for decoding, not for resuming). It never
+replaces a checkpoint a run resumes from, nor writes into another run's directory (:func:`check_out`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import torch
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import CheckpointError
 from qkv.models import build_model
-from qkv.checkpoint import (Checkpoint, list_checkpoints, load_into, read_checkpoint, read_config,
-                                     save_checkpoint)
+from qkv.checkpoint import (TRAINER_STATE, Checkpoint, list_checkpoints, load_into, read_checkpoint,
+                            read_config, save_checkpoint)
+from qkv.training.rundir import is_run_directory
 
 
 def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]], names: list[str]) -> dict[str, torch.Tensor]:
@@ -70,8 +72,9 @@ def _run_checkpoint(path: Path) -> bool:
 def check_out(inputs: list[str | Path], used: list[Path], out: str | Path, last: int | None) -> None:
     """Refuse an ``out`` that would overwrite what is being averaged: an input, a path inside one
     of the checkpoints, or a checkpoint of the run being averaged (``RUN/last``, ``RUN/best``,
-    ``RUN/step_N``), which training and resuming rely on. A new name inside the run directory
-    (``RUN/avg10``) is fine."""
+    ``RUN/step_N``), which training and resuming rely on; and an ``out`` that holds a training
+    checkpoint (trainer state) or lies in the directory of another run, running or not. A new name
+    inside the directory of the run being averaged (``RUN/avg10``), or a previous average, is fine."""
     target = Path(out).resolve()
     runs = {Path(p).resolve() for p in inputs} if last is not None else set()
     runs |= {p.resolve().parent for p in used if _run_checkpoint(p.resolve())}
@@ -84,6 +87,14 @@ def check_out(inputs: list[str | Path], used: list[Path], out: str | Path, last:
             where = "is" if target == r else "is inside"
             raise CheckpointError(f"--out {out} {where} {p}, which is being averaged: "
                                   "write the average to a new directory")
+    if (target / TRAINER_STATE).is_file():
+        raise CheckpointError(f"--out {out} is a training checkpoint (it holds {TRAINER_STATE}, a run resumes "
+                              "from it): write the average to a new directory")
+    for d in (target, *target.parents):
+        if d not in runs and is_run_directory(d):
+            where = "is" if d == target else "is inside"
+            raise CheckpointError(f"--out {out} {where} the run directory {d}, which is not being averaged: "
+                                  "write the average to a new directory (or inside the averaged run's own)")
 
 
 def average_checkpoints(inputs: list[str | Path], out: str | Path, last: int | None = None) -> list[Path]:

@@ -33,6 +33,9 @@ def check_paths(paths: DataPaths) -> None:
         raise QkvError("give both --src-valid and --tgt-valid (or neither)")
     if paths.valid and not paths.train:
         raise QkvError("--valid needs --train")
+    fraction = paths.valid_fraction or 0.0
+    if not 0 <= fraction < 1:  # nan and inf fail this too
+        raise QkvError(f"--valid-fraction must be in [0, 1) (0: none held out), got {fraction}")
     if paths.data and (paths.src_train or paths.src_valid or paths.train or paths.valid):
         raise QkvError("--data DIR holds the training and validation data (from qkv preprocess): give it "
                        "without --src-train/--tgt-train/--src-valid/--tgt-valid/--train/--valid")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from qkv.errors import QkvError
-from qkv.checkpoint import MANIFEST, fsync_dir, is_complete
+from qkv.checkpoint import MANIFEST, TRAINER_STATE, fsync_dir, is_complete
 from qkv.data.binarized import is_corpus
 
 try:
@@ -119,6 +119,33 @@ def recover(run_dir: str | os.PathLike, log: Callable[[str], None]) -> None:
         if _TEMP.fullmatch(p.name) and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)  # leftovers of saves that never completed, or done swaps
     fsync_dir(run_dir)
+
+
+def is_locked(run_dir: str | os.PathLike) -> bool:
+    """Whether a process holds the :class:`RunLock` of ``run_dir`` now (a run that is starting or
+    training). A ``.lock`` file alone says nothing: other tools leave files of that name."""
+    if fcntl is None:
+        return False
+    try:
+        fh = open(Path(run_dir) / LOCK_FILE, encoding="utf-8")
+    except OSError:
+        return False
+    with fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while a run holds it
+        except OSError:
+            return True
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    return False
+
+
+def is_run_directory(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is the directory of a training run (``qkv train --out``), running or not: a
+    run holds its lock, or the directory has ``metrics.jsonl``, or a ``last/`` or ``best/`` with
+    trainer state."""
+    path = Path(path)
+    return ((path / "metrics.jsonl").is_file() or is_locked(path)
+            or any((path / name / TRAINER_STATE).is_file() for name in ("last", "best")))
 
 
 def holds_checkpoints(run_dir: str | os.PathLike) -> list[str]:
