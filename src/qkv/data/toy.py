@@ -140,11 +140,19 @@ def number_pairs(
 # number length. The held-out test and validation numbers of a class are drawn first; training uses
 # the rest of the class, repeated where the class has fewer numbers than training pairs (there are
 # only 99 one- and two-digit numbers), so no test or validation number is ever seen in training.
+# The 27 numbers written as one English word (one..nineteen, twenty, thirty, ..., ninety) are never
+# held out: they are the words every other number is made of, so the held-out one- and two-digit
+# numbers are compounds ("seventy-six").
 MAGNITUDES = (("1-2 digits", 1, 99), ("3 digits", 100, 999), ("4-5 digits", 1_000, 99_999),
               ("6 digits", 100_000, 999_999))
-DEFAULT_TRAIN = (2_000, 3_000, 7_000, 8_000)  # training pairs per class (20,000)
-DEFAULT_VALID = (5, 40, 75, 80)  # validation numbers per class (200)
-DEFAULT_TEST = (40, 200, 200, 200)  # held-out test numbers per class (640)
+DEFAULT_TRAIN = (1_500, 2_500, 7_000, 9_000)  # training pairs per class (20,000)
+DEFAULT_VALID = (4, 41, 75, 80)  # validation numbers per class (200)
+DEFAULT_TEST = (36, 200, 200, 200)  # held-out test numbers per class (636)
+
+
+def one_word(n: int) -> bool:
+    """Whether ``n`` is one English word: 1..19 and the tens, 20..90 ("seventy", not "seventy-six")."""
+    return " " not in english(n) and "-" not in english(n)
 
 
 def magnitude(n: int) -> str:
@@ -161,10 +169,10 @@ def magnitude_numbers(
 ) -> dict[str, list[int]]:
     """Numbers for ``train``/``valid``/``test``, so many of each class of :data:`MAGNITUDES`.
 
-    In each class the test numbers are drawn first, then the validation numbers, both distinct and
-    from no other split; the training numbers are the class's others, drawn without replacement
-    while there are enough, else every one of them, repeated in turn up to the count asked for.
-    Each split is shuffled; the same arguments always give the same splits.
+    In each class the test numbers are drawn first, then the validation numbers, both distinct, from
+    no other split and never a :func:`one_word` number; the training numbers are the class's others,
+    drawn without replacement while there are enough, else every one of them, repeated in turn up to
+    the count asked for. Each split is shuffled; the same arguments always give the same splits.
     """
     counts = {"train": train, "valid": valid, "test": test}
     for split, row in counts.items():
@@ -174,15 +182,17 @@ def magnitude_numbers(
     rng = random.Random(seed)
     splits: dict[str, list[int]] = {"train": [], "valid": [], "test": []}
     for k, (name, lo, hi) in enumerate(MAGNITUDES):
-        size = hi - lo + 1
+        words = [n for n in range(lo, min(hi, 99) + 1) if one_word(n)]  # in training, never held out
+        others = range(lo, hi + 1) if not words else [n for n in range(lo, hi + 1) if not one_word(n)]
         n_test, n_valid, n_train = test[k], valid[k], train[k]
-        if n_test + n_valid + (1 if n_train else 0) > size:
-            raise QkvError(f"toy task: {name} has {size} numbers: cannot hold out {n_test} + {n_valid} "
-                           "and train on any left")
-        drawn = rng.sample(range(lo, hi + 1), min(size, n_test + n_valid + n_train))
+        if n_test + n_valid > len(others) or (n_train and n_test + n_valid == len(words) + len(others)):
+            raise QkvError(f"toy task: {name} has {len(others)} numbers to hold out: cannot hold out "
+                           f"{n_test} + {n_valid} and train on any left")
+        drawn = rng.sample(others, min(len(others), n_test + n_valid + n_train))
         splits["test"] += drawn[:n_test]
         splits["valid"] += drawn[n_test : n_test + n_valid]
-        rest = drawn[n_test + n_valid :]
+        rest = words + drawn[n_test + n_valid :]
+        rest = rest if len(rest) <= n_train else rng.sample(rest, n_train)
         splits["train"] += [rest[i % len(rest)] for i in range(n_train)]
     for numbers in splits.values():
         rng.shuffle(numbers)
@@ -190,7 +200,7 @@ def magnitude_numbers(
 
 
 def default_numbers() -> dict[str, list[int]]:
-    """The embedded default's numbers: 20,000 training pairs, 200 validation, 640 held-out test."""
+    """The embedded default's numbers: 20,000 training pairs, 200 validation, 636 held-out test."""
     return magnitude_numbers()
 
 
