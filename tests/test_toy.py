@@ -200,7 +200,7 @@ def test_default_task_holds_out_every_magnitude() -> None:
     held_out = {name: sum(magnitude(n) == name for n in data["test"]) for name, _, _ in MAGNITUDES}
     assert held_out == {"1-2 digits": 36, "3 digits": 200, "4-5 digits": 200, "6 digits": 200}
     assert not set(data["train"]) & set(data["test"]) and not set(data["train"]) & set(data["valid"])
-    assert sum(n < 100 for n in data["train"]) == 1500 and len(data["train"]) == 20_000
+    assert sum(n < 100 for n in data["train"]) == 6000 and len(data["train"]) == 25_000
     assert all(n % 10 and n > 20 for n in data["test"] + data["valid"] if n < 100)  # compounds: "twenty-one"
 
 

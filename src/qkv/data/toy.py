@@ -140,12 +140,14 @@ def number_pairs(
 # number length. The held-out test and validation numbers of a class are drawn first; training uses
 # the rest of the class, repeated where the class has fewer numbers than training pairs (there are
 # only 99 one- and two-digit numbers), so no test or validation number is ever seen in training.
+# Batches hold a token budget, so a short number costs little: the short classes get many pairs,
+# or the few batches of them would be too few updates to learn them from.
 # The 27 numbers written as one English word (one..nineteen, twenty, thirty, ..., ninety) are never
 # held out: they are the words every other number is made of, so the held-out one- and two-digit
 # numbers are compounds ("seventy-six").
 MAGNITUDES = (("1-2 digits", 1, 99), ("3 digits", 100, 999), ("4-5 digits", 1_000, 99_999),
               ("6 digits", 100_000, 999_999))
-DEFAULT_TRAIN = (1_500, 2_500, 7_000, 9_000)  # training pairs per class (20,000)
+DEFAULT_TRAIN = (6_000, 3_000, 7_000, 9_000)  # training pairs per class (25,000; short ones cost few tokens)
 DEFAULT_VALID = (4, 41, 75, 80)  # validation numbers per class (200)
 DEFAULT_TEST = (36, 200, 200, 200)  # held-out test numbers per class (636)
 
@@ -200,7 +202,7 @@ def magnitude_numbers(
 
 
 def default_numbers() -> dict[str, list[int]]:
-    """The embedded default's numbers: 20,000 training pairs, 200 validation, 636 held-out test."""
+    """The embedded default's numbers: 25,000 training pairs, 200 validation, 636 held-out test."""
     return magnitude_numbers()
 
 
