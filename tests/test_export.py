@@ -369,10 +369,11 @@ def test_hf_model_card_and_generation_config(trained, data, tmp_path, capsys):
     front = yaml.safe_load(readme.split("---\n")[1])
     assert front["language"] == ["en", "de"]  # from the training files' names, train.en / train.de
     assert front["license"] == "cc-by-4.0" and "translation" in front["tags"]
-    assert front["datasets"] == ["export-data0/train.en + export-data0/train.de"]
+    assert "datasets" not in front  # the training files' paths name no data set
+    assert front["metrics"] == ["bleu", "chrf"]
     results = front["model-index"][0]["results"]
     test_metrics = {m["type"]: m for m in results[0]["metrics"]}
-    assert results[0]["dataset"]["name"] == "test.de"
+    assert results[0]["dataset"]["name"] == "test.de"  # the test set, named after its file
     assert test_metrics["bleu"]["args"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert "chrF2|" in test_metrics["chrf"]["args"] or "nrefs:1" in test_metrics["chrf"]["args"]
     assert results[1]["dataset"]["name"] == "validation"
@@ -437,6 +438,59 @@ def test_every_code_block_of_a_model_card_runs_as_written(tmp_path, capsys, fixt
                                 timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, f"{fixture} {fmt} card:\n{code}\n{result.stderr[-2000:]}"
         assert result.stdout.strip(), f"{fixture} {fmt} card's code printed nothing"
+
+
+@pytest.fixture(scope="module")
+def numbers_run(tmp_path_factory):
+    """A few updates on the embedded default task (English number words -> German), tiny model."""
+    out = tmp_path_factory.mktemp("numbers") / "run"
+    assert main(["train", "--out", str(out), "--preset", "tiny", "--max-steps", "4", "--eval-every", "4",
+                 "--eval-bleu-samples", "20", "--max-tokens", "1024", "--threads", "1"]) == 0
+    return out
+
+
+def test_number_task_validates_by_exact_match(numbers_run):
+    """One word a number: the run records and logs exact match, not a BLEU of 0."""
+    records = [json.loads(line) for line in (numbers_run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if "valid_loss" in r]
+    assert valid and all(0.0 <= r["valid_exact"] <= 1.0 for r in valid)
+    assert not any("valid_bleu" in r or "valid_chrf" in r for r in records)
+
+
+def test_number_task_validation_line():
+    from qkv.tasks.translate import TranslateTask
+
+    assert TranslateTask().summary({"valid_exact": 0.985}) == "  exact 98.5%"
+    assert TranslateTask().summary({"valid_bleu": 20.0, "valid_chrf": 40.0, "valid_exact": 0.25}) == \
+        "  BLEU 20.00  chrF 40.00  exact 25.0%"
+
+
+@needs_hf
+def test_number_task_card_reports_exact_match(numbers_run, tmp_path, capsys):
+    import yaml
+
+    rc, err = export(capsys, numbers_run / "best", "hf", tmp_path / "hf")
+    assert rc == 0, err
+    readme = (tmp_path / "hf" / "README.md").read_text()
+    front = yaml.safe_load(readme.split("---\n")[1])
+    record = [json.loads(line) for line in (numbers_run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert front["language"] == ["en", "de"] and "datasets" not in front
+    assert front["metrics"] == ["exact_match"]
+    metrics = front["model-index"][0]["results"][0]["metrics"]
+    assert [m["type"] for m in metrics] == ["exact_match", "perplexity"]
+    assert metrics[0]["value"] == round(100 * record["valid_exact"], 2)
+    assert "BLEU" not in readme.split("## Training configuration")[0]
+    assert f"exact match {100 * record['valid_exact']:.2f}%" in readme
+
+
+@needs_hf
+def test_card_datasets_name_a_given_data_set(trained, tmp_path, capsys):
+    import yaml
+
+    rc, err = export(capsys, trained("post"), "hf", tmp_path / "hf", "--dataset", "wmt14")
+    assert rc == 0, err
+    front = yaml.safe_load((tmp_path / "hf" / "README.md").read_text().split("---\n")[1])
+    assert front["datasets"] == ["wmt14"]
 
 
 # --- what cannot be represented, and bad input ---------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qkv.data.toy import english, german, number_pairs
+from qkv.data.toy import MAGNITUDES, default_numbers, english, german, magnitude, magnitude_numbers, number_pairs
 from qkv.errors import QkvError
 
 # Written out by hand (standard German: "eins" alone and at the very end, "ein" before
@@ -156,3 +156,74 @@ def test_number_pairs_can_use_every_number() -> None:
     assert sorted(en for pairs in data.values() for en, _ in pairs) == sorted(english(n) for n in range(1, 31))
     with pytest.raises(QkvError, match="distinct"):
         number_pairs(max_number=30, n_train=20, n_valid=6, n_test=5)
+
+
+@pytest.mark.parametrize("n, name", [(1, "1-2 digits"), (7, "1-2 digits"), (99, "1-2 digits"), (100, "3 digits"),
+                                     (999, "3 digits"), (1000, "4-5 digits"), (4321, "4-5 digits"),
+                                     (99_999, "4-5 digits"), (100_000, "6 digits"), (999_999, "6 digits")])
+def test_magnitude(n: int, name: str) -> None:
+    assert magnitude(n) == name
+
+
+def test_magnitude_numbers_cover_every_class_and_hold_out_honestly() -> None:
+    data = magnitude_numbers(train=(300, 200, 100, 100), valid=(5, 10, 10, 10), test=(20, 30, 30, 30), seed=3)
+    assert data == magnitude_numbers(train=(300, 200, 100, 100), valid=(5, 10, 10, 10), test=(20, 30, 30, 30), seed=3)
+    count = {split: {name: sum(magnitude(n) == name for n in numbers) for name, _, _ in MAGNITUDES}
+             for split, numbers in data.items()}
+    assert count == {"train": {"1-2 digits": 300, "3 digits": 200, "4-5 digits": 100, "6 digits": 100},
+                     "valid": {"1-2 digits": 5, "3 digits": 10, "4-5 digits": 10, "6 digits": 10},
+                     "test": {"1-2 digits": 20, "3 digits": 30, "4-5 digits": 30, "6 digits": 30}}
+    train, valid, test = (set(data[s]) for s in ("train", "valid", "test"))
+    assert len(valid) == 35 and len(test) == 110  # held-out numbers are distinct
+    assert not train & test and not train & valid and not valid & test  # never seen in training
+    small = [n for n in data["train"] if n < 100]
+    # the 99 - 20 - 5 = 74 small numbers left are all trained on, each 4 or 5 times (300 pairs)
+    assert set(small) == set(range(1, 100)) - test - valid
+    one_word = {*range(1, 20), *range(20, 100, 10)}  # "one".."nineteen", "twenty".."ninety"
+    assert one_word <= set(small)  # the words every number is made of are never held out
+    assert {small.count(n) for n in set(small)} == {4, 5}
+    assert len([n for n in data["train"] if 100 <= n < 1000]) == len({n for n in data["train"] if 100 <= n < 1000})
+
+
+def test_magnitude_numbers_bad_counts() -> None:
+    with pytest.raises(QkvError, match="1-2 digits has 72 numbers to hold out"):  # 99 less the 27 one-word ones
+        magnitude_numbers(train=(1, 1, 1, 1), valid=(30, 1, 1, 1), test=(43, 1, 1, 1))
+    with pytest.raises(QkvError, match="3 digits has 900 numbers to hold out"):
+        magnitude_numbers(train=(1, 1, 1, 1), valid=(1, 400, 1, 1), test=(1, 500, 1, 1))
+    magnitude_numbers(train=(1, 0, 1, 1), valid=(1, 400, 1, 1), test=(1, 500, 1, 1))  # nothing to train on, none asked
+    with pytest.raises(QkvError, match="one per class"):
+        magnitude_numbers(train=(1, 1, 1), valid=(1, 1, 1, 1), test=(1, 1, 1, 1))
+
+
+def test_default_task_holds_out_every_magnitude() -> None:
+    data = default_numbers()
+    held_out = {name: sum(magnitude(n) == name for n in data["test"]) for name, _, _ in MAGNITUDES}
+    assert held_out == {"1-2 digits": 36, "3 digits": 200, "4-5 digits": 200, "6 digits": 200}
+    assert not set(data["train"]) & set(data["test"]) and not set(data["train"]) & set(data["valid"])
+    assert sum(n < 100 for n in data["train"]) == 6000 and len(data["train"]) == 25_000
+    assert all(n % 10 and n > 20 for n in data["test"] + data["valid"] if n < 100)  # compounds: "twenty-one"
+
+
+def test_held_out_report_per_magnitude() -> None:
+    """The closing lines of ``qkv train`` on the default: a model right on every held-out number but
+    four six-digit ones scores 632/636 = 99.4% overall, 196/200 = 98.0% on six digits."""
+    from types import SimpleNamespace
+
+    from qkv.data.toy import held_out_report
+
+    wrong = {english(n) for n in [n for n in default_numbers()["test"] if n >= 100_000][:4]}
+
+    class Model:
+        decode_cfg = SimpleNamespace(beam_size=4)
+
+        @staticmethod
+        def translate(sources):
+            number = {english(n): n for n in default_numbers()["test"]}
+            return ["falsch" if s in wrong else german(number[s]) for s in sources]
+
+    lines = held_out_report(Model(), "runs/default").splitlines()
+    assert lines[0] == "held-out test: 99.4% exact match on 636 numbers never seen in training (beam 4)"
+    assert lines[1:5] == ["  1-2 digits 100.0% (36/36)", "  3 digits   100.0% (200/200)",
+                          "  4-5 digits 100.0% (200/200)", "  6 digits    98.0% (196/200)"]
+    assert sum(line.startswith("  ok ") for line in lines) + sum(line.startswith("  ERR") for line in lines) == 8
+    assert lines[-1].startswith("try it: qkv translate runs/default/best ")

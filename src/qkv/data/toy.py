@@ -7,7 +7,7 @@ downloading anything, yet one with real structure: German reorders the units bef
     english(321) == "three hundred twenty-one"
     german(321)  == "dreihunderteinundzwanzig"
 
-Numbers run from 1 to 999 999.
+Numbers run from 1 to 999 999; the embedded default draws its splits per number length (:func:`magnitude_numbers`).
 """
 
 from __future__ import annotations
@@ -135,9 +135,80 @@ def number_pairs(
 
 # --- the recipe `qkv train` uses when no data is given ---------------------------------------------
 
+# The embedded default covers every magnitude, not only the long numbers a uniform draw from
+# 1..999,999 gives (99.9% of them have four or more digits): its splits are drawn per class of
+# number length. The held-out test and validation numbers of a class are drawn first; training uses
+# the rest of the class, repeated where the class has fewer numbers than training pairs (there are
+# only 99 one- and two-digit numbers), so no test or validation number is ever seen in training.
+# Batches hold a token budget, so a short number costs little: the short classes get many pairs,
+# or the few batches of them would be too few updates to learn them from.
+# The 27 numbers written as one English word (one..nineteen, twenty, thirty, ..., ninety) are never
+# held out: they are the words every other number is made of, so the held-out one- and two-digit
+# numbers are compounds ("seventy-six").
+MAGNITUDES = (("1-2 digits", 1, 99), ("3 digits", 100, 999), ("4-5 digits", 1_000, 99_999),
+              ("6 digits", 100_000, 999_999))
+DEFAULT_TRAIN = (6_000, 3_000, 7_000, 9_000)  # training pairs per class (25,000; short ones cost few tokens)
+DEFAULT_VALID = (4, 41, 75, 80)  # validation numbers per class (200)
+DEFAULT_TEST = (36, 200, 200, 200)  # held-out test numbers per class (636)
+
+
+def one_word(n: int) -> bool:
+    """Whether ``n`` is one English word: 1..19 and the tens, 20..90 ("seventy", not "seventy-six")."""
+    return " " not in english(n) and "-" not in english(n)
+
+
+def magnitude(n: int) -> str:
+    """The class of ``n`` in :data:`MAGNITUDES`: 7 -> "1-2 digits", 4321 -> "4-5 digits"."""
+    _check_range(n)
+    return next(name for name, lo, hi in MAGNITUDES if lo <= n <= hi)
+
+
+def magnitude_numbers(
+    train: tuple[int, ...] = DEFAULT_TRAIN,
+    valid: tuple[int, ...] = DEFAULT_VALID,
+    test: tuple[int, ...] = DEFAULT_TEST,
+    seed: int = 1,
+) -> dict[str, list[int]]:
+    """Numbers for ``train``/``valid``/``test``, so many of each class of :data:`MAGNITUDES`.
+
+    In each class the test numbers are drawn first, then the validation numbers, both distinct, from
+    no other split and never a :func:`one_word` number; the training numbers are the class's others,
+    drawn without replacement while there are enough, else every one of them, repeated in turn up to
+    the count asked for. Each split is shuffled; the same arguments always give the same splits.
+    """
+    counts = {"train": train, "valid": valid, "test": test}
+    for split, row in counts.items():
+        if len(row) != len(MAGNITUDES) or min(row) < 0:
+            raise QkvError(f"toy task: {split} needs {len(MAGNITUDES)} counts >= 0 (one per class: "
+                           f"{', '.join(name for name, _, _ in MAGNITUDES)}), got {row}")
+    rng = random.Random(seed)
+    splits: dict[str, list[int]] = {"train": [], "valid": [], "test": []}
+    for k, (name, lo, hi) in enumerate(MAGNITUDES):
+        words = [n for n in range(lo, min(hi, 99) + 1) if one_word(n)]  # in training, never held out
+        others = range(lo, hi + 1) if not words else [n for n in range(lo, hi + 1) if not one_word(n)]
+        n_test, n_valid, n_train = test[k], valid[k], train[k]
+        if n_test + n_valid > len(others) or (n_train and n_test + n_valid == len(words) + len(others)):
+            raise QkvError(f"toy task: {name} has {len(others)} numbers to hold out: cannot hold out "
+                           f"{n_test} + {n_valid} and train on any left")
+        drawn = rng.sample(others, min(len(others), n_test + n_valid + n_train))
+        splits["test"] += drawn[:n_test]
+        splits["valid"] += drawn[n_test : n_test + n_valid]
+        rest = words + drawn[n_test + n_valid :]
+        rest = rest if len(rest) <= n_train else rng.sample(rest, n_train)
+        splits["train"] += [rest[i % len(rest)] for i in range(n_train)]
+    for numbers in splits.values():
+        rng.shuffle(numbers)
+    return splits
+
+
+def default_numbers() -> dict[str, list[int]]:
+    """The embedded default's numbers: 25,000 training pairs, 200 validation, 636 held-out test."""
+    return magnitude_numbers()
+
+
 def default_splits() -> dict[str, list[tuple[str, str]]]:
-    """The embedded default's data: 20,000 training numbers, 500 validation, 500 held-out test."""
-    return number_pairs()
+    """The embedded default's data as (english, german) pairs."""
+    return {split: [(english(n), german(n)) for n in numbers] for split, numbers in default_numbers().items()}
 
 
 def _recipe():
@@ -150,7 +221,7 @@ def _recipe():
     train = TrainConfig(
         tokenizer="bpe", vocab_size=300, joint_vocab=True, max_len=64, max_tokens=4096,
         lr_scale=1.0, warmup_steps=300, label_smoothing=0.1, clip_norm=1.0,
-        max_steps=600, eval_every=200, eval_bleu_samples=200, seed=1,
+        max_steps=1000, eval_every=250, eval_bleu_samples=200, seed=1,
     )
     return model, train
 
@@ -163,16 +234,24 @@ RNN_TRAIN = dataclasses.replace(TRAIN, schedule="constant", lr=2e-3)
 
 
 def held_out_report(model, out) -> str:
-    """After training on the embedded default: exact match on the held-out test numbers and a few
-    translations (``model``: the trained translator, e.g. ``qkv.load(out / "best")``)."""
+    """After training on the embedded default: exact match on the held-out test numbers, overall and
+    per class of :data:`MAGNITUDES`, and two translations of each class (``model``: the trained
+    translator, e.g. ``qkv.load(out / "best")``)."""
     from qkv.metrics import exact_match
 
-    test = default_splits()["test"]
-    src, refs = [s for s, _ in test], [t for _, t in test]
+    numbers = default_numbers()["test"]
+    src, refs = [english(n) for n in numbers], [german(n) for n in numbers]
     hyps = model.translate(src)
     lines = [f"held-out test: {100 * exact_match(hyps, refs):.1f}% exact match on {len(src)} numbers never seen "
              f"in training (beam {model.decode_cfg.beam_size})"]
-    lines += [f"  {'ok ' if h == r else 'ERR'} {s:<55} -> {h}" + ("" if h == r else f"   (expected {r})")
-              for s, h, r in list(zip(src, hyps, refs))[:8]]
-    lines.append(f"try it: qkv translate {out}/best \"four thousand three hundred twenty-one\"")
+    examples = []
+    for name, _, _ in MAGNITUDES:
+        rows = [i for i, n in enumerate(numbers) if magnitude(n) == name]
+        right = sum(hyps[i] == refs[i] for i in rows)
+        lines.append(f"  {name:<10} {100 * right / len(rows):5.1f}% ({right}/{len(rows)})" if rows else
+                     f"  {name:<10} none held out")
+        examples += rows[:2]
+    lines += [f"  {'ok ' if hyps[i] == refs[i] else 'ERR'} {src[i]:<55} -> {hyps[i]}"
+              + ("" if hyps[i] == refs[i] else f"   (expected {refs[i]})") for i in examples]
+    lines.append(f"try it: qkv translate {out}/best \"seven\" \"twenty-one\" \"four thousand three hundred twenty-one\"")
     return "\n".join(lines)

@@ -80,14 +80,19 @@ def languages(src: Source, info: CardInfo) -> tuple[str | None, str | None]:
     return info.source_lang or guess[0], info.target_lang or guess[1]
 
 
-def dataset_name(src: Source, info: CardInfo) -> str | None:
-    if info.dataset:
-        return info.dataset
+def dataset_name(info: CardInfo) -> str | None:
+    """The training data's name for the card's ``datasets``: a data set's name given with ``--dataset``;
+    never the training files' paths nor the embedded task, which name no data set."""
+    return info.dataset or None
+
+
+def own_metric(src: Source, valid: dict) -> str:
+    """The validation metric the run reports: "exact" for the embedded number task (one word a number:
+    BLEU means nothing) and runs that recorded exact match alone, else "bleu"."""
     data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
-    if data.get("train") == EMBEDDED:
-        return "qkv embedded default task (English number words -> German number words)"
-    files = training_files(src)
-    return " + ".join("/".join(Path(f).parts[-2:]) for f in files) or None
+    if data.get("train") == EMBEDDED or ("valid_exact" in valid and "valid_bleu" not in valid):
+        return "exact"
+    return "bleu"
 
 
 def score_test_set(src: Source, info: CardInfo) -> TestScores | None:
@@ -184,11 +189,13 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
                     *(["translation", "marian"] if translate and fmt == "hf" else ["translation"] if translate else
                       ["language-model"]),
                     *(["ctranslate2"] if fmt == "ctranslate2" else [])]
-    data = dataset_name(src, info)
+    data = dataset_name(info)
     if data:
         meta["datasets"] = [data]
+    exact = valid is not None and own_metric(src, valid) == "exact"
     if translate:
-        meta["metrics"] = ["bleu", "chrf"]
+        meta["metrics"] = ["bleu", "chrf"] if test is not None or not exact else []
+        meta["metrics"] += ["exact_match"] if exact else []
     results = []
     task = {"type": "translation" if translate else "text-generation",
             "name": f"Translation {s_lang or '?'}-{t_lang or '?'}" if translate else "Language modelling"}
@@ -198,10 +205,13 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
                                     {"type": "chrf", "value": test.chrf, "name": "chrF", "args": test.chrf_signature}]})
     if valid is not None:
         metrics = []
-        if "valid_bleu" in valid:
+        if exact and "valid_exact" in valid:
+            metrics.append({"type": "exact_match", "value": round(100 * valid["valid_exact"], 2),
+                            "name": "validation exact match % (greedy)"})
+        elif "valid_bleu" in valid:
             metrics.append({"type": "bleu", "value": round(valid["valid_bleu"], 2), "name": "validation BLEU (greedy)",
                             "args": VALIDATION_SIGNATURE})
-        if "valid_chrf" in valid:
+        if "valid_chrf" in valid and not exact:
             metrics.append({"type": "chrf", "value": round(valid["valid_chrf"], 2), "name": "validation chrF (greedy)"})
         if "valid_ppl" in valid:
             metrics.append({"type": "perplexity", "value": round(valid["valid_ppl"], 4), "name": "validation perplexity"})
@@ -307,11 +317,14 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
                       f"{src.decode.length_norm}): BLEU {test.bleu} (sacreBLEU signature: {test.bleu_signature}), "
                       f"chrF {test.chrf} ({test.chrf_signature})"]
         if valid is not None:
-            parts = [f"{name} {valid[key]:.2f}" for key, name in (("valid_bleu", "BLEU"), ("valid_chrf", "chrF"),
-                                                                  ("valid_ppl", "perplexity")) if key in valid]
-            lines += [f"- validation at step {valid.get('step', '?')} (from the run's metrics.jsonl; BLEU and chrF "
-                      f"on greedy output of the first {src.train.eval_bleu_samples} validation sentences): "
-                      + ", ".join(parts)]
+            exact = own_metric(src, valid) == "exact"
+            parts = ([f"exact match {100 * valid['valid_exact']:.2f}%"] if exact and "valid_exact" in valid else
+                     [f"{name} {valid[key]:.2f}" for key, name in (("valid_bleu", "BLEU"), ("valid_chrf", "chrF"))
+                      if key in valid])
+            parts += [f"perplexity {valid['valid_ppl']:.2f}"] if "valid_ppl" in valid else []
+            lines += [f"- validation at step {valid.get('step', '?')} (from the run's metrics.jsonl; "
+                      f"{'exact match' if exact else 'BLEU and chrF'} on greedy output of the first "
+                      f"{src.train.eval_bleu_samples} validation sentences): " + ", ".join(parts)]
         lines.append("")
     diffs = export_info.get("differences") or export_info.get("decode", {}).get("differences") or []
     if diffs:

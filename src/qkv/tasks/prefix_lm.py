@@ -48,6 +48,7 @@ class PrefixLMSplit:
     targets: list[list[int]]
     raw_src: list[str]
     raw_tgt: list[str]
+    metric: str = "bleu"  # the data's own validation metric (ParallelData.metric)
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -93,7 +94,8 @@ class PrefixLmTask(TranslateTask):
     def encode(self, data: ParallelData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> PrefixLMSplit:
         pairs = super().encode(data, tokenizers, train_cfg, log, train)  # over-long training pairs skipped
         examples = [prefix_lm_example(s, t) for s, t in zip(pairs.src_ids, pairs.tgt_ids)]
-        return PrefixLMSplit([x for x, _ in examples], [y for _, y in examples], pairs.raw_src, pairs.raw_tgt)
+        return PrefixLMSplit([x for x, _ in examples], [y for _, y in examples], pairs.raw_src, pairs.raw_tgt,
+                             pairs.metric)
 
     def loss(self, module, batch: LMBatch, train_cfg: TrainConfig):
         return token_loss(module, (batch.inputs,), batch.targets, train_cfg)  # logits (B, T, V)

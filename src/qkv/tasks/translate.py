@@ -4,7 +4,8 @@
     loss = sum over non-PAD target positions of H(q_ls, softmax(model(src, tgt_in)))
 
 Validation: loss and perplexity over the split (by the trainer), then BLEU / chrF / exact match
-of greedy output on the first ``eval_bleu_samples`` sentences. best/ = lowest validation loss.
+of greedy output on the first ``eval_bleu_samples`` sentences (exact match alone where the data says so:
+``ParallelData.metric == "exact"``, the embedded number task). best/ = lowest validation loss.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class ParallelData:
     name: str = "data"
     line_numbers: list[int] | None = None
     report: CorpusReport | None = None
+    metric: str = "bleu"  # what validation scores: "bleu" (BLEU, chrF, exact match) or "exact" (exact match alone)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -77,6 +79,7 @@ class EncodedSplit:
     raw_src: list[str] | None = None
     raw_tgt: list[str] | None = None
     index: LengthIndex | None = None  # None: built from the lengths when first asked for
+    metric: str = "bleu"  # the data's own validation metric (ParallelData.metric)
 
     @property
     def length_index(self) -> LengthIndex:
@@ -126,7 +129,7 @@ def encode_split(data: ParallelData, tokenizers: TokenizerPair, max_len: int | N
     vocab = max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size)
     return EncodedSplit(TokenArray.from_lists([src_ids[i] for i in keep], vocab),
                         TokenArray.from_lists([tgt_ids[i] for i in keep], vocab),
-                        [data.src[i] for i in keep], [data.tgt[i] for i in keep])
+                        [data.src[i] for i in keep], [data.tgt[i] for i in keep], metric=data.metric)
 
 
 def mapped_split(data: BinarizedData, max_len: int | None, log) -> EncodedSplit:
@@ -225,11 +228,12 @@ class TranslateTask(Task):
                                 banned_ids(tokenizers.tgt))
         hyps = tokenizers.tgt.decode([nbest[0].tokens for nbest in best])
         refs = split.raw_tgt[:n]  # in the training text's form (perhaps tokenized): a progress signal, quietly
-        return {"valid_bleu": bleu(hyps, refs, quiet=True).score, "valid_chrf": chrf(hyps, refs).score,
-                "valid_exact": exact_match(hyps, refs),
-                "valid_samples": [[s, h, r] for s, h, r in zip(split.raw_src[:3], hyps[:3], refs[:3])]}
+        scores = {"valid_exact": exact_match(hyps, refs)}
+        if getattr(split, "metric", "bleu") == "bleu":  # one-word outputs (the number task) score exact match alone
+            scores = {"valid_bleu": bleu(hyps, refs, quiet=True).score, "valid_chrf": chrf(hyps, refs).score, **scores}
+        return {**scores, "valid_samples": [[s, h, r] for s, h, r in zip(split.raw_src[:3], hyps[:3], refs[:3])]}
 
     def summary(self, v: dict) -> str:
-        if "valid_bleu" not in v:
-            return ""
-        return f"  BLEU {v['valid_bleu']:.2f}  chrF {v['valid_chrf']:.2f}  exact {100 * v['valid_exact']:.1f}%"
+        if "valid_bleu" in v:
+            return f"  BLEU {v['valid_bleu']:.2f}  chrF {v['valid_chrf']:.2f}  exact {100 * v['valid_exact']:.1f}%"
+        return f"  exact {100 * v['valid_exact']:.1f}%" if "valid_exact" in v else ""

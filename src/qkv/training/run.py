@@ -88,8 +88,9 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, decode_cfg: Dec
     else:
         log("no data given: training on the embedded default task, English number words -> German number words")
         splits = toy.default_splits()
-        train_data = ParallelData([s for s, _ in splits["train"]], [t for _, t in splits["train"]], name=EMBEDDED)
-        valid_data = ParallelData([s for s, _ in splits["valid"]], [t for _, t in splits["valid"]], name="toy/valid")
+        train_data, valid_data = (  # one word a number: BLEU means nothing, exact match is the metric
+            ParallelData([s for s, _ in splits[split]], [t for _, t in splits[split]], name=name, metric="exact")
+            for split, name in (("train", EMBEDDED), ("valid", "toy/valid")))
     return train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out, resume=resume, log=log,
                  tensorboard=tensorboard)
 
