@@ -148,8 +148,8 @@ def number_pairs(
 MAGNITUDES = (("1-2 digits", 1, 99), ("3 digits", 100, 999), ("4-5 digits", 1_000, 99_999),
               ("6 digits", 100_000, 999_999))
 DEFAULT_TRAIN = (6_000, 3_000, 7_000, 9_000)  # training pairs per class (25,000; short ones cost few tokens)
-DEFAULT_VALID = (4, 41, 75, 80)  # validation numbers per class (200)
-DEFAULT_TEST = (36, 200, 200, 200)  # held-out test numbers per class (636)
+DEFAULT_VALID = (8, 40, 72, 80)  # validation numbers per class (200)
+DEFAULT_TEST = (16, 200, 200, 200)  # held-out test numbers per class (616)
 
 
 def one_word(n: int) -> bool:
@@ -191,6 +191,8 @@ def magnitude_numbers(
             raise QkvError(f"toy task: {name} has {len(others)} numbers to hold out: cannot hold out "
                            f"{n_test} + {n_valid} and train on any left")
         drawn = rng.sample(others, min(len(others), n_test + n_valid + n_train))
+        if words:  # two-digit compounds: held out evenly across the tens, so that every ten keeps most
+            drawn = _round_robin(drawn, key=lambda n: n // 10)  # of its compounds in training
         splits["test"] += drawn[:n_test]
         splits["valid"] += drawn[n_test : n_test + n_valid]
         rest = words + drawn[n_test + n_valid :]
@@ -201,8 +203,18 @@ def magnitude_numbers(
     return splits
 
 
+def _round_robin(numbers: list[int], key) -> list[int]:
+    """``numbers`` reordered to take one of each ``key`` in turn (in order of first appearance), so that
+    any prefix holds each key about equally often: [21, 25, 33, 24, 38] -> [21, 33, 25, 38, 24]."""
+    groups: dict[int, list[int]] = {}
+    for n in numbers:
+        groups.setdefault(key(n), []).append(n)
+    order = list(groups.values())
+    return [g[i] for i in range(max(map(len, order), default=0)) for g in order if i < len(g)]
+
+
 def default_numbers() -> dict[str, list[int]]:
-    """The embedded default's numbers: 25,000 training pairs, 200 validation, 636 held-out test."""
+    """The embedded default's numbers: 25,000 training pairs, 200 validation, 616 held-out test."""
     return magnitude_numbers()
 
 
