@@ -109,12 +109,9 @@ def test_shown_german_is_right():
                 assert de == german(value(en)), f"{page.name}: {en!r} → {de!r}"
 
 
-# Measured on this fixture (seed 1, 1,000 updates): 99.1% overall; 32/36 one- and two-digit compounds
-# (the four wrong ones are "thirty-five", -six, -seven, -nine: "fünf", "sechs", ...), 200/200 of three
-# digits, 200/200 of four or five, 198/200 of six. The 97% target for 1-2 digits is not met yet.
-TARGET = {"1-2 digits": pytest.param("1-2 digits", marks=pytest.mark.xfail(
-    strict=True, reason="measured 88.9% (32/36) on the one- and two-digit compounds: below the 97% target")),
-    "3 digits": "3 digits", "4-5 digits": "4-5 digits", "6 digits": "6 digits"}
+# Measured on this fixture (`qkv train --out DIR --threads 2`, the default seed, 1,000 updates): 98.2%
+# overall; 16/16 one- and two-digit compounds, 195/200 of three digits, 196/200 of four or five, 198/200
+# of six.
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +125,7 @@ def test_held_out_exact_match_overall(held_out):
     assert sum(r for _, r in held_out) / len(held_out) >= 0.98
 
 
-@pytest.mark.parametrize("name", TARGET.values())
+@pytest.mark.parametrize("name", [name for name, _, _ in MAGNITUDES])
 def test_held_out_exact_match_per_magnitude(held_out, name):
     right = [r for n, r in held_out if magnitude(n) == name]
     assert sum(right) / len(right) >= 0.97

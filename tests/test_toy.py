@@ -198,15 +198,28 @@ def test_magnitude_numbers_bad_counts() -> None:
 def test_default_task_holds_out_every_magnitude() -> None:
     data = default_numbers()
     held_out = {name: sum(magnitude(n) == name for n in data["test"]) for name, _, _ in MAGNITUDES}
-    assert held_out == {"1-2 digits": 36, "3 digits": 200, "4-5 digits": 200, "6 digits": 200}
+    assert held_out == {"1-2 digits": 16, "3 digits": 200, "4-5 digits": 200, "6 digits": 200}
     assert not set(data["train"]) & set(data["test"]) and not set(data["train"]) & set(data["valid"])
     assert sum(n < 100 for n in data["train"]) == 6000 and len(data["train"]) == 25_000
     assert all(n % 10 and n > 20 for n in data["test"] + data["valid"] if n < 100)  # compounds: "twenty-one"
+    # spread over the tens: two of each ten held out for the test, one for validation, six left to train on
+    tens = range(2, 10)
+    assert sorted(n // 10 for n in data["test"] if n < 100) == sorted([*tens, *tens])
+    assert sorted(n // 10 for n in data["valid"] if n < 100) == list(tens)
+    assert all(sum(n // 10 == t and n % 10 > 0 for n in set(data["train"]) if n < 100) == 6 for t in tens)
+
+
+def test_round_robin_takes_one_of_each_key_in_turn() -> None:
+    from qkv.data.toy import _round_robin
+
+    assert _round_robin([21, 25, 33, 24, 38], key=lambda n: n // 10) == [21, 33, 25, 38, 24]
+    assert _round_robin([], key=lambda n: n) == []
+    assert _round_robin([5, 6, 7], key=lambda n: 0) == [5, 6, 7]
 
 
 def test_held_out_report_per_magnitude() -> None:
     """The closing lines of ``qkv train`` on the default: a model right on every held-out number but
-    four six-digit ones scores 632/636 = 99.4% overall, 196/200 = 98.0% on six digits."""
+    four six-digit ones scores 612/616 = 99.4% overall, 196/200 = 98.0% on six digits."""
     from types import SimpleNamespace
 
     from qkv.data.toy import held_out_report
@@ -222,8 +235,8 @@ def test_held_out_report_per_magnitude() -> None:
             return ["falsch" if s in wrong else german(number[s]) for s in sources]
 
     lines = held_out_report(Model(), "runs/default").splitlines()
-    assert lines[0] == "held-out test: 99.4% exact match on 636 numbers never seen in training (beam 4)"
-    assert lines[1:5] == ["  1-2 digits 100.0% (36/36)", "  3 digits   100.0% (200/200)",
+    assert lines[0] == "held-out test: 99.4% exact match on 616 numbers never seen in training (beam 4)"
+    assert lines[1:5] == ["  1-2 digits 100.0% (16/16)", "  3 digits   100.0% (200/200)",
                           "  4-5 digits 100.0% (200/200)", "  6 digits    98.0% (196/200)"]
     assert sum(line.startswith("  ok ") for line in lines) + sum(line.startswith("  ERR") for line in lines) == 8
     assert lines[-1].startswith("try it: qkv translate runs/default/best ")
