@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -289,11 +290,18 @@ def test_results_page_is_short_tables_without_commits_or_times_of_day():
         assert re.search(r"^\| --- ", section, flags=re.MULTILINE), f"no table under '{section.splitlines()[0]}'"
 
 
-def test_results_page_keeps_the_spots_for_the_figures_still_to_come():
+def test_results_page_has_the_default_task_per_magnitude_and_no_placeholder():
+    """The per-class table of the embedded default quotes docs/headline.json, and no figure is left to
+    come (no SPOT comment, no placeholder)."""
     text = (DOCS / "results.md").read_text()
-    for spot in ("per-magnitude table of the default task", "Hugging Face beam search timed beside qkv",
-                 "model-card snippet check"):
-        assert re.search(rf"<!-- SPOT: [^>]*{re.escape(spot)}", text), spot
+    assert "<!-- SPOT" not in text and "TO BE MEASURED" not in text
+    headline = json.loads((DOCS / "headline.json").read_text())
+    for name, percent in headline["per_magnitude_exact_match_percent"].items():
+        row = f"| {name.replace('-', '–')} | "
+        line = next(line for line in text.splitlines() if line.startswith(row))
+        assert f"{percent:.1f}% ({headline['per_magnitude_right'][name]})" in line, line
+    for spot in ("Hugging Face `generate()` with the exported generation config", "model cards whose code runs"):
+        assert spot in text, spot
 
 
 def test_readme_lists_user_documentation_only():
