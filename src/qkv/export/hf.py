@@ -188,8 +188,6 @@ def differences(src: Source) -> list[str]:
                      "hypotheses and the best live one, at its current length, cannot beat them"
                      if not dec.early_stopping else
                      "early_stopping true: both end a sentence's search once num_beams hypotheses have finished")
-    notes.append("MarianTokenizer.decode(..., skip_special_tokens=True) drops <unk> pieces where qkv writes "
-                 "SentencePiece's ' ⁇ ' for them")
     return notes
 
 

@@ -229,7 +229,7 @@ class TranslateTask(Task):
         hyps = tokenizers.tgt.decode([nbest[0].tokens for nbest in best])
         refs = split.raw_tgt[:n]  # in the training text's form (perhaps tokenized): a progress signal, quietly
         scores = {"valid_exact": exact_match(hyps, refs)}
-        if getattr(split, "metric", "bleu") == "bleu":  # one-word outputs (the number task) score exact match alone
+        if split.metric == "bleu":  # one-word outputs (the number task) score exact match alone
             scores = {"valid_bleu": bleu(hyps, refs, quiet=True).score, "valid_chrf": chrf(hyps, refs).score, **scores}
         return {**scores, "valid_samples": [[s, h, r] for s, h, r in zip(split.raw_src[:3], hyps[:3], refs[:3])]}
 
