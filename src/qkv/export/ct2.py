@@ -101,7 +101,8 @@ def model_spec(src: Source):
     relu = common_spec.Activation.RELU
     if src.task == "translate":
         spec = transformer_spec.TransformerSpec.from_config(
-            (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu)
+            (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu,
+            alignment_heads=0)  # return_attention: the last layer's mean over all heads, as qkv's alignments
         _set_encoder(spec.encoder, src)
         _set_decoder(spec.decoder, src, "decoder_layers", "tgt_embed.weight", "tgt_pos.weight", "decoder_norm")
         spec.register_source_vocabulary(src.vocabulary("src"))

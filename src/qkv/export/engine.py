@@ -1,0 +1,371 @@
+"""CTranslate2 as a decoding engine behind the translation front-end (``--engine ctranslate2``).
+
+    >>> import qkv
+    >>> model = qkv.load("runs/ende/best", engine="ctranslate2")
+    >>> model.translate(["a man rides a bike"], beam_size=1)
+
+The checkpoint is converted once (:func:`qkv.export.ct2.write`, the export's converter, checked
+on its probe sequences) into a cache: ``CHECKPOINT/ct2-KEY/``, ``KEY`` made from the checksums in
+the checkpoint's ``manifest.json`` (and the CTranslate2 version), so a changed checkpoint gets a
+new conversion and a stale one is never read. A conversion is written into a temporary directory
+and renamed into place with its own checksums (``qkv_cache.json``): a crash leaves no half cache,
+and a cache whose files no longer match is converted again. Where the checkpoint's directory
+cannot be written, the cache goes to ``$QKV_CACHE_DIR`` (default ``~/.cache/qkv``) ``/ct2/``.
+
+:class:`CT2Translator` is a :class:`~qkv.frontends.Translator` whose searches run in
+``ctranslate2.Translator.translate_batch`` (one call per batch) and whose scores come from its
+``score_batch``, with qkv's decoding settings mapped as the export documents them: beam size,
+n-best, ``--length-norm length`` with ``--early-stopping`` (CTranslate2's only beam rule), the
+per-sentence length limits, ``min_len``, the target prefix; alignments from its attention (the
+last layer's mean over heads, as qkv's). What it cannot compute exactly is refused by name:
+``--length-norm gnmt`` or a beam search without ``--early-stopping``, the attention of every layer
+and head, models other than translation Transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkv.checkpoint import TRAINER_STATE, listed_files, read_config
+from qkv.config import DecodeConfig
+from qkv.data.tokenizer import TokenizerPair
+from qkv.decoding.beam_search import Hypothesis
+from qkv.decoding.greedy import max_output_len
+from qkv.errors import CheckpointError, ConfigError, QkvError
+from qkv.frontends.translator import Prefixed, Translator, pharaoh
+from qkv.models import build_model
+
+ENGINES = ("qkv", "ctranslate2")
+CACHE_FORMAT = 1  # bump when the conversion changes: older caches are then converted again
+MARKER = "qkv_cache.json"  # written last into a conversion: its key and the checksum of every file
+PREFIX = "ct2-"
+Log = Callable[[str], None]
+
+
+def stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def require_ctranslate2(what: str = "--engine ctranslate2"):
+    from qkv.export.optional import require
+
+    return require("ctranslate2", what)
+
+
+# --- the cache ---------------------------------------------------------------------------------------
+
+def cache_key(checkpoint: Path) -> str:
+    """From the checksums the manifest lists (each file checked against it first; the trainer state,
+    which the model does not read, left out), the CTranslate2 version and :data:`CACHE_FORMAT`."""
+    manifest = json.loads((checkpoint / "manifest.json").read_text(encoding="utf-8"))["files"]
+    listed_files(checkpoint)  # a file that does not match the manifest is refused here, by name
+    files = {name: entry["sha256"] for name, entry in sorted(manifest.items()) if name != TRAINER_STATE}
+    text = json.dumps({"files": files, "ctranslate2": require_ctranslate2().__version__, "format": CACHE_FORMAT},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def user_cache() -> Path:
+    """Where conversions of checkpoints in directories that cannot be written go."""
+    root = os.environ.get("QKV_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qkv"
+    return Path(root) / "ct2"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_complete(directory: Path, key: str) -> bool:
+    """Whether ``directory`` is a whole conversion for ``key``: its marker names the key and every file
+    it lists is there with its size and checksum."""
+    try:
+        marker = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+        if marker["key"] != key or "model.bin" not in marker["files"]:
+            return False
+        return all((directory / name).stat().st_size == e["size"] and _sha256(directory / name) == e["sha256"]
+                   for name, e in marker["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _temporary(parent: Path, key: str) -> Path | None:
+    """A new temporary directory in ``parent`` (created if need be), or None where it cannot be written."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{PREFIX}{key}.tmp-", dir=parent))
+    except OSError:
+        return None
+
+
+def convert(checkpoint: Path, tmp: Path, key: str) -> None:
+    """The export's conversion (checked on its probe sequences) into the empty ``tmp``, and the marker."""
+    from qkv.export import ct2
+    from qkv.export.source import read_source
+
+    src = read_source(checkpoint)
+    ct2.check(src)
+    ct2.write(src, tmp)
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
+    (tmp / MARKER).write_text(json.dumps({"key": key, "checkpoint": str(checkpoint), "files": files}, indent=2) + "\n",
+                              encoding="utf-8")
+
+
+def converted(checkpoint: str | Path, log: Log = stderr) -> Path:
+    """The CTranslate2 model directory of ``checkpoint``, converted now if no complete one is cached
+    (beside the checkpoint, else in :func:`user_cache`)."""
+    checkpoint = Path(checkpoint)
+    key = cache_key(checkpoint)
+    places = [checkpoint / f"{PREFIX}{key}", user_cache() / f"{PREFIX}{key}"]
+    for place in places:
+        if is_complete(place, key):
+            return place
+    for n, place in enumerate(places):
+        tmp = _temporary(place.parent, key)
+        if tmp is None:
+            continue
+        if n:
+            log(f"note: {checkpoint} cannot be written: its CTranslate2 conversion is cached in {place}")
+        try:
+            if place.exists():
+                log(f"note: {place} is not a complete conversion of this checkpoint: converting again")
+                shutil.rmtree(place)
+            log(f"converting {checkpoint} for CTranslate2 into {place} (once; later loads reuse it)")
+            convert(checkpoint, tmp, key)
+            os.replace(tmp, place)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if is_complete(place, key):  # another process finished the same conversion first
+                return place
+            raise
+        for stale in place.parent.glob(f"{PREFIX}*"):  # conversions of this directory's earlier contents
+            if n == 0 and stale.name != place.name and stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+        return place
+    raise QkvError(f"cannot write a CTranslate2 conversion of {checkpoint} beside it or in {user_cache()} "
+                   "(set QKV_CACHE_DIR to a writable directory)")
+
+
+# --- the front-end -------------------------------------------------------------------------------------
+
+class CT2Translator(Translator):
+    """A :class:`~qkv.frontends.Translator` that decodes and scores with ``ctranslate2.Translator``.
+
+    ``model``: the checkpoint's network built on the meta device (its configuration and length
+    rules, no weights): every computation runs in CTranslate2."""
+
+    engine = "ctranslate2"
+
+    def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, decode_cfg: DecodeConfig, train_cfg,
+                 translator, directory: Path):
+        super().__init__(model, tokenizers, decode_cfg, train_cfg)
+        self.ct2, self.directory = translator, directory
+        tgt = tokenizers.tgt
+        self.tgt_ids = {tgt.id_to_piece(i): i for i in range(tgt.vocab_size)}
+
+    # --- what CTranslate2 cannot do as qkv does: refused by name ------------------------------------------
+
+    def check_settings(self, cfg: DecodeConfig, prefixed: bool = False) -> None:
+        if cfg.beam_size == 1 and cfg.nbest == 1:
+            return
+        fix = "give --length-norm length --early-stopping, or --beam-size 1, or use --engine qkv"
+        if prefixed and cfg.length_penalty:
+            raise ConfigError("--target-prefix with a beam search: CTranslate2 divides a hypothesis' log-probability "
+                              "by the length of the whole output, prefix included, qkv by the length after the "
+                              "prefix; give --beam-size 1 or --length-penalty 0, or use --engine qkv")
+        if cfg.length_norm != "length":
+            raise ConfigError(f"--length-norm {cfg.length_norm}: CTranslate2's beam search divides by |Y|^α "
+                              f"(--length-norm length) and has no other length penalty; {fix}")
+        if not cfg.early_stopping:
+            raise ConfigError("--no-early-stopping: CTranslate2's beam search ends a sentence as soon as beam_size "
+                              f"hypotheses have ended (--early-stopping); {fix}")
+
+    def cross_attention(self, src: list[int], tgt: list[int]):
+        raise QkvError("the attention weights of every layer and head come from --engine qkv; --engine ctranslate2 "
+                       "gives alignments (its last layer's mean over heads)")
+
+    def alignment(self, src: list[int], tgt: list[int]) -> str | None:
+        """:meth:`Translator.alignment` from CTranslate2's attention (its last layer's mean over heads)."""
+        return aligned(self.forced_attention([src], [tgt])[0], len(src)) if tgt else None
+
+    # --- decoding --------------------------------------------------------------------------------------
+
+    def budgets(self, src_ids: list[list[int]], prefix: list[int], cfg: DecodeConfig) -> list[int]:
+        """Tokens each output may hold, the prefix included: what :func:`qkv.decoding.batch.decode_sentences`
+        gives qkv's search (``max_len_a · |x| + max_len_b``, where learned positions end)."""
+        lengths = torch.tensor([len(ids) + 1 for ids in src_ids])  # with EOS, as collate writes them
+        model = Prefixed(self.model, prefix, cfg) if prefix else self.model
+        steps = model.max_steps(lengths)
+        limit = None if steps is None else torch.as_tensor(steps) - 1
+        return [len(prefix) + int(n) for n in max_output_len(lengths, cfg.max_len_a, cfg.max_len_b, limit)]
+
+    def search(self, src_ids: list[list[int]], prefix: list[int], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+        """Per sentence, the ``nbest`` hypotheses best first, from one ``translate_batch`` call (a
+        beam-search sentence whose output reached its own length limit, below the call's, is searched
+        again alone with its limit: the result qkv's search gives)."""
+        budgets = self.budgets(src_ids, prefix, cfg)
+        greedy = cfg.beam_size == 1 and cfg.nbest == 1
+        # qkv's min_len counts the tokens after the prefix; CTranslate2's min_decoding_length the whole output
+        options = dict(beam_size=cfg.beam_size, num_hypotheses=1 if greedy else cfg.beam_size,
+                       length_penalty=cfg.length_penalty, min_decoding_length=len(prefix) + cfg.min_len,
+                       return_scores=True, max_input_length=0, max_batch_size=cfg.batch_size)
+        target = [self.pieces(prefix, "tgt")] * len(src_ids) if prefix else None
+        results = self.ct2.translate_batch([self.pieces(ids) for ids in src_ids], target,
+                                           max_decoding_length=max(budgets, default=1), **options)
+        out = []
+        for i, r in enumerate(results):
+            hyps = [[self.tgt_ids[p] for p in h] for h in r.hypotheses]
+            if not greedy and max(map(len, hyps)) >= budgets[i] < max(budgets):
+                out.extend(self.search([src_ids[i]], prefix, replace(cfg, batch_size=1)))
+                continue
+            if greedy:  # qkv's greedy search scores nothing (0.0); its output ends at the sentence's limit
+                out.append([Hypothesis(hyps[0][: budgets[i]], 0.0, 0.0)])
+                continue
+            # score = log P / |Y|^alpha, |Y| the tokens after the prefix and EOS (a prefix is refused unless alpha = 0)
+            out.append([Hypothesis(tokens, score, score * (len(tokens) - len(prefix) + 1) ** cfg.length_penalty)
+                        for tokens, score in zip(hyps[: cfg.nbest], r.scores)])
+        return out
+
+    def pieces(self, ids: list[int], side: str = "src") -> list[str]:
+        tokenizer = getattr(self.tokenizers, side)
+        return [tokenizer.id_to_piece(i) for i in ids]
+
+    def forced_attention(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[np.ndarray]:
+        """Per pair, the cross-attention ``(len(tgt), len(src) + 1)`` of the last decoder layer (mean
+        over heads) when the decoder is fed ``tgt``: the target given as the prefix of a one-step search."""
+        if not src_ids:
+            return []
+        results = self.ct2.translate_batch([self.pieces(s) for s in src_ids], [self.pieces(t, "tgt") for t in tgt_ids],
+                                           beam_size=1, max_decoding_length=max(map(len, tgt_ids)) + 1,
+                                           min_decoding_length=0, return_attention=True, max_input_length=0,
+                                           max_batch_size=self.decode_cfg.batch_size)
+        return [np.asarray(r.attention[0][: len(t)], dtype=np.float32).reshape(len(t), -1)
+                for r, t in zip(results, tgt_ids)]
+
+    def _decode(self, sentences, on_truncate, target_prefix, overrides: dict):
+        if isinstance(sentences, str):
+            raise TypeError("translate() takes a list of sentences, not a single string")
+        cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
+        self.check_beam(cfg.beam_size)
+        self.check_settings(cfg, bool(target_prefix))
+        src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
+        prefix = self.tokenizers.tgt.encode([target_prefix])[0] if target_prefix else []
+        return src_ids, self.search(src_ids, prefix, cfg) if src_ids else []
+
+    def hypotheses(self, sentences, on_truncate=None, target_prefix=None, **overrides) -> list[list[Hypothesis]]:
+        return self._decode(sentences, on_truncate, target_prefix, overrides)[1]
+
+    def translate_rich(self, sentences, on_truncate=None, target_prefix=None, alignments: bool = True,
+                       attention: bool = False, **overrides) -> list[list[dict]]:
+        """:meth:`Translator.translate_rich` computed by CTranslate2: ``token_logprobs`` by its
+        ``score_batch``, ``alignment`` from its attention (the last layer's mean over heads).
+        ``attention=True`` (every layer and head) is refused: CTranslate2 does not return them."""
+        if attention:
+            self.cross_attention([], [])
+        src_ids, hyps = self._decode(sentences, on_truncate, target_prefix, overrides)
+        flat = [(i, h) for i, nbest in enumerate(hyps) for h in nbest]
+        pairs = [src_ids[i] for i, _ in flat], [h.tokens for _, h in flat]
+        logprobs = self.forced(*pairs)
+        wanted = [k for k, (_, h) in enumerate(flat) if h.tokens] if alignments else []
+        weights = dict(zip(wanted, self.forced_attention([pairs[0][k] for k in wanted], [pairs[1][k] for k in wanted])))
+        texts = self.tokenizers.tgt.decode(pairs[1])
+        out: list[list[dict]] = [[] for _ in sentences]
+        for k, ((i, h), text, lp) in enumerate(zip(flat, texts, logprobs)):
+            rich = {"text": text, "score": h.score, "logprob": h.logprob,
+                    "tokens": self.pieces(h.tokens, "tgt"), "token_logprobs": lp}
+            if alignments:
+                rich["alignment"] = aligned(weights[k], len(src_ids[i])) if k in weights else None
+            out[i].append(rich)
+        return out
+
+    def forced(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[list[float]]:
+        """Per pair, the log-probability of each target token and EOS: ``score_batch``."""
+        if not src_ids:
+            return []
+        results = self.ct2.score_batch([self.pieces(s) for s in src_ids], [self.pieces(t, "tgt") for t in tgt_ids],
+                                       max_batch_size=self.decode_cfg.batch_size, max_input_length=0)
+        return [[float(v) for v in r.log_probs] for r in results]
+
+    def score(self, sources, targets, on_truncate=None) -> list[list[float]]:
+        """:meth:`Translator.score` by CTranslate2's ``score_batch`` (its log-probabilities leave out
+        the special tokens neither decoder emits, a difference of log(1 - p(special)) per token)."""
+        if isinstance(sources, str) or isinstance(targets, str):
+            raise TypeError("score() takes lists of sentences, not single strings")
+        src_ids = self.fit_sources(self.tokenizers.src.encode(list(sources)), on_truncate)
+        tgt = self.tokenizers.tgt
+        texts = iter(tgt.encode([t for t in targets if isinstance(t, str)]))
+        tgt_ids = [next(texts) if isinstance(t, str) else tgt.piece_ids(t, f"target {i + 1}")
+                   for i, t in enumerate(targets)]
+        return self.forced(src_ids, tgt_ids)
+
+
+def aligned(rows: np.ndarray, src_len: int) -> str:
+    """:func:`~qkv.frontends.translator.pharaoh` of CTranslate2's attention rows ``(T, S)``: one layer, one
+    head, and a row for EOS (which pharaoh leaves out)."""
+    return pharaoh(torch.from_numpy(np.concatenate([rows, rows[-1:]]))[None, None], src_len)
+
+
+# --- loading ---------------------------------------------------------------------------------------------
+
+def ct2_device(device: str) -> tuple[str, int]:
+    """qkv's ``--device`` (cpu, cuda, cuda:N, auto) as CTranslate2's ``(device, device_index)``."""
+    ctranslate2 = require_ctranslate2()
+    name, _, index = str(device).partition(":")
+    if name == "auto":
+        return ("cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"), 0
+    if name not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise QkvError(f"--device {device!r}: choose auto, cpu, cuda or cuda:N")
+    if name == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        raise QkvError(f"--device {device}: CTranslate2 sees no CUDA GPU here (use --device cpu)")
+    return name, int(index or 0)
+
+
+def check_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise QkvError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+
+
+def load(path: str | Path, device: str = "cpu", quantize: str | None = None, threads: int = 0,
+         log: Log = stderr) -> CT2Translator:
+    """The translation checkpoint ``path`` as a :class:`CT2Translator`: converted once into the cache
+    (:func:`converted`), run by ``ctranslate2.Translator`` on ``device`` with ``threads`` intra-op
+    threads (0: CTranslate2's default); ``quantize="int8"``: compute_type int8."""
+    from qkv.frontends.quantize import QUANTIZE_CHOICES
+
+    ctranslate2 = require_ctranslate2()
+    if quantize not in QUANTIZE_CHOICES:
+        raise QkvError(f"quantize must be None or 'int8', got {quantize!r}")
+    path = Path(path)
+    model_cfg, train_cfg, decode_cfg = (read_config(path, s) for s in ("model", "train", "decode"))
+    try:
+        model_cfg, decode_cfg = model_cfg.validate(), decode_cfg.validate()
+    except QkvError as e:
+        raise CheckpointError(f"{path}/config.json: {e}") from None
+    if (model_cfg.task, model_cfg.arch) != ("translate", "transformer"):
+        raise QkvError(f"{path} is a {model_cfg.task!r} model with arch {model_cfg.arch!r}: --engine ctranslate2 "
+                       "decodes translation Transformers (task translate); use --engine qkv")
+    name, index = ct2_device(device)
+    directory = converted(path, log)
+    tokenizers = TokenizerPair.load(path, listed_files(path))
+    with torch.device("meta"):  # the configuration and length rules; the weights live in CTranslate2
+        model = build_model(model_cfg)
+    translator = ctranslate2.Translator(str(directory), device=name, device_index=index,
+                                        compute_type="int8" if quantize else "default", intra_threads=threads)
+    return CT2Translator(model.eval(), tokenizers, decode_cfg, train_cfg, translator, directory)
+
+
+__all__ = ["ENGINES", "CT2Translator", "load", "converted", "cache_key", "is_complete", "user_cache", "check_engine"]
