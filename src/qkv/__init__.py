@@ -8,10 +8,19 @@
 __version__ = "0.1.0"
 
 
-def load(path, device="cpu", quantize=None):
+def load(path, device="cpu", quantize=None, engine="qkv", threads=0):
     """Load a checkpoint directory as its task's front-end (a :class:`qkv.frontends.Translator`,
     ``Encoder`` or ``LanguageModel``; see :func:`qkv.frontends.load`); ``quantize="int8"``: dynamic
-    int8 quantisation for CPU decoding."""
+    int8 quantisation for CPU decoding.
+
+    ``engine="ctranslate2"``: a translation Transformer decoded by CTranslate2 (converted once, cached
+    beside the checkpoint; :mod:`qkv.export.engine`), ``threads`` its intra-op threads (0: its
+    default), ``quantize="int8"`` its int8 compute type; it needs the export extra."""
+    if engine != "qkv":
+        from qkv.export.engine import check_engine, load as load_ct2
+
+        check_engine(engine)
+        return load_ct2(path, device, quantize, threads)
     from qkv.frontends import load as _load
 
     return _load(path, device, quantize)

@@ -165,6 +165,7 @@ def streamed_input(args: argparse.Namespace, lines_per_chunk: int):
 
 def cmd_translate(args: argparse.Namespace) -> int:
     check_output(args.output, input=args.input)
+    check_option_bounds(threads=args.threads)
     model = load_translator(args)
     overrides = flags_for(args, DecodeConfig)
     nbest = dataclasses.replace(model.decode_cfg, **overrides).validate().nbest  # a bad flag fails first
@@ -262,8 +263,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def load_translator(args: argparse.Namespace):
-    """MODEL, or MODEL with the --ensemble checkpoints as one ensemble; a clear error if not a translator."""
+    """MODEL, or MODEL with the --ensemble checkpoints as one ensemble, decoded by --engine; a clear error
+    if not a translator."""
     quantize = "int8" if args.int8 else None
+    engine, threads = getattr(args, "engine", "qkv"), getattr(args, "threads", 0)
+    if engine == "ctranslate2":
+        if getattr(args, "ensemble", None):
+            raise QkvError("--ensemble averages the distributions of several qkv models: leave out --engine ctranslate2")
+        from qkv.export.engine import load
+        from qkv.frontends import check_serves
+
+        check_serves(args.model, "translate")
+        return load(args.model, args.device, quantize, threads, log=log)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     if getattr(args, "ensemble", None):
         return load_ensemble([args.model, *args.ensemble], quantize=quantize, device=args.device)
     return open_model(args.model, "translate", quantize=quantize, device=args.device)
@@ -477,7 +492,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_option_bounds(threads=args.threads)
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
     serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log,
-          allowed_hosts=args.allowed_hosts)
+          allowed_hosts=args.allowed_hosts, engine=args.engine, quantize="int8" if args.int8 else None,
+          decode=flags_for(args, DecodeConfig))
     return 0
 
 

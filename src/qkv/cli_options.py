@@ -37,7 +37,11 @@ ENSEMBLE_HELP = ("decode with MODEL and this checkpoint as an ensemble: the mean
                  "distributions at every step (repeat for more members; they must share MODEL's tokenizer)")
 DEVICE_HELP = "where the model runs: cpu, cuda (or cuda:N), or auto (the GPU when torch sees one) (default: cpu)"
 INT8_HELP = ("dynamic int8 quantisation of the model's linear layers for faster CPU decoding "
-             "(a small BLEU cost: see docs/results.md)")
+             "(a small BLEU cost: see docs/results.md); with --engine ctranslate2, its int8 compute type")
+ENGINE_HELP = ("what decodes: qkv (its own modules; every option) or ctranslate2 (translation Transformers, "
+               "converted once and cached beside the checkpoint, faster on CPU; greedy outputs equal qkv's; beam "
+               "search only with --length-norm length --early-stopping; options it cannot honour exactly are "
+               "refused by name; needs the export extra) (default: qkv)")
 
 
 ATTENTION_HELP = """\
@@ -222,8 +226,12 @@ def add_translate_parser(sub, handlers: dict) -> None:
     tr.add_argument("--input", "-i", help="file to translate, plain or gzip ('-' = stdin)")
     tr.add_argument("--output", "-o", help="write translations here instead of stdout (all or nothing: the file is "
                                            "replaced only when every line is translated)")
+    tr.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv", help=ENGINE_HELP)
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
     tr.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    tr.add_argument("--threads", type=int, default=0,
+                    help="CPU threads: torch's (qkv) or CTranslate2's intra_threads (ctranslate2) (default: 0, the "
+                         "engine's default)")
     tr.add_argument("--target-prefix", metavar="TEXT",
                     help="every translation starts with TEXT (forced); the search continues after it")
     tr.add_argument("--output-format", choices=["text", "jsonl"], default="text",
@@ -577,6 +585,7 @@ waiting at most --batch-wait-ms for more). Needs: pip install -c constraints.txt
 examples:
   qkv serve runs/default/best                       # http://127.0.0.1:8000/
   qkv serve ende=runs/ende/best tm=runs/tm/best --port 8080 --threads 2
+  qkv serve runs/ende/best --engine ctranslate2 --length-norm length --early-stopping   # CTranslate2 decodes
 """
 
 
@@ -597,8 +606,12 @@ def add_serve_parser(sub, handlers: dict) -> None:
                         "and [::1]: comma-separated or the flag repeated; * for any (default: only those on a "
                         "loopback --host, any on another); other names get 400, against DNS rebinding")
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port)")
+    s.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv", help=ENGINE_HELP)
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    s.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: 0, torch's default)")
+    s.add_argument("--threads", type=int, default=0, help="CPU threads: torch's (qkv) or CTranslate2's "
+                                                          "intra_threads (ctranslate2) (default: 0, the engine's default)")
+    s.add_argument("--int8", action="store_true", help=INT8_HELP)
+    add_config_flags(s, DecodeConfig, "decoding of translation models (default: each model's saved settings)")
     group = s.add_argument_group("bounds and batching")
     defaults = Limits()
     for f in dataclasses.fields(Limits):

@@ -191,7 +191,7 @@ class CT2Translator(Translator):
             raise ConfigError(f"--length-norm {cfg.length_norm}: CTranslate2's beam search divides by |Y|^α "
                               f"(--length-norm length) and has no other length penalty; {fix}")
         if not cfg.early_stopping:
-            raise ConfigError("--no-early-stopping: CTranslate2's beam search ends a sentence as soon as beam_size "
+            raise ConfigError("beam search without --early-stopping: CTranslate2's ends a sentence as soon as beam_size "
                               f"hypotheses have ended (--early-stopping); {fix}")
 
     def cross_attention(self, src: list[int], tgt: list[int]):

@@ -23,6 +23,7 @@ class Frontend:
     """
 
     name = "frontend"
+    engine = "qkv"  # what decodes: qkv's own modules (a CTranslate2 translator says "ctranslate2")
     default_task = "translate"  # the task of a model without a config (an ensemble of translators)
 
     def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, train_cfg: TrainConfig | None = None):

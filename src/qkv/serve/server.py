@@ -86,10 +86,13 @@ def config(app, log_level: str = "warning"):
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
           device: str = "cpu", threads: int = 0, log: Callable[[str], None] = print,
-          allowed_hosts: list[str] = ()) -> None:
+          allowed_hosts: list[str] = (), engine: str = "qkv", quantize: str | None = None,
+          decode: dict | None = None) -> None:
     """Load the checkpoints ``paths`` and serve them on ``host:port`` until interrupted, answering the
     loopback host names and ``allowed_hosts`` (``--allowed-hosts``; without it, any name when ``host``
-    is not a loopback address)."""
+    is not a loopback address). ``engine``: what decodes (qkv, or ctranslate2 for translation
+    Transformers, with ``threads`` intra-op threads); ``decode``: DecodeConfig fields that replace
+    each translation model's saved settings."""
     require("fastapi")
     uvicorn = require("uvicorn")
     import torch
@@ -99,14 +102,15 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: L
 
     limits = (limits or Limits()).validate()
     names = hosts.allowed_hosts(host, allowed_hosts)
-    if threads:
+    if threads and engine == "qkv":
         torch.set_num_threads(threads)
-    models = load_models(paths, limits, device)
+    models = load_models(paths, limits, device, engine=engine, quantize=quantize, threads=threads, decode=decode,
+                         log=log)
     sock = bind(host, port)
     app = create_app(models, limits, names)
     where = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
     for m in models:
-        log(f"{m.name}: {m.path} ({m.task}; {', '.join(m.endpoints)})")
+        log(f"{m.name}: {m.path} ({m.task}; {', '.join(m.endpoints)}; engine {m.frontend.engine})")
     if not hosts.is_loopback_host(host):
         log(f"warning: --host {host} lets other machines connect, and qkv serve has no authentication: anyone "
             f"who reaches {where} can use the models; put it behind a proxy that authenticates")

@@ -59,14 +59,16 @@ class Served:
 
     @property
     def has_cross_attention(self) -> bool:
+        """Whether requests may ask for the attention weights of every layer and head (qkv's engine)."""
         decl = self.frontend.task_declaration
-        return decl.stack == "encoder-decoder" and getattr(self.frontend.model, "has_attention", True)
+        return (decl.stack == "encoder-decoder" and getattr(self.frontend.model, "has_attention", True)
+                and self.frontend.engine == "qkv")
 
     def describe(self) -> dict:
         """What ``GET /models`` tells of the model: its name, never where its checkpoint lies."""
         f, decl = self.frontend, self.frontend.task_declaration
         out = {"name": self.name, "task": self.task, "kind": decl.kind, "arch": f.model.cfg.arch,
-               "endpoints": self.endpoints,
+               "engine": f.engine, "endpoints": self.endpoints,
                "parameters": sum(p.numel() for p in f.model.parameters())}
         if "translate" in f.offers:
             out.update(cross_attention=self.has_cross_attention, beam_size=f.decode_cfg.beam_size,
@@ -116,7 +118,7 @@ class Served:
             total += n + 1
         return total
 
-    def decode_settings(self, beam_size: int | None, n_best: int) -> tuple[int, int]:
+    def decode_settings(self, beam_size: int | None, n_best: int, prefixed: bool = False) -> tuple[int, int]:
         lim, cfg = self.limits, self.frontend.decode_cfg
         beam = cfg.beam_size if beam_size is None else beam_size
         if beam > lim.max_beam:
@@ -129,6 +131,8 @@ class Served:
         try:
             dataclasses.replace(cfg, beam_size=beam, nbest=n_best).validate()
             self.frontend.check_beam(beam)
+            if self.frontend.engine != "qkv":  # what CTranslate2 cannot decode as qkv does, refused by name
+                self.frontend.check_settings(dataclasses.replace(cfg, beam_size=beam, nbest=n_best), prefixed)
         except QkvError as e:
             raise RequestError(422, str(e)) from None
         return beam, n_best
@@ -147,10 +151,14 @@ class Served:
     async def translate(self, texts: list[str], beam_size: int | None = None, n_best: int = 1,
                         target_prefix: str | None = None, alignments: bool = False, attention: bool = False) -> dict:
         self.require("translate")
-        beam, n_best = self.decode_settings(beam_size, n_best)
+        beam, n_best = self.decode_settings(beam_size, n_best, bool(target_prefix))
         tokens = self.check_texts(texts)
         if target_prefix is not None:
             self.check_texts([target_prefix], "target_prefix", self.frontend.tokenizers.tgt)
+        if attention and self.frontend.engine != "qkv":
+            raise RequestError(501, f"model {self.name!r} is decoded by {self.frontend.engine}, which gives alignments "
+                                    "but not the attention weights of every layer and head: those need qkv serve "
+                                    "--engine qkv")
         want_attention = bool(attention and self.has_cross_attention)
         if want_attention and len(texts) * n_best > self.limits.max_attention:
             raise RequestError(413, f"attention weights for {len(texts)} texts × n_best {n_best} hypotheses; this "
@@ -232,11 +240,14 @@ class Served:
         raise ValueError(f"unknown batch kind {key[0]!r}")
 
 
-def load_models(paths: list[str], limits: Limits, device: str = "cpu",
-                load: Callable | None = None) -> list[Served]:
-    """The checkpoints ``paths`` (``PATH`` or ``NAME=PATH``), each opened as its front-end; names made unique."""
+def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Callable | None = None,
+                engine: str = "qkv", quantize: str | None = None, threads: int = 0, decode: dict | None = None,
+                log: Callable[[str], None] | None = None) -> list[Served]:
+    """The checkpoints ``paths`` (``PATH`` or ``NAME=PATH``), each opened as its front-end, decoded by
+    ``engine`` (``ctranslate2``: translation Transformers only, each refused by name otherwise); names
+    made unique. ``decode``: DecodeConfig fields that replace a translation model's saved settings."""
     if load is None:
-        from qkv.frontends import load
+        load = open_with(engine, quantize, threads, log)
     if not paths:
         raise QkvError("give at least one checkpoint directory to serve, e.g. runs/default/best")
     served, names = [], set()
@@ -246,8 +257,26 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu",
         while unique in names:
             unique, n = f"{name}-{n}", n + 1
         names.add(unique)
-        served.append(Served(unique, load(path, device), limits, str(path)))
+        frontend = load(path, device)
+        if decode and hasattr(frontend, "decode_cfg"):
+            try:
+                frontend.decode_cfg = dataclasses.replace(frontend.decode_cfg, **decode).validate()
+            except QkvError as e:
+                raise QkvError(f"{path}: {e}") from None
+        served.append(Served(unique, frontend, limits, str(path)))
     return served
+
+
+def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[str], None] | None) -> Callable:
+    """``load(path, device)`` for ``engine``: qkv's front-ends, or CTranslate2's translator."""
+    if engine == "qkv":
+        from qkv.frontends import load
+
+        return lambda path, device: load(path, device, quantize)
+    from qkv.export.engine import check_engine, load, stderr
+
+    check_engine(engine)
+    return lambda path, device: load(path, device, quantize, threads, log or stderr)
 
 
 __all__ = ["Served", "RequestError", "ENDPOINTS", "load_models", "model_name"]
