@@ -1,0 +1,272 @@
+"""--engine ctranslate2: CTranslate2 decodes behind the translation front-end, with qkv's options.
+
+The reference is qkv's own engine on the same checkpoint and inputs (``--engine qkv``). Greedy
+outputs must be identical strings; beam search (under --length-norm length --early-stopping, the
+rule CTranslate2 has) identical on the trained default-task model, scores within 0.01: CTranslate2's
+log-probabilities leave out the special tokens neither engine emits (the converted model's -1e4
+bias), qkv's keep them in the softmax, a difference of log(1 - p(special)) per token. On the
+untrained fixture checkpoints the specials hold much of the probability, so their beam outputs are
+compared on the trained model only. The cache tests count conversions (``convert``) and read the
+converted model's modification time. Needs the export extra; skipped without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import qkv
+from qkv.cli import main
+from qkv.export import engine
+from qkv.export.optional import INSTALL
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                                reason=f"ctranslate2 is not installed: {INSTALL}")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+UNTRAINED = FIXTURES / "checkpoints" / "translate-transformer"
+TRAINED = FIXTURES / "default-task"  # the embedded default task's model: number words -> German
+WORDS = ["red cat", "the big dog sun", "small tree", "blue", "red red red blue green cat dog tree sun big small the"]
+NUMBERS = ["three hundred twenty-one", "nine thousand nine hundred ninety-nine", "seven", "forty-two",
+           "eleven hundred", "six hundred six", "five million and one", "twelve"]
+BEAM = ["--beam-size", "4", "--length-norm", "length", "--early-stopping"]
+
+
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path / "user-cache"))
+    return tmp_path / "user-cache"
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """Copies of the two checkpoints (the conversion cache is written beside them), loaded both ways."""
+    root = tmp_path_factory.mktemp("engine")
+    shutil.copytree(UNTRAINED, root / "untrained")
+    shutil.copytree(TRAINED, root / "trained")
+    return root
+
+
+@pytest.fixture(scope="module")
+def pair(ckpts):
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            loaded[name] = qkv.load(ckpts / name), qkv.load(ckpts / name, engine="ctranslate2", threads=1)
+        return loaded[name]
+    return get
+
+
+def translate(capsys, *argv: str) -> list[str]:
+    capsys.readouterr()
+    rc = main(["translate", *argv])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return out.splitlines()
+
+
+def refused(capsys, argv: list[str], *needles: str) -> str:
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    line = err.splitlines()[-1]
+    assert line.startswith(f"qkv {argv[0]}: error: "), err
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+# --- the same outputs ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,sentences", [("untrained", WORDS), ("trained", NUMBERS)])
+@pytest.mark.parametrize("flags", [[], ["--max-len-a", "0.5", "--max-len-b", "3"], ["--min-len", "6"],
+                                   ["--target-prefix", "s"]])
+def test_greedy_translate_is_identical(ckpts, capsys, name, sentences, flags):
+    """``qkv translate --engine ctranslate2`` prints what ``--engine qkv`` prints, the length rules included
+    (the untrained model runs every output to its limit, a·|x| + b per sentence in one batch)."""
+    argv = [str(ckpts / name), "--beam-size", "1", *flags, *sentences]
+    want = translate(capsys, *argv)
+    assert translate(capsys, *argv, "--engine", "ctranslate2", "--threads", "1") == want
+    assert len(want) == len(sentences) and any(want)
+
+
+@pytest.mark.parametrize("nbest", [1, 2])
+def test_beam_search_is_identical_with_length_norm_length_and_early_stopping(ckpts, capsys, nbest):
+    argv = [str(ckpts / "trained"), *BEAM, "--nbest", str(nbest), *NUMBERS]
+    want = [line.split("\t") for line in translate(capsys, *argv)]
+    got = [line.split("\t") for line in translate(capsys, *argv, "--engine", "ctranslate2")]
+    assert [[w[0], w[-1]] for w in want] == [[g[0], g[-1]] for g in got]  # line index and text
+    if nbest > 1:
+        assert [float(g[1]) for g in got] == pytest.approx([float(w[1]) for w in want], abs=0.01)
+
+
+def test_nbest_as_wide_as_the_beam_agrees_on_the_best_and_on_shared_scores(pair):
+    """With n-best = beam size, the lists may differ below the best: the two searches keep different
+    candidates once hypotheses end. The best is the same; a hypothesis found by both scores the same."""
+    ours, theirs = pair("trained")
+    kw = dict(beam_size=4, nbest=4, length_norm="length", early_stopping=True)
+    for a, b in zip(ours.translate_scored(NUMBERS, **kw), theirs.translate_scored(NUMBERS, **kw)):
+        assert a[0][0] == b[0][0]
+        shared = dict(a).keys() & dict(b).keys()
+        assert [dict(a)[t] for t in shared] == pytest.approx([dict(b)[t] for t in shared], abs=0.01)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_rich_output_prefix_scores_and_alignments_agree(pair, beam):
+    """translate_rich (``--output-format jsonl``, the server): the same tokens, alignments (from CTranslate2's
+    attention: its last layer's mean over heads, as qkv's), token log-probabilities and score within
+    0.01 (logprob, their sum: 0.01 a token), with and without a target prefix (a beam with a prefix: length penalty 0)."""
+    ours, theirs = pair("trained")
+    for prefix, kw in [(None, dict(length_penalty=0.6)), ("drei", dict(length_penalty=0.0))]:
+        kw = dict(kw, beam_size=beam, nbest=min(beam, 2), length_norm="length", early_stopping=True)
+        a, b = ours.translate_rich(NUMBERS, target_prefix=prefix, **kw), theirs.translate_rich(NUMBERS, target_prefix=prefix, **kw)
+        for x, y in zip(a, b):
+            for h, g in zip(x, y, strict=True):
+                assert (g["text"], g["tokens"], g["alignment"]) == (h["text"], h["tokens"], h["alignment"])
+                assert g["token_logprobs"] == pytest.approx(h["token_logprobs"], abs=0.01)
+                assert g["score"] == pytest.approx(h["score"], abs=0.01)
+                assert g["logprob"] == pytest.approx(h["logprob"], abs=0.01 * len(h["token_logprobs"]))
+                if prefix:
+                    assert g["text"].startswith("drei")
+
+
+def test_scores_of_given_targets_and_alignments_agree(pair):
+    ours, theirs = pair("trained")
+    targets = ["dreihunderteinundzwanzig", "neun", "sieben", "zweiundvierzig"]
+    got, want = theirs.score(NUMBERS[:4], targets), ours.score(NUMBERS[:4], targets)
+    assert [len(g) for g in got] == [len(w) for w in want]
+    assert [v for g in got for v in g] == pytest.approx([v for w in want for v in w], abs=0.01)
+    src, tgt = ours.tokenizers.src.encode(NUMBERS[:4]), ours.tokenizers.tgt.encode(targets)
+    assert [theirs.alignment(s, t) for s, t in zip(src, tgt)] == [ours.alignment(s, t) for s, t in zip(src, tgt)]
+
+
+def test_int8_compute_type_translates(ckpts, capsys):
+    out = translate(capsys, str(ckpts / "trained"), "--beam-size", "1", "--engine", "ctranslate2", "--int8", *NUMBERS)
+    assert len(out) == len(NUMBERS) and out[0] == "dreihunderteinundzwanzig"
+
+
+# --- what CTranslate2 cannot do as qkv does: refused by name ---------------------------------------
+
+def test_options_ctranslate2_cannot_honour_are_refused_by_name(ckpts, capsys, pair):
+    ckpt = str(ckpts / "trained")
+    base = ["translate", ckpt, "--engine", "ctranslate2", "seven"]
+    refused(capsys, base, "--length-norm gnmt", "--engine qkv")  # the model's saved settings: beam 4, gnmt
+    refused(capsys, [*base, "--length-norm", "length"], "--early-stopping")
+    refused(capsys, [*base, *BEAM, "--target-prefix", "drei"], "--target-prefix", "--length-penalty 0")
+    refused(capsys, [*base, "--ensemble", ckpt], "--ensemble", "--engine ctranslate2")
+    refused(capsys, ["translate", str(FIXTURES / "checkpoints" / "prefix_lm-transformer"), "--engine", "ctranslate2",
+                     "x"], "'prefix_lm'", "--engine qkv")
+    refused(capsys, ["translate", str(FIXTURES / "checkpoints" / "translate-lstm-general"), "--engine",
+                     "ctranslate2", "x"], "'lstm'", "--engine qkv")
+    refused(capsys, ["translate", str(FIXTURES / "checkpoints" / "lm-transformer"), "--engine", "ctranslate2", "x"],
+            "not a translation model")
+    with pytest.raises(qkv.errors.QkvError, match="--engine qkv"):
+        pair("trained")[1].translate_rich(["seven"], beam_size=1, attention=True)
+    with pytest.raises(qkv.errors.QkvError, match="--engine 'onnx'"):
+        qkv.load(ckpt, engine="onnx")
+
+
+def test_without_the_package_the_error_names_the_extra(ckpts, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if it were not installed
+    refused(capsys, ["translate", str(ckpts / "trained"), "--engine", "ctranslate2", "--beam-size", "1", "seven"],
+            "--engine ctranslate2 needs the ctranslate2 package", INSTALL)
+
+
+# --- the conversion cache --------------------------------------------------------------------------
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The number of conversions run so far."""
+    calls = []
+    convert = engine.convert
+    monkeypatch.setattr(engine, "convert", lambda *a: (calls.append(a), convert(*a)))
+    return calls
+
+
+def caches(ckpt: Path) -> list[Path]:
+    return sorted(p for p in ckpt.iterdir() if p.name.startswith(("ct2-", ".ct2-")))
+
+
+def rewrite(ckpt: Path, name: str, text: str) -> None:
+    """Change one file of a checkpoint and its manifest entry, as a new save would."""
+    (ckpt / name).write_text(text, encoding="utf-8")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"][name] = {"size": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_converted_once_then_reused_and_reconverted_when_the_checkpoint_changes(tmp_path, counted):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    first = engine.converted(ckpt, log=lambda m: None)
+    assert len(counted) == 1 and caches(ckpt) == [first] and (first / engine.MARKER).is_file()
+    mtime = (first / "model.bin").stat().st_mtime_ns
+    assert qkv.load(ckpt, engine="ctranslate2").translate(["seven"], beam_size=1) == ["sieben"]
+    assert engine.converted(ckpt) == first
+    assert len(counted) == 1 and (first / "model.bin").stat().st_mtime_ns == mtime
+    config = json.loads((ckpt / "config.json").read_text())
+    config["decode"]["beam_size"] = 1
+    rewrite(ckpt, "config.json", json.dumps(config))
+    second = engine.converted(ckpt, log=lambda m: None)
+    assert len(counted) == 2 and second != first and caches(ckpt) == [second]  # the stale one removed
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no marker", "a file missing"])
+def test_a_corrupt_or_half_cache_is_detected_and_rebuilt(tmp_path, counted, damage):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    place = engine.converted(ckpt, log=lambda m: None)
+    if damage == "truncated":
+        with open(place / "model.bin", "r+b") as f:
+            f.truncate(1000)
+    elif damage == "no marker":  # as a copy cut short, or a directory of the same name
+        (place / engine.MARKER).unlink()
+    else:
+        (place / "target.spm").unlink()
+    notes = []
+    assert engine.converted(ckpt, log=notes.append) == place
+    assert len(counted) == 2 and engine.is_complete(place, engine.cache_key(ckpt))
+    assert any("not a complete conversion" in n for n in notes)
+    assert qkv.load(ckpt, engine="ctranslate2").translate(["seven"], beam_size=1) == ["sieben"]
+
+
+def test_a_conversion_that_fails_leaves_no_cache(tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+
+    def crash(checkpoint, tmp, key):
+        (tmp / "model.bin").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "convert", crash)
+    with pytest.raises(KeyboardInterrupt):
+        engine.converted(ckpt, log=lambda m: None)
+    assert caches(ckpt) == []
+    monkeypatch.undo()
+    assert engine.is_complete(engine.converted(ckpt, log=lambda m: None), engine.cache_key(ckpt))
+
+
+def test_a_read_only_checkpoint_is_converted_into_the_user_cache(tmp_path, monkeypatch, user_cache, counted):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    temporary = engine._temporary
+    monkeypatch.setattr(engine, "_temporary", lambda parent, key: None if parent == ckpt else temporary(parent, key))
+    if os.geteuid() != 0:  # root writes anywhere: there the directory is refused by the patch alone
+        ckpt.chmod(0o555)
+    notes = []
+    try:
+        place = engine.converted(ckpt, log=notes.append)
+        assert place.parent == user_cache / "ct2" and caches(ckpt) == []
+        assert any("cannot be written" in n and str(place) in n for n in notes)
+        assert engine.converted(ckpt, log=notes.append) == place and len(counted) == 1
+    finally:
+        ckpt.chmod(0o755)
