@@ -8,8 +8,10 @@ skipped without it.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +29,7 @@ httpx = pytest.importorskip("httpx", reason='the serve tests need httpx: pip ins
 import qkv  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from qkv.cli import main  # noqa: E402
+from qkv.errors import QkvError  # noqa: E402
 from qkv.serve import BackgroundServer, Limits  # noqa: E402
 from qkv.serve.app import create_app  # noqa: E402
 from qkv.serve.batcher import Batcher  # noqa: E402
@@ -591,6 +594,107 @@ def test_timeouts_are_flags(capsys):
     assert "--header-timeout must be a number in [0.1, 3600]" in capsys.readouterr().err
     assert main(["serve", model, "--keep-alive-timeout", "nan"]) == 2
     assert "--keep-alive-timeout" in capsys.readouterr().err
+
+
+# --- --engine ctranslate2 --------------------------------------------------------------------------------
+
+needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                               reason='--engine ctranslate2 needs ctranslate2: pip install -c constraints.txt -e ".[export]"')
+TRAINED = FIXTURES.parent / "default-task"  # trained: CTranslate2's beam search gives qkv's outputs on it
+NUMBERS = ["three hundred twenty-one", "forty-two", "seven", "nine thousand nine hundred ninety-nine"]
+CT2_DECODE = {"length_norm": "length", "early_stopping": True}  # qkv serve --length-norm length --early-stopping
+
+
+class Counting:
+    """A ctranslate2.Translator that counts its translate_batch calls (what the server feeds it)."""
+
+    def __init__(self, translator):
+        self.translator, self.calls = translator, []
+
+    def translate_batch(self, source, *args, **kwargs):
+        self.calls.append(len(source))
+        return self.translator.translate_batch(source, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.translator, name)
+
+
+@pytest.fixture(scope="module")
+def ct2_served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    shutil.copytree(TRAINED, root / "numbers")  # the conversion is cached beside the checkpoint
+    shutil.copytree(FIXTURES / "lm-transformer", root / "lm")
+    return root
+
+
+@needs_ct2
+def test_ctranslate2_engine_answers_as_qkv_engine(ct2_served):
+    """The same requests to a server on each engine: equal texts, tokens and alignments, scores within
+    0.01 (CTranslate2's log-probabilities leave out the special tokens); attention weights of every
+    layer and head: 501 naming the engine that gives them; a beam search CTranslate2 cannot run as qkv
+    does: 422 naming the flag."""
+    path = str(ct2_served / "numbers")
+    qkv_models = load_models([path], SMALL, decode=CT2_DECODE)
+    ct2_models = load_models([path], SMALL, engine="ctranslate2", threads=1, decode=CT2_DECODE)
+    assert ct2_models[0].frontend.engine == "ctranslate2"
+    with TestClient(create_app(qkv_models, SMALL), base_url=LOCAL) as ours, \
+            TestClient(create_app(ct2_models, SMALL), base_url=LOCAL) as theirs:
+        for body in [{"beam_size": 1}, {"beam_size": 4, "n_best": 2, "alignments": True},
+                     {"beam_size": 1, "target_prefix": "drei", "alignments": True}]:
+            want = ok(ours.post("/translate", json={"texts": NUMBERS, **body}))["results"]
+            got = ok(theirs.post("/translate", json={"texts": NUMBERS, **body}))["results"]
+            for w, g in zip(want, got):
+                for a, b in zip(w["hypotheses"], g["hypotheses"], strict=True):
+                    assert (b["text"], b["tokens"], b.get("alignment")) == (a["text"], a["tokens"], a.get("alignment"))
+                    assert b["score"] == pytest.approx(a["score"], abs=0.01)
+                    assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=0.01)
+        pairs = {"sources": NUMBERS[:2], "targets": ["dreihunderteinundzwanzig", ""]}
+        want, got = ok(ours.post("/score", json=pairs)), ok(theirs.post("/score", json=pairs))
+        for a, b in zip(want["results"], got["results"]):
+            assert b["tokens"] == a["tokens"] and b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=0.01)
+        r = theirs.post("/translate", json={"texts": NUMBERS[:1], "attention": True})
+        assert r.status_code == 501 and "--engine qkv" in r.json()["error"]
+        r = theirs.post("/translate", json={"texts": NUMBERS[:1], "beam_size": 4, "target_prefix": "drei"})
+        assert r.status_code == 422 and "--target-prefix" in r.json()["error"]
+        listed = ok(theirs.get("/models"))["models"][0]
+        assert listed["engine"] == "ctranslate2" and listed["cross_attention"] is False
+    default = load_models([path], SMALL, engine="ctranslate2")  # the model's saved settings: beam 4, gnmt
+    with TestClient(create_app(default, SMALL), base_url=LOCAL) as c:
+        r = c.post("/translate", json={"texts": NUMBERS[:1]})
+        assert r.status_code == 422 and "--length-norm gnmt" in r.json()["error"]
+        assert ok(c.post("/translate", json={"texts": NUMBERS[:1], "beam_size": 1}))["results"][0]["hypotheses"][0][
+            "text"] == "dreihunderteinundzwanzig"
+
+
+@needs_ct2
+def test_ctranslate2_engine_decodes_each_batch_in_one_call(ct2_served):
+    """Concurrent requests are batched as with qkv's engine, and each batch is one translate_batch call."""
+    limits = Limits(batch_wait_ms=300, max_batch_tokens=10_000)
+    served = load_models([str(ct2_served / "numbers")], limits, engine="ctranslate2", decode={"beam_size": 1})
+    served[0].frontend.ct2 = counting = Counting(served[0].frontend.ct2)
+    batches = []
+    served[0].batcher.on_batch = lambda key, requests, items: batches.append(items)
+    texts = [[t] for t in NUMBERS] + [NUMBERS[:2], NUMBERS[1:]]
+    with BackgroundServer(create_app(served, limits)) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        barrier = threading.Barrier(len(texts))
+
+        def send(t):
+            barrier.wait()
+            return c.post("/translate", json={"texts": t}).json()
+
+        with ThreadPoolExecutor(len(texts)) as pool:
+            together = list(pool.map(send, texts))
+    assert len(batches) < len(texts) and counting.calls == batches  # one call per batch, all its items
+    want = qkv.load(ct2_served / "numbers").translate(NUMBERS, beam_size=1)
+    assert [r["hypotheses"][0]["text"] for r in together[0]["results"] + together[1]["results"]] == want[:2]
+
+
+@needs_ct2
+def test_ctranslate2_engine_refuses_what_it_cannot_decode_by_name(ct2_served):
+    with pytest.raises(QkvError, match="'lm' model .*--engine qkv"):
+        load_models([str(ct2_served / "lm")], SMALL, engine="ctranslate2")
+    with pytest.raises(QkvError, match="length_norm"):
+        load_models([str(ct2_served / "numbers")], SMALL, decode={"length_norm": "other"})
 
 
 # --- the command ---------------------------------------------------------------------------------------
