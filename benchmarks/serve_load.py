@@ -2,6 +2,7 @@
 
     python benchmarks/serve_load.py [--model runs/serve-default/best] [--multi30k-model runs/serve-multi30k/best]
                                     [--concurrency 1,8,32,128] [--requests 128] [--soak-seconds 300] [--threads 2]
+                                    [--engine qkv,ctranslate2] [--serve-flags "--beam-size 1"]
 
 1. Models. ``--model``: the embedded default task's model; trained first with ``qkv train --out
    runs/serve-default`` when the directory does not exist. ``--multi30k-model``: a Transformer
@@ -9,8 +10,11 @@
    BPE 6000); when missing it is trained *briefly* (``--multi30k-train-seconds``, default 240 s on
    one thread) on ``--data``: a model of the right size and cost, not a good translator (its
    outputs read like "Ein Mann mit einem einem einem.").
-   ``--multi30k-model none`` leaves it out.
-2. ``qkv serve`` runs as a process of its own on 127.0.0.1 (a free port), as a user runs it.
+   ``--multi30k-model none`` (``--model none``) leaves it out.
+2. ``qkv serve`` runs as a process of its own on 127.0.0.1 (a free port), as a user runs it, once
+   for each ``--engine`` in turn (``qkv serve --engine``), with ``--serve-flags`` (e.g. the decoding
+   flags both engines must share: ``--beam-size 1``, or ``--length-norm length --early-stopping``);
+   every engine's answers are compared with the first one's.
 3. Load: for each concurrency c in ``--concurrency``, c clients (asyncio, one keep-alive HTTP/1.1
    connection each, opened before the clock starts; a hand-written client, because httpx's
    connection pool, not the server, limited throughput at 128 clients) send ``max(--requests, 4c)``
@@ -19,8 +23,9 @@
    the answer to the same sentence sent one request at a time (c = 1, the baseline);
    ``--multi30k-requests`` (default 32) for the slower Multi30k-shaped model.
 4. Bad requests (malformed JSON, wrong types, a 10 MB body, 10,000 texts, beam 10,000, invalid
-   UTF-8, an unknown model): each must get a 4xx with a message, and /health must answer after it.
-5. Soak: ``--soak-clients`` clients send a mix (translations with random beam and n-best, scores,
+   UTF-8, an unknown model): each must get a 4xx with a message, and /health must answer after it
+   (against the first engine's server).
+5. Soak (the first engine's server; ``--soak-seconds 0`` leaves it out): ``--soak-clients`` clients send a mix (translations with random beam and n-best, scores,
    a bad request now and then) to both models for ``--soak-seconds``; requests sent, answered
    (the expected status), lost (no answer, or an unexpected status) -- lost must be 0 -- and the
    server's resident memory before and after.
@@ -274,16 +279,20 @@ def main() -> int:
                     help="the same for the Multi30k-shaped model, whose decoding is much slower")
     ap.add_argument("--soak-seconds", type=float, default=300.0)
     ap.add_argument("--soak-clients", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2, help="the server's torch threads")
+    ap.add_argument("--threads", type=int, default=2, help="the server's threads (torch's, or CTranslate2's intra_threads)")
+    ap.add_argument("--engine", default="qkv", help="comma-separated engines to serve in turn: qkv, ctranslate2")
+    ap.add_argument("--serve-flags", default="", help="more qkv serve flags, e.g. '--beam-size 1'")
     ap.add_argument("--batch-wait-ms", default="5")
     ap.add_argument("--max-batch-tokens", default="4096")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results"))
     args = ap.parse_args()
 
-    default = Path(args.model)
-    ensure_default(default, args.threads)
-    served = {"default": str(default)}
-    sentences = {"default": [e for e, _ in __import__("qkv.data.toy", fromlist=["x"]).default_splits()["test"]]}
+    served, sentences = {}, {}
+    if args.model != "none":
+        default = Path(args.model)
+        ensure_default(default, args.threads)
+        served["default"] = str(default)
+        sentences["default"] = [e for e, _ in __import__("qkv.data.toy", fromlist=["x"]).default_splits()["test"]]
     if args.multi30k_model != "none":
         m30k = Path(args.multi30k_model)
         ensure_multi30k(m30k, Path(args.data), args.multi30k_train_seconds, 1)
@@ -291,35 +300,43 @@ def main() -> int:
         sentences["multi30k"] = read_lines(Path(args.data) / "test_2016_flickr.en.gz", 1000)
     load_before = os.getloadavg()
     (ROOT / "runs").mkdir(exist_ok=True)
-    server = Server([f"{k}={v}" for k, v in served.items()], args.threads,
-                    ["--batch-wait-ms", args.batch_wait_ms, "--max-batch-tokens", args.max_batch_tokens],
-                    ROOT / "runs" / "serve-load-server.log")
-    log(f"qkv serve at {server.url}: {', '.join(served)}")
     results: dict = {"levels": {}, "machine": {}, "command": " ".join(sys.argv)}
-    try:
-        for name in served:
-            rows = []
-            for c in [int(x) for x in args.concurrency.split(",")]:
-                n = max(args.multi30k_requests if name == "multi30k" else args.requests, 4 * c)
-                row = asyncio.run(load_level(server.url, name, sentences[name], c, n))
-                rows.append(row)
-                log(f"{name}: c={c}: {row['rps']:.1f} req/s, p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, "
-                    f"mean batch {row['mean_batch']:.1f}, errors {row['n_errors']}")
-            base = {i: a for i, a in enumerate(rows[0]["answers"])}
-            for row in rows:
-                row["same_as_one_at_a_time"] = sum(a == base.get(i) for i, a in enumerate(row["answers"][:len(base)]))
-                row["compared"] = min(len(base), len(row["answers"]))
-                row.pop("answers")
-            results["levels"][name] = rows
-        results["bad_requests"] = bad_requests(server.url, "default")
-        for b in results["bad_requests"]:
-            log(f"bad request: {b['request']}: {b['status']} {b['message'][:90]} ({'ok' if b['ok'] else 'NOT OK'})")
-        rss_before = server.rss_mb()
-        results["soak"] = asyncio.run(soak(server.url, list(served), args.soak_seconds, args.soak_clients, sentences))
-        results["soak"].update(rss_mb_before=rss_before, rss_mb_after=server.rss_mb())
-        log(f"soak: {json.dumps({k: v for k, v in results['soak'].items() if k != 'health_after'})}")
-    finally:
-        server.stop()
+    engines = args.engine.split(",")
+    first: dict[str, list] = {}  # the first engine's answers at c = 1, per model
+    for engine in engines:
+        server = Server([f"{k}={v}" for k, v in served.items()], args.threads,
+                        ["--batch-wait-ms", args.batch_wait_ms, "--max-batch-tokens", args.max_batch_tokens,
+                         "--engine", engine, *args.serve_flags.split()],
+                        ROOT / "runs" / f"serve-load-server-{engine}.log")
+        log(f"qkv serve --engine {engine} at {server.url}: {', '.join(served)}")
+        try:
+            for name in served:
+                rows = []
+                for c in [int(x) for x in args.concurrency.split(",")]:
+                    n = max(args.multi30k_requests if name == "multi30k" else args.requests, 4 * c)
+                    row = asyncio.run(load_level(server.url, name, sentences[name], c, n))
+                    rows.append(row)
+                    log(f"{name} ({engine}): c={c}: {row['rps']:.1f} req/s, p50 {row['p50_ms']:.0f} ms, "
+                        f"p99 {row['p99_ms']:.0f} ms, mean batch {row['mean_batch']:.1f}, errors {row['n_errors']}")
+                base = {i: a for i, a in enumerate(first.setdefault(name, rows[0]["answers"]))}
+                for row in rows:
+                    row["same_as_one_at_a_time"] = sum(a == base.get(i) for i, a in enumerate(row["answers"][:len(base)]))
+                    row["compared"] = min(len(base), len(row["answers"]))
+                    row.pop("answers")
+                results["levels"][f"{name} ({engine})"] = rows
+            if engine != engines[0]:
+                continue
+            results["bad_requests"] = bad_requests(server.url, next(iter(served)))
+            for b in results["bad_requests"]:
+                log(f"bad request: {b['request']}: {b['status']} {b['message'][:90]} ({'ok' if b['ok'] else 'NOT OK'})")
+            if args.soak_seconds > 0:
+                rss_before = server.rss_mb()
+                results["soak"] = asyncio.run(soak(server.url, list(served), args.soak_seconds, args.soak_clients,
+                                                   sentences))
+                results["soak"].update(rss_mb_before=rss_before, rss_mb_after=server.rss_mb())
+                log(f"soak: {json.dumps({k: v for k, v in results['soak'].items() if k != 'health_after'})}")
+        finally:
+            server.stop()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
@@ -328,14 +345,15 @@ def main() -> int:
 
     results["machine"] = {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
                           "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                          "torch": torch.__version__, "server_threads": args.threads,
+                          "torch": torch.__version__, "server_threads": args.threads, "engines": engines,
                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                           "commit": commit + ("+dirty" if dirty else "")}
     out = Path(args.out) / f"serve-load-{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
 
-    print("| model | clients | requests | req/s | p50 ms | p99 ms | mean batch (requests) | same as one at a time | errors |")
+    print(f"| model (engine) | clients | requests | req/s | p50 ms | p99 ms | mean batch (requests) | same as "
+          f"{engines[0]} one at a time | errors |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     for name, rows in results["levels"].items():
         for r in rows:
@@ -345,10 +363,11 @@ def main() -> int:
     print("\n| bad request | status | message | server alive, 4xx with a message |\n| --- | --- | --- | --- |")
     for b in results["bad_requests"]:
         print(f"| {b['request']} | {b['status']} | {b['message'][:80]} | {'yes' if b['ok'] else 'NO'} |")
-    s = results["soak"]
-    print(f"\nsoak: {s['seconds']:.0f} s, {s['clients']} clients: {s['sent']} sent, {s['answered']} answered "
-          f"({s['bad_sent']} of them bad requests answered 4xx), {s['lost']} lost; {s['rps']:.1f} req/s; "
-          f"server memory {s['rss_mb_before']:.0f} -> {s['rss_mb_after']:.0f} MB")
+    s = results.get("soak", {"lost": 0})
+    if "sent" in s:
+        print(f"\nsoak: {s['seconds']:.0f} s, {s['clients']} clients: {s['sent']} sent, {s['answered']} answered "
+              f"({s['bad_sent']} of them bad requests answered 4xx), {s['lost']} lost; {s['rps']:.1f} req/s; "
+              f"server memory {s['rss_mb_before']:.0f} -> {s['rss_mb_after']:.0f} MB")
     m = results["machine"]
     print(f"\nmachine: nproc {m['nproc']} ({m['cpu']}), load average {m['loadavg_before'][0]:.2f} before, "
           f"{m['loadavg_after'][0]:.2f} after; server threads {m['server_threads']}; torch {m['torch']}; "
