@@ -283,3 +283,10 @@ def test_openmp_threads_wait_passively_unless_told_otherwise(given, want):
            "print(os.environ['OMP_WAIT_POLICY'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == want
+
+
+def test_a_checkpoint_without_its_manifest_is_refused_by_name(tmp_path, capsys):
+    (tmp_path / "ckpt").mkdir()
+    shutil.copy(TRAINED / "config.json", tmp_path / "ckpt")
+    refused(capsys, ["translate", str(tmp_path / "ckpt"), "--engine", "ctranslate2", "--beam-size", "1", "seven"],
+            f"incomplete checkpoint {tmp_path / 'ckpt'} (no manifest.json)")

@@ -72,8 +72,8 @@ def require_ctranslate2(what: str = "--engine ctranslate2"):
 def cache_key(checkpoint: Path) -> str:
     """From the checksums the manifest lists (each file checked against it first; the trainer state,
     which the model does not read, left out), the CTranslate2 version and :data:`CACHE_FORMAT`."""
+    listed_files(checkpoint)  # no manifest, or a file that does not match it: refused here, by name
     manifest = json.loads((checkpoint / "manifest.json").read_text(encoding="utf-8"))["files"]
-    listed_files(checkpoint)  # a file that does not match the manifest is refused here, by name
     files = {name: entry["sha256"] for name, entry in sorted(manifest.items()) if name != TRAINER_STATE}
     text = json.dumps({"files": files, "ctranslate2": require_ctranslate2().__version__, "format": CACHE_FORMAT},
                       sort_keys=True)
