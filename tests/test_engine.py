@@ -100,8 +100,10 @@ def test_greedy_translate_is_identical(ckpts, capsys, name, sentences, flags):
 
 
 @pytest.mark.parametrize("nbest", [1, 2])
-def test_beam_search_is_identical_with_length_norm_length_and_early_stopping(ckpts, capsys, nbest):
-    argv = [str(ckpts / "trained"), *BEAM, "--nbest", str(nbest), *NUMBERS]
+@pytest.mark.parametrize("limits", [[], ["--max-len-a", "0.5", "--max-len-b", "2"]])
+def test_beam_search_is_identical_with_length_norm_length_and_early_stopping(ckpts, capsys, nbest, limits):
+    """(With the tight limits most outputs end at their own sentence's limit, below the batch's longest.)"""
+    argv = [str(ckpts / "trained"), *BEAM, "--nbest", str(nbest), *limits, *NUMBERS]
     want = [line.split("\t") for line in translate(capsys, *argv)]
     got = [line.split("\t") for line in translate(capsys, *argv, "--engine", "ctranslate2")]
     assert [[w[0], w[-1]] for w in want] == [[g[0], g[-1]] for g in got]  # line index and text

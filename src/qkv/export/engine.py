@@ -218,9 +218,12 @@ class CT2Translator(Translator):
         return [len(prefix) + int(n) for n in max_output_len(lengths, cfg.max_len_a, cfg.max_len_b, limit)]
 
     def search(self, src_ids: list[list[int]], prefix: list[int], cfg: DecodeConfig) -> list[list[Hypothesis]]:
-        """Per sentence, the ``nbest`` hypotheses best first, from one ``translate_batch`` call (a
-        beam-search sentence whose output reached its own length limit, below the call's, is searched
-        again alone with its limit: the result qkv's search gives)."""
+        """Per sentence, the ``nbest`` hypotheses best first, from one ``translate_batch`` call.
+
+        The length limit is qkv's: a greedy output is cut at its sentence's limit; a beam-search
+        sentence whose hypotheses reach their own limit, below the call's, is searched again alone
+        with its limit, and the hypotheses the limit ended are scored as qkv's search scores them,
+        with EOS forced there (CTranslate2 ends them without EOS)."""
         budgets = self.budgets(src_ids, prefix, cfg)
         greedy = cfg.beam_size == 1 and cfg.nbest == 1
         # qkv's min_len counts the tokens after the prefix; CTranslate2's min_decoding_length the whole output
@@ -233,16 +236,30 @@ class CT2Translator(Translator):
         out = []
         for i, r in enumerate(results):
             hyps = [[self.tgt_ids[p] for p in h] for h in r.hypotheses]
-            if not greedy and max(map(len, hyps)) >= budgets[i] < max(budgets):
-                out.extend(self.search([src_ids[i]], prefix, replace(cfg, batch_size=1)))
-                continue
             if greedy:  # qkv's greedy search scores nothing (0.0); its output ends at the sentence's limit
                 out.append([Hypothesis(hyps[0][: budgets[i]], 0.0, 0.0)])
-                continue
-            # score = log P / |Y|^alpha, |Y| the tokens after the prefix and EOS (a prefix is refused unless alpha = 0)
-            out.append([Hypothesis(tokens, score, score * (len(tokens) - len(prefix) + 1) ** cfg.length_penalty)
-                        for tokens, score in zip(hyps[: cfg.nbest], r.scores)])
+            elif max(map(len, hyps)) >= budgets[i] < max(budgets):
+                out.extend(self.search([src_ids[i]], prefix, replace(cfg, batch_size=1)))
+            else:
+                out.append(self.at_limit(src_ids[i], prefix, hyps, r.scores, budgets[i], cfg))
         return out
+
+    def at_limit(self, src: list[int], prefix: list[int], hyps: list[list[int]], scores: list[float], budget: int,
+                 cfg: DecodeConfig) -> list[Hypothesis]:
+        """One sentence's beam-search hypotheses as qkv's search gives them: ``score = log P / |Y|^alpha``,
+        ``|Y|`` the tokens after the prefix and EOS (a prefix is refused unless alpha = 0); those that
+        ``budget`` ended get EOS's log-probability (``score_batch``) and are ranked again."""
+        alpha, n = cfg.length_penalty, lambda tokens: len(tokens) - len(prefix)
+        ended = [k for k, tokens in enumerate(hyps) if len(tokens) >= budget]
+        eos = dict(zip(ended, (lp[-1] for lp in self.forced([src] * len(ended), [hyps[k] for k in ended]))))
+        out = []
+        for k, (tokens, score) in enumerate(zip(hyps, scores)):
+            if k in eos:
+                logprob = score * n(tokens) ** alpha + eos[k]
+            else:
+                logprob = score * (n(tokens) + 1) ** alpha
+            out.append(Hypothesis(tokens, logprob / (n(tokens) + 1) ** alpha, logprob))
+        return sorted(out, key=lambda h: -h.score)[: cfg.nbest]
 
     def pieces(self, ids: list[int], side: str = "src") -> list[str]:
         tokenizer = getattr(self.tokenizers, side)
