@@ -292,3 +292,20 @@ def test_a_checkpoint_without_its_manifest_is_refused_by_name(tmp_path, capsys):
     shutil.copy(TRAINED / "config.json", tmp_path / "ckpt")
     refused(capsys, ["translate", str(tmp_path / "ckpt"), "--engine", "ctranslate2", "--beam-size", "1", "seven"],
             f"incomplete checkpoint {tmp_path / 'ckpt'} (no manifest.json)")
+
+
+def test_a_conversion_another_process_finished_first_is_used(tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    convert = engine.convert
+
+    def racing(checkpoint, tmp, key):  # another process renames its whole conversion into place meanwhile
+        other = ckpt / ".other"
+        other.mkdir()
+        convert(checkpoint, other, key)
+        os.replace(other, ckpt / f"ct2-{key}")
+        convert(checkpoint, tmp, key)
+
+    monkeypatch.setattr(engine, "convert", racing)
+    place = engine.converted(ckpt, log=lambda m: None)
+    assert caches(ckpt) == [place] and engine.is_complete(place, engine.cache_key(ckpt))

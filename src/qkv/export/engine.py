@@ -145,15 +145,15 @@ def converted(checkpoint: str | Path, log: Log = stderr) -> Path:
         if n:
             log(f"note: {checkpoint} cannot be written: its CTranslate2 conversion is cached in {place}")
         try:
-            if place.exists():
+            if place.exists() and not is_complete(place, key):  # (complete: another process has just written it)
                 log(f"note: {place} is not a complete conversion of this checkpoint: converting again")
                 shutil.rmtree(place)
             log(f"converting {checkpoint} for CTranslate2 into {place} (once; later loads reuse it)")
             convert(checkpoint, tmp, key)
             os.replace(tmp, place)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            if is_complete(place, key):  # another process finished the same conversion first
+            if isinstance(e, OSError) and is_complete(place, key):  # another process renamed its conversion first
                 return place
             raise
         for stale in place.parent.glob(f"{PREFIX}*"):  # conversions of this directory's earlier contents
