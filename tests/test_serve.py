@@ -697,6 +697,26 @@ def test_ctranslate2_engine_refuses_what_it_cannot_decode_by_name(ct2_served):
         load_models([str(ct2_served / "numbers")], SMALL, decode={"length_norm": "other"})
 
 
+@needs_ct2
+def test_the_command_passes_engine_and_decoding_flags(ct2_served, capsys, monkeypatch):
+    """qkv serve --engine ctranslate2 --length-norm ...: the flags reach the models before anything is served."""
+    lm, numbers = str(ct2_served / "lm"), str(ct2_served / "numbers")
+    assert main(["serve", lm, "--engine", "ctranslate2", "--port", "0"]) == 2
+    assert "--engine ctranslate2 decodes translation Transformers" in capsys.readouterr().err
+    assert main(["serve", numbers, "--engine", "ctranslate2", "--length-norm", "other", "--port", "0"]) == 2
+    assert f"{numbers}: invalid config field 'length_norm'" in capsys.readouterr().err
+    seen = {}
+
+    def run(self, sockets):  # as far as the server goes: what it would serve
+        seen.update({m.name: (m.frontend.engine, m.frontend.decode_cfg) for m in self.config.app.state.models.values()})
+
+    monkeypatch.setattr("uvicorn.Server.run", run)
+    assert main(["serve", numbers, "--engine", "ctranslate2", "--threads", "1", "--length-norm", "length",
+                 "--early-stopping", "--port", "0"]) == 0
+    engine, cfg = seen["numbers"]
+    assert engine == "ctranslate2" and (cfg.length_norm, cfg.early_stopping, cfg.beam_size) == ("length", True, 4)
+
+
 # --- the command ---------------------------------------------------------------------------------------
 
 def test_model_names():
