@@ -15,6 +15,7 @@ The Host-header check and the body bound are ``qkv serve``'s; every error is JSO
 from __future__ import annotations
 
 import contextlib
+import importlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def page_html(panels: Path | None) -> str:
 def add_panels(app: FastAPI) -> bool:
     """The concept panels' routes (``qkv.lab.panels.register``), where that module exists."""
     try:
-        from qkv.lab import panels
+        panels = importlib.import_module("qkv.lab.panels")
     except ModuleNotFoundError as e:
         if e.name != "qkv.lab.panels":
             raise
@@ -141,7 +142,8 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     async def metrics(name: str, since: int = 0):
         if since < 0:
             raise LabError(422, f"since must be >= 0, got {since}")
-        return {**lab.metrics(name, since), "status": lab.status(name)}
+        status = lab.status(name)  # before reading: a run that has ended has written all it will
+        return {**lab.metrics(name, since), "status": status}
 
     @app.post("/api/runs/{name}/inside", summary="the newest checkpoint's output, attention and hidden norms")
     async def inside(name: str, req: InsideRequest):
