@@ -157,6 +157,21 @@ def test_runs_bounded_stopped_and_stopped_with_the_lab(tmp_path, waiting):
     assert (tmp_path / "runs" / ".data" / "copy" / "src.train").is_file()
 
 
+def test_files_task_holds_out_the_last_lines(tmp_path, waiting):
+    src, tgt = tmp_path / "a.txt", tmp_path / "b.txt"
+    src.write_text("".join(f"s{i}\n" for i in range(40)))
+    tgt.write_text("".join(f"t{i}\n" for i in range(40)))
+    lab = Lab(tmp_path / "runs", files=lab_runs.files_task(str(src), str(tgt)))
+    with TestClient(create_app(lab, panels=None), base_url=LOCAL) as c:
+        assert "files" in [t["name"] for t in c.get("/api/lab").json()["tasks"]]
+        assert c.post("/api/runs", json={"name": "mine", "task": "files"}).status_code == 201
+    data = tmp_path / "runs" / ".data" / "files"
+    assert (data / "src.valid").read_text() == "s38\ns39\n"  # 5% of 40 lines
+    assert (data / "tgt.train").read_text().splitlines() == [f"t{i}" for i in range(38)]
+    with pytest.raises(QkvError, match="give both --src-valid and --tgt-valid"):
+        lab_runs.files_task(str(src), str(tgt), str(src))
+
+
 def test_metrics_from_since_complete_lines_only(client, tmp_path):
     run = tmp_path / "runs" / "old"
     run.mkdir(parents=True)

@@ -147,7 +147,7 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
 
     @app.post("/api/runs/{name}/inside", summary="the newest checkpoint's output, attention and hidden norms")
     async def inside(name: str, req: InsideRequest):
-        run_dir = lab._dir(name)
+        run_dir = lab.run_dir(name)
         if len(req.text) > limits.max_chars:
             raise LabError(413, f"the text has {len(req.text)} characters; this lab takes at most {limits.max_chars}")
         return {"run": name, **await run_in_threadpool(checkpoints.look, run_dir, req.text)}

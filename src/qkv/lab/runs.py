@@ -247,7 +247,7 @@ class Lab:
 
     def stop(self, name: str) -> dict:
         """Ask a training run to stop (SIGTERM: it commits ``last/`` at the next update and exits)."""
-        self._dir(name)
+        self.run_dir(name)
         proc = self.procs.get(name)
         if proc is None or proc.poll() is not None:
             raise LabError(409, f"run {name!r} is not training")
@@ -270,7 +270,8 @@ class Lab:
 
     # --- reading back ----------------------------------------------------------------------------------
 
-    def _dir(self, name: str) -> Path:
+    def run_dir(self, name: str) -> Path:
+        """The directory of run ``name``; a LabError (404) where there is no such run."""
         out = self.root / name
         if not NAME.fullmatch(name or "") or not (out / "lab.json").is_file():
             raise LabError(404, f"no run named {name!r} in {self.root}")
@@ -296,7 +297,7 @@ class Lab:
         return "stopped" if name in self.stopping else "failed"
 
     def describe(self, name: str) -> dict:
-        out = self._dir(name)
+        out = self.run_dir(name)
         record = json.loads((out / "lab.json").read_text(encoding="utf-8"))
         status = self.status(name)
         record.update(status=status, dir=str(out), checkpoint=(out / "last").is_dir())
@@ -306,14 +307,14 @@ class Lab:
 
     def log_tail(self, name: str, lines: int = 5) -> str:
         try:
-            text = (self._dir(name) / "train.log").read_text(encoding="utf-8", errors="replace")
+            text = (self.run_dir(name) / "train.log").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return ""
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def metrics(self, name: str, since: int = 0) -> dict:
         """The records of ``metrics.jsonl`` from the ``since``-th on (complete lines only) and the count so far."""
-        path = self._dir(name) / "metrics.jsonl"
+        path = self.run_dir(name) / "metrics.jsonl"
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
