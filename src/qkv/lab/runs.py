@@ -278,14 +278,14 @@ class Lab:
         return out
 
     def names(self) -> list[str]:
-        """Every run of ``root`` (those of earlier sessions too), oldest first."""
+        """Every run of ``root`` (those an earlier lab started too), oldest first."""
         if not self.root.is_dir():
             return []
         found = [p for p in self.root.iterdir() if NAME.fullmatch(p.name) and (p / "lab.json").is_file()]
         return [p.name for p in sorted(found, key=lambda p: (p / "lab.json").stat().st_mtime)]
 
     def status(self, name: str) -> str:
-        """training | stopping | finished | stopped | failed (this session's runs); saved | empty (earlier ones)."""
+        """training | stopping | finished | stopped | failed (runs this lab started); saved | empty (runs of an earlier lab)."""
         proc = self.procs.get(name)
         if proc is None:
             return "saved" if (self.root / name / "last").is_dir() else "empty"
