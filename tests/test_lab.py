@@ -90,7 +90,6 @@ class Waiter(subprocess.Popen):
     """A stand-in for ``qkv train``: a process that waits until it is signalled, writing nothing."""
 
     def __init__(self, argv, **kwargs):
-        kwargs.pop("preexec_fn", None)
         super().__init__([sys.executable, "-c", "import time; time.sleep(120)"], **kwargs)
 
 
@@ -128,6 +127,7 @@ def test_host_header_and_body_bound_of_serve(client):
     ({"name": "a", "task": "copy", "preset": "lstm", "model": {"d_model": -4}}, 422, "'d_model'"),
     ({"name": "a", "task": "copy", "threads": 5}, 422, "threads must be in [1, 1]"),
     ({"name": "a", "task": "copy", "colour": "red"}, 422, "colour"),
+    ({"name": "a", "task": "copy", "train": {"max_time": 9999}}, 422, "more than this lab allows (--max-time 600)"),
 ])
 def test_start_refused_with_the_reason(client, body, status, message):
     r = client.post("/api/runs", json=body)
@@ -284,3 +284,36 @@ def test_cli_names_missing_files(capsys):
     assert "give both --src-train and --tgt-train" in capsys.readouterr().err
     assert main(["lab", "--src-train", "/nonexistent/a", "--tgt-train", "/nonexistent/b"]) == 2
     assert "--src-train /nonexistent/a: no such file" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_run_ends_when_the_lab_process_dies():
+    """A run's process gets SIGTERM when the lab's process ends, even by SIGKILL (no shutdown of its own)."""
+    import os
+
+    child = ("import os, sys, time; from qkv.lab.child import die_with_parent; "
+             "die_with_parent(int(sys.argv[1])); time.sleep(60)")
+    parent = ("import os, subprocess, sys, time; "
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())]); "
+              "print(p.pid, flush=True); time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    lab_process = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, env=env)
+    run = int(lab_process.stdout.readline())
+    time.sleep(3)  # the child has asked for the signal
+    os.kill(run, 0)  # alive while the lab is
+    lab_process.kill()
+    lab_process.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(run, 0)
+        except ProcessLookupError:
+            return
+        try:  # reaped by init once it ends; a zombie counts as ended
+            if Path(f"/proc/{run}/stat").read_text().split(") ")[1].startswith("Z"):
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.1)
+    os.kill(run, 9)
+    pytest.fail("the run outlived the lab's process")

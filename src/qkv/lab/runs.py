@@ -113,7 +113,7 @@ PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainC
 # the fields the page may set by hand, over the preset's
 MODEL_FIELDS = ("arch", "attention", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
                 "positional", "dropout", "bidirectional")
-TRAIN_FIELDS = ("lr", "warmup_steps", "max_steps", "max_time", "seed", "eval_every")
+TRAIN_FIELDS = ("schedule", "lr", "warmup_steps", "max_steps", "max_time", "seed", "eval_every")
 
 
 def settings(preset: str, model: dict | None = None, train: dict | None = None) -> tuple[dict, dict]:
@@ -144,16 +144,6 @@ def flags(fields: dict) -> list[str]:
 # --- the runs ----------------------------------------------------------------------------------------
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the child gets SIGTERM when the lab's process ends, however it ends."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class Lab:
@@ -226,11 +216,13 @@ class Lab:
             m, t = settings(preset, model, train)
         except ConfigError as e:
             raise LabError(422, str(e)) from None
-        if t.get("max_time", 0) <= 0 or t["max_time"] > self.limits.max_time:
-            t["max_time"] = self.limits.max_time
+        if t.get("max_time", 0) > self.limits.max_time:
+            raise LabError(422, f"train.max_time {t['max_time']:g} is more than this lab allows (--max-time "
+                                f"{self.limits.max_time:g})")
+        t["max_time"] = t.get("max_time") or self.limits.max_time
         spec = self.tasks[task]
         t.update(tokenizer=spec.tokenizer, vocab_size=spec.vocab_size, threads=threads)
-        argv = [sys.executable, "-m", "qkv", "train", *self.data(spec), "--out", str(out), "--preset", "tiny",
+        argv = [sys.executable, "-m", "qkv.lab.child", str(os.getpid()), "train", *self.data(spec), "--out", str(out), "--preset", "tiny",
                 *flags(m), *flags(t)]
         out.mkdir(parents=True)
         record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "started": time.time()}
@@ -241,8 +233,7 @@ class Lab:
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
         with open(out / "train.log", "wb") as log:
             self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
         return self.describe(name)
 
     def stop(self, name: str) -> dict:
