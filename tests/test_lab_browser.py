@@ -169,7 +169,11 @@ def test_train_compare_look_inside_and_open_the_panels(lab_server, browser, tmp_
                     details.nth(j).locator("summary").first.click()
         elif panel.locator("button").count():
             panel.locator("button").first.click()
-        page.wait_for_timeout(300)
+        try:  # a panel that draws from the server: its picture, or its error, before the screenshot
+            panel.locator("svg, canvas, table, .error").first.wait_for(timeout=20_000)
+        except sync_api.TimeoutError:
+            pass
+        page.wait_for_timeout(500)
         save(page, tmp_path, f"lab-{panel.get_attribute('id')}.png", panel)
     assert not errors, errors
     assert not outside, f"the page fetched from outside: {outside}"
