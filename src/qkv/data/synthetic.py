@@ -9,9 +9,10 @@ Each task maps a string of symbols (letters, one character each) to another::
 
 The long-range task (:func:`make_batch`, the task of ``qkv bench long-range``): a sequence of
 T = ``distance`` + ``PREFIX`` + 1 random symbols whose answer is the symbol ``distance`` places before
-the last one. :func:`long_range_pairs` writes its sequences as text, so that a translation model (Transformer or recurrent) learns the same
-task. :func:`splits` draws the training and validation pairs of a task; no validation source is in
-the training pairs. With a character tokenizer (``--tokenizer char``) each symbol is one token.
+the last one. :func:`long_range_pairs` writes its sequences as text, so that a translation model
+(Transformer or recurrent) learns the same task. :func:`splits` draws the training and validation
+pairs of a task; no validation source is in the training pairs. With a character tokenizer
+(``--tokenizer char``) each symbol is one token.
 """
 
 from __future__ import annotations

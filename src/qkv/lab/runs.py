@@ -222,8 +222,8 @@ class Lab:
         t["max_time"] = t.get("max_time") or self.limits.max_time
         spec = self.tasks[task]
         t.update(tokenizer=spec.tokenizer, vocab_size=spec.vocab_size, threads=threads)
-        argv = [sys.executable, "-m", "qkv.lab.child", str(os.getpid()), "train", *self.data(spec), "--out", str(out), "--preset", "tiny",
-                *flags(m), *flags(t)]
+        argv = [sys.executable, "-m", "qkv.lab.child", str(os.getpid()), "train", *self.data(spec), "--out", str(out),
+                "--preset", "tiny", *flags(m), *flags(t)]
         out.mkdir(parents=True)
         record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "started": time.time()}
         (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
@@ -276,7 +276,8 @@ class Lab:
         return [p.name for p in sorted(found, key=lambda p: (p / "lab.json").stat().st_mtime)]
 
     def status(self, name: str) -> str:
-        """training | stopping | finished | stopped | failed (runs this lab started); saved | empty (runs of an earlier lab)."""
+        """training | stopping | finished | stopped | failed (runs this lab started); saved | empty (runs an
+        earlier lab left)."""
         proc = self.procs.get(name)
         if proc is None:
             return "saved" if (self.root / name / "last").is_dir() else "empty"
