@@ -23,12 +23,13 @@ def die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def main() -> int:
-    from qkv.cli import main as qkv
+def main() -> None:
+    import runpy
 
     die_with_parent(int(sys.argv[1]))
-    return qkv(sys.argv[2:])
+    sys.argv = ["qkv", *sys.argv[2:]]
+    runpy.run_module("qkv", run_name="__main__", alter_sys=True)  # as python -m qkv ARGS...
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
