@@ -16,6 +16,7 @@
     qkv bench      Table 1 measured (layers), long-range dependency (long-range)
     qkv export     a trained model for CTranslate2 or Hugging Face transformers
     qkv serve      checkpoints over HTTP: a JSON API with dynamic batching, and a web page
+    qkv lab        train, watch and compare Transformers and RNNs in the browser
 
 Model, training and decoding flags are generated from the fields of ``ModelConfig``,
 ``TrainConfig`` and ``DecodeConfig``. Settings are taken, later winning, from: the preset, the
@@ -497,6 +498,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    from qkv.lab.runs import files_task, limits_from
+    from qkv.lab.server import lab
+
+    if bool(args.src_train) != bool(args.tgt_train) or (args.src_valid and not args.src_train):
+        raise QkvError("give both --src-train and --tgt-train (and --src-valid/--tgt-valid only with them)")
+    files = files_task(args.src_train, args.tgt_train, args.src_valid, args.tgt_valid) if args.src_train else None
+    lab(args.root, args.port, limits_from(args), files, log=log)
+    return 0
+
+
 # --- qkv bench: Table 1 and the long-range task, measured --------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -537,7 +549,7 @@ def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 COMMANDS = ("train", "preprocess", "translate", "score", "evaluate", "generate", "classify", "fill", "embed", "search",
-            "average", "info", "viz", "bench", "export", "serve")
+            "average", "info", "viz", "bench", "export", "serve", "lab")
 
 
 def parse(parser, argv: list[str]) -> argparse.Namespace:

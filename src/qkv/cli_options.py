@@ -162,7 +162,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> Pa
     for add in (add_train_parser, add_preprocess_parser, add_translate_parser, add_score_parser,
                 add_evaluate_parser, add_generate_parser, add_classify_parser, add_fill_parser, add_embed_parser,
                 add_search_parser, add_average_parser, add_info_parser, add_viz_parser, add_bench_parser,
-                add_export_parser, add_serve_parser):
+                add_export_parser, add_serve_parser, add_lab_parser):
         add(sub, handlers)
     return p
 
@@ -619,3 +619,44 @@ def add_serve_parser(sub, handlers: dict) -> None:
                            default=getattr(defaults, f.name), metavar="N",
                            help=f"{f.metadata['help']} (default: {getattr(defaults, f.name)})")
     s.set_defaults(func=handlers["serve"])
+
+
+LAB_EPILOG = """\
+In the page: pick a task (copy, reverse, sort, long_range, numbers, or the files given here) and an
+architecture (a Transformer, or an RNN, LSTM or GRU with or without attention; a preset or by hand),
+start it, and watch its loss, exact match (or BLEU), learning rate and gradient norm as it trains;
+draw several runs on one chart; type an input to see the newest checkpoint's output, attention
+(per layer and head) and, for a recurrent model, the hidden state's norm. Each run is an ordinary
+'qkv train' run directory (ROOT/NAME), so 'qkv translate ROOT/NAME/best' works on it.
+Needs: pip install -c constraints.txt -e ".[serve]"
+
+examples:
+  qkv lab                                            # http://127.0.0.1:8001/
+  qkv lab --src-train train.en --tgt-train train.de --max-runs 3 --run-threads 2
+"""
+
+
+def add_lab_parser(sub, handlers: dict) -> None:
+    from qkv.lab.runs import LabLimits
+    from qkv.serve.limits import Limits
+
+    s = sub.add_parser("lab", help="train, watch and compare Transformers and RNNs in the browser",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=LAB_EPILOG,
+                       description="A web page on 127.0.0.1 (this machine only) that starts training runs,\n"
+                                   "draws their curves as they come and shows what the models attend to.")
+    s.add_argument("--root", default="lab-runs", help="where the runs go, one directory each (default: lab-runs)")
+    s.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (default: 8001; 0: any free port)")
+    s.add_argument("--src-train", help="your own task: training source file (one sentence a line)")
+    s.add_argument("--tgt-train", help="your own task: training target file (same number of lines)")
+    s.add_argument("--src-valid", help="validation source file (default: the last 5%% of the training lines)")
+    s.add_argument("--tgt-valid", help="validation target file")
+    group = s.add_argument_group("bounds")
+    defaults = LabLimits()
+    for f in dataclasses.fields(LabLimits):
+        if f.name in ("max_texts", "max_beam", "max_nbest", "max_new_tokens", "max_attention", "max_queue",
+                      "batch_wait_ms", "max_batch_tokens", "max_tokens") or not hasattr(defaults, f.name):
+            continue  # serve's decoding bounds: the lab decodes one text at a time
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(getattr(defaults, f.name)),
+                           default=getattr(defaults, f.name), metavar="N",
+                           help=f"{f.metadata['help']} (default: {getattr(defaults, f.name)})".replace("%", "%%"))
+    s.set_defaults(func=handlers["lab"])

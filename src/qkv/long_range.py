@@ -40,28 +40,14 @@ from torch import nn
 
 from qkv.complexity import new_figure, run_metadata
 from qkv.config import ModelConfig
+from qkv.data.synthetic import PREFIX, make_batch, sequence_length  # noqa: F401 (the task, here since it began)
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
 from qkv.nn.recurrent import Recurrent
 from qkv.nn.stack import TransformerStack, stack_modules
 
-PREFIX = 4  # distractors before the deciding symbol
 MODELS = ("rnn", "lstm", "transformer")
 DEFAULT_DISTANCES = (2, 5, 10, 20, 50, 100, 200, 500, 1000)
-
-
-def sequence_length(t: int) -> int:
-    """T for distance t: PREFIX distractors, the deciding symbol, then t more symbols."""
-    return PREFIX + 1 + t
-
-
-def make_batch(batch: int, t: int, symbols: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``batch`` sequences ``(B, T)`` of uniform random symbols in 0..K-1 and their labels ``(B,)``:
-    the symbol at position T - t (1-based), i.e. index T - 1 - t."""
-    if t < 1 or symbols < 2:
-        raise ValueError(f"need a distance t >= 1 and at least 2 symbols (got t={t}, K={symbols})")
-    tokens = torch.randint(0, symbols, (batch, sequence_length(t)), generator=generator)  # (B, T)
-    return tokens, tokens[:, -1 - t].clone()
 
 
 class RecurrentClassifier(nn.Module):

@@ -1,0 +1,330 @@
+"""The lab's runs: the tasks it offers, the architecture presets, and :class:`Lab`, which starts each
+run as an ordinary ``qkv train`` in a child process and reads back what it writes.
+
+A run named NAME is the run directory ``ROOT/NAME`` (``lab-runs/NAME`` by default): ``last/``,
+``best/``, ``metrics.jsonl`` as ``qkv train --out`` leaves them, plus ``lab.json`` (what was asked
+for) and ``train.log`` (the child's output). The generated tasks' text files lie in ``ROOT/.data``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from qkv.config import ModelConfig, TrainConfig, override
+from qkv.data import synthetic, toy
+from qkv.errors import ConfigError, QkvError
+from qkv.serve.limits import Limits, bound
+
+
+@dataclass(frozen=True)
+class LabLimits(Limits):
+    """The bounds of ``qkv serve`` (request size, Host header, timeouts) and those of the lab's runs."""
+
+    max_runs: int = bound(2, "runs training at once (another start is refused until one ends)", high=64)
+    run_threads: int = bound(1, "torch threads of each run", high=1024)
+    max_time: float = bound(600.0, "seconds of training a run may take at most (its --max-time)", high=7 * 86400)
+
+
+class LabError(QkvError):
+    """A request the lab refuses, with its HTTP status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+# --- tasks -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Task:
+    """A task the page offers: its name, what it is, its tokenizer, and how its pairs are made."""
+
+    name: str
+    title: str
+    example: str  # an input to type
+    tokenizer: str = "char"  # one symbol one token
+    vocab_size: int = 64
+    files: tuple[str, str, str, str] | None = None  # given on the command line: src/tgt train, src/tgt valid
+
+    def describe(self) -> dict:
+        return {"name": self.name, "title": self.title, "example": self.example}
+
+
+TASKS = {t.name: t for t in (
+    Task("copy", "copy: a string of 1-12 letters (a-j) back as it is", "abcdefgh"),
+    Task("reverse", "reverse: the letters in reverse order", "abcdefgh"),
+    Task("sort", "sort: the letters in alphabetical order", "hgbdacfe"),
+    Task("long_range", f"long range: 21 letters -> the one 16 places before the last (qkv bench long-range's "
+                       f"task)", "abcdefghijabcdefghija"),
+    Task("numbers", "number words: English -> German (the embedded default task)", "three hundred twenty-one",
+         tokenizer="bpe", vocab_size=300),
+)}
+
+
+def pairs_of(task: str) -> dict[str, list[tuple[str, str]]]:
+    """The training and validation pairs of a built-in task."""
+    if task == "numbers":
+        splits = toy.default_splits()
+        return {"train": splits["train"], "valid": splits["valid"]}
+    return synthetic.splits(task)
+
+
+def files_task(src_train: str, tgt_train: str, src_valid: str | None = None, tgt_valid: str | None = None) -> Task:
+    """The task of text files named on the command line (one sentence a line, plain or gzip); without
+    validation files the lab holds out the last lines of the training files (see :meth:`Lab.data`)."""
+    for flag, path in (("--src-train", src_train), ("--tgt-train", tgt_train), ("--src-valid", src_valid),
+                       ("--tgt-valid", tgt_valid)):
+        if path and not Path(path).is_file():
+            raise QkvError(f"{flag} {path}: no such file")
+    if bool(src_valid) != bool(tgt_valid):
+        raise QkvError("give both --src-valid and --tgt-valid (or neither: the lab holds out the last lines)")
+    files = tuple(str(Path(p).absolute()) if p else "" for p in (src_train, tgt_train, src_valid, tgt_valid))
+    return Task("files", f"your files: {Path(src_train).name} -> {Path(tgt_train).name}", "", tokenizer="bpe",
+                vocab_size=2000, files=files)  # type: ignore[arg-type]
+
+
+# --- architectures -----------------------------------------------------------------------------------
+
+# What every lab run shares: small batches, validation (and a checkpoint) every 100 updates, exact
+# match on 200 validation sentences, no label smoothing (the tasks have one right answer).
+TRAIN = dict(max_len=64, max_tokens=1024, label_smoothing=0.0, eval_every=100, eval_bleu_samples=200,
+             max_steps=100_000, schedule="inverse_sqrt", warmup_steps=100, device="cpu", seed=1)
+RECURRENT = dict(d_model=128, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, bidirectional=True)
+PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainConfig fields)
+    "transformer": (dict(arch="transformer", d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
+                         dropout=0.0, attention_dropout=0.0, positional="sinusoidal", max_positions=256),
+                    dict(lr=2e-3)),
+    "lstm+attention": (dict(arch="lstm", attention="additive", **RECURRENT), dict(lr=3e-3)),
+    "lstm": (dict(arch="lstm", attention="none", **RECURRENT), dict(lr=3e-3)),
+    "gru+attention": (dict(arch="gru", attention="additive", **RECURRENT), dict(lr=3e-3)),
+    "gru": (dict(arch="gru", attention="none", **RECURRENT), dict(lr=3e-3)),
+    "rnn+attention": (dict(arch="rnn", attention="additive", **RECURRENT), dict(lr=1e-3)),
+    "rnn": (dict(arch="rnn", attention="none", **RECURRENT), dict(lr=1e-3)),
+}
+# the fields the page may set by hand, over the preset's
+MODEL_FIELDS = ("arch", "attention", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
+                "positional", "dropout", "bidirectional")
+TRAIN_FIELDS = ("schedule", "lr", "warmup_steps", "max_steps", "max_time", "seed", "eval_every")
+
+
+def settings(preset: str, model: dict | None = None, train: dict | None = None) -> tuple[dict, dict]:
+    """The model and training fields of a run: ``preset``'s, then those set by hand, checked by the
+    configs' own validation (a ConfigError names the field)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"preset: unknown {preset!r}; choose one of {', '.join(PRESETS)}")
+    model, train = dict(model or {}), dict(train or {})
+    for given, allowed, what in ((model, MODEL_FIELDS, "model"), (train, TRAIN_FIELDS, "train")):
+        wrong = sorted(set(given) - set(allowed))
+        if wrong:
+            raise ConfigError(f"{what}: {', '.join(wrong)} cannot be set here; the lab sets {', '.join(allowed)}")
+    m, t = {**PRESETS[preset][0], **model}, {**TRAIN, **PRESETS[preset][1], **train}
+    override(ModelConfig(), m, "model").validate()
+    override(TrainConfig(), t, "train").validate()
+    return m, t
+
+
+def flags(fields: dict) -> list[str]:
+    """``{"d_model": 64, "bidirectional": False}`` -> ``["--d-model", "64", "--no-bidirectional"]``."""
+    out = []
+    for name, value in fields.items():
+        flag = name.replace("_", "-")
+        out += [f"--{flag}" if value else f"--no-{flag}"] if isinstance(value, bool) else [f"--{flag}", str(value)]
+    return out
+
+
+# --- the runs ----------------------------------------------------------------------------------------
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
+
+
+class Lab:
+    """The runs under ``root``: started, stopped and read back. At most ``limits.max_runs`` train at once."""
+
+    def __init__(self, root: str | Path = "lab-runs", limits: LabLimits | None = None, files: Task | None = None):
+        self.root = Path(root)
+        self.limits = (limits or LabLimits()).validate()
+        self.tasks = {**TASKS, **({"files": files} if files else {})}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.stopping: set[str] = set()
+
+    # --- data --------------------------------------------------------------------------------------
+
+    def data(self, task: Task) -> list[str]:
+        """``qkv train``'s data flags for ``task``: its files, written once under ``root/.data``."""
+        folder = self.root / ".data" / task.name
+        names = ["src.train", "tgt.train", "src.valid", "tgt.valid"]
+        if task.files and task.files[2]:
+            paths = list(task.files)
+        else:
+            paths = [str((folder / n).absolute()) for n in names]
+            if not all(Path(p).is_file() for p in paths):
+                splits = self._split_files(task) if task.files else pairs_of(task.name)
+                folder.mkdir(parents=True, exist_ok=True)
+                for n, path in zip(names, paths):
+                    side, split = n.split(".")
+                    lines = [s if side == "src" else t for s, t in splits[split]]
+                    tmp = Path(path + ".tmp")
+                    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+                    os.replace(tmp, path)
+        return [x for flag, p in zip(("--src-train", "--tgt-train", "--src-valid", "--tgt-valid"), paths)
+                for x in (flag, p)]
+
+    @staticmethod
+    def _split_files(task: Task) -> dict[str, list[tuple[str, str]]]:
+        """Training files without validation ones: the last 5% of the pairs (1 to 500) held out."""
+        from qkv.data.corpus import read_parallel
+
+        text = read_parallel(*task.files[:2])  # a CorpusError names the file at fault
+        pairs = list(zip(text.src, text.tgt))
+        if len(pairs) < 2:
+            raise LabError(422, f"{task.files[0]}: need at least 2 pairs (one held out for validation)")
+        n = min(500, max(1, len(pairs) // 20))
+        return {"train": pairs[:-n], "valid": pairs[-n:]}
+
+    # --- starting and stopping ------------------------------------------------------------------------
+
+    def running(self) -> list[str]:
+        return [name for name, p in self.procs.items() if p.poll() is None]
+
+    def start(self, name: str, task: str, preset: str, model: dict | None = None, train: dict | None = None,
+              threads: int | None = None) -> dict:
+        """Start ``qkv train`` for a new run ``name``; what :meth:`describe` says of it."""
+        if not NAME.fullmatch(name or ""):
+            raise LabError(422, f"name: {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 40, "
+                                f"not beginning with '.' or '-')")
+        if task not in self.tasks:
+            raise LabError(422, f"task: unknown {task!r}; this lab has {', '.join(self.tasks)}")
+        out = self.root / name
+        if out.exists():
+            raise LabError(409, f"a run named {name!r} exists already ({out}); choose another name")
+        if len(self.running()) >= self.limits.max_runs:
+            raise LabError(429, f"{self.limits.max_runs} runs are training already (the lab's bound, --max-runs); "
+                                f"stop one or wait for one to end")
+        threads = threads or self.limits.run_threads
+        if not 1 <= threads <= self.limits.run_threads:
+            raise LabError(422, f"threads must be in [1, {self.limits.run_threads}] (--run-threads), got {threads}")
+        try:
+            m, t = settings(preset, model, train)
+        except ConfigError as e:
+            raise LabError(422, str(e)) from None
+        if t.get("max_time", 0) > self.limits.max_time:
+            raise LabError(422, f"train.max_time {t['max_time']:g} is more than this lab allows (--max-time "
+                                f"{self.limits.max_time:g})")
+        t["max_time"] = t.get("max_time") or self.limits.max_time
+        spec = self.tasks[task]
+        t.update(tokenizer=spec.tokenizer, vocab_size=spec.vocab_size, threads=threads)
+        argv = [sys.executable, "-m", "qkv.lab.child", str(os.getpid()), "train", *self.data(spec), "--out", str(out),
+                "--preset", "tiny", *flags(m), *flags(t)]
+        out.mkdir(parents=True)
+        record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "started": time.time()}
+        (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "PYTHONUNBUFFERED": "1"}
+        src = str(Path(__file__).resolve().parents[2])  # this qkv, wherever the child's path would find another
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+        with open(out / "train.log", "wb") as log:
+            self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return self.describe(name)
+
+    def stop(self, name: str) -> dict:
+        """Ask a training run to stop (SIGTERM: it commits ``last/`` at the next update and exits)."""
+        self.run_dir(name)
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            raise LabError(409, f"run {name!r} is not training")
+        self.stopping.add(name)
+        proc.send_signal(signal.SIGTERM)
+        return self.describe(name)
+
+    def stop_all(self, timeout: float = 60) -> None:
+        """Stop every run and wait for them (``timeout`` seconds, then kill what is left)."""
+        for name in self.running():
+            self.stopping.add(name)
+            self.procs[name].send_signal(signal.SIGTERM)
+        end = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    # --- reading back ----------------------------------------------------------------------------------
+
+    def run_dir(self, name: str) -> Path:
+        """The directory of run ``name``; a LabError (404) where there is no such run."""
+        out = self.root / name
+        if not NAME.fullmatch(name or "") or not (out / "lab.json").is_file():
+            raise LabError(404, f"no run named {name!r} in {self.root}")
+        return out
+
+    def names(self) -> list[str]:
+        """Every run of ``root`` (those an earlier lab started too), oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if NAME.fullmatch(p.name) and (p / "lab.json").is_file()]
+        return [p.name for p in sorted(found, key=lambda p: (p / "lab.json").stat().st_mtime)]
+
+    def status(self, name: str) -> str:
+        """training | stopping | finished | stopped | failed (runs this lab started); saved | empty (runs an
+        earlier lab left)."""
+        proc = self.procs.get(name)
+        if proc is None:
+            return "saved" if (self.root / name / "last").is_dir() else "empty"
+        rc = proc.poll()
+        if rc is None:
+            return "stopping" if name in self.stopping else "training"
+        if rc == 0:
+            return "finished"
+        return "stopped" if name in self.stopping else "failed"
+
+    def describe(self, name: str) -> dict:
+        out = self.run_dir(name)
+        record = json.loads((out / "lab.json").read_text(encoding="utf-8"))
+        status = self.status(name)
+        record.update(status=status, dir=str(out), checkpoint=(out / "last").is_dir())
+        if status == "failed":
+            record["error"] = self.log_tail(name)
+        return record
+
+    def log_tail(self, name: str, lines: int = 5) -> str:
+        try:
+            text = (self.run_dir(name) / "train.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def metrics(self, name: str, since: int = 0) -> dict:
+        """The records of ``metrics.jsonl`` from the ``since``-th on (complete lines only) and the count so far."""
+        path = self.run_dir(name) / "metrics.jsonl"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {"records": [], "next": 0}
+        lines = text.split("\n")[:-1]  # a last line without its newline is still being written
+        records = []
+        for line in lines[since:]:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                records.append({})  # keep the count: a line the page skips
+        return {"records": records, "next": max(since, len(lines))}
+
+
+def limits_from(args) -> LabLimits:
+    return LabLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LabLimits)
+                        if hasattr(args, f.name)}).validate()
+
+
+__all__ = ["Lab", "LabLimits", "LabError", "Task", "TASKS", "PRESETS", "files_task", "settings", "flags",
+           "pairs_of"]
