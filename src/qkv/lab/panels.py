@@ -113,7 +113,7 @@ def _stats(q: torch.Tensor, k: torch.Tensor, scaled: bool) -> dict:
 def attention_panel(d_k: int = 64, n_keys: int = 10, seed: int = 0) -> dict:
     """One query and ``n_keys`` keys, q, k ~ N(0, 1) of dimension d_k (seeded), attended with and
     without 1/√d_k: the weights, their entropy (nats; uniform = ln n), the largest weight, and the
-    norm of the softmax's Jacobian ∂weights/∂logits. ``sweep``: the same, averaged over 64 queries,
+    norm of the softmax's Jacobian ∂weights/∂logits. ``sweep``: the same, the median of 64 queries,
     at d_k = 4 ... 1024 (the chosen d_k is one of the curves' points only when it is one of those)."""
     bounded("d_k", d_k, *D_K)
     bounded("n_keys", n_keys, *N_KEYS)
@@ -131,14 +131,16 @@ def attention_panel(d_k: int = 64, n_keys: int = 10, seed: int = 0) -> dict:
 
 @functools.lru_cache(maxsize=32)
 def attention_sweep(n_keys: int = 10, seed: int = 0) -> tuple[dict, ...]:
-    """Mean entropy, largest weight and Jacobian norm over 64 random queries at each d_k of SWEEP_D_K."""
+    """The median entropy, largest weight and Jacobian norm over 64 random queries at each d_k of
+    SWEEP_D_K (the median: a few queries whose two largest logits happen to be close keep a
+    gradient at any d_k)."""
     rows = []
     for d_k in SWEEP_D_K:
         q, k = _sample(d_k, n_keys, seed, SWEEP_QUERIES)
         row = {"d_k": d_k}
         for name, scaled in (("scaled", True), ("unscaled", False)):
             s = _stats(q, k, scaled)
-            row[name] = {key: s[key].mean().item() for key in ("entropy", "max_weight", "grad_norm")}
+            row[name] = {key: s[key].median().item() for key in ("entropy", "max_weight", "grad_norm")}
         rows.append(row)
     return tuple(rows)
 
@@ -233,7 +235,8 @@ def result_files(pattern: str, results_dir: Path | None = None) -> list[dict]:
 
 
 def _choose(files: list[dict], file: str | None, covers) -> dict | None:
-    """``file`` by name, else the newest of those that cover the most (models, layer types)."""
+    """``file`` by name, else the most complete (``covers``: its number of measured points), the
+    newest of those: a partial rerun (one model, a few distances) does not hide the full run."""
     if file is not None:
         for f in files:
             if f["name"] == file:
@@ -265,13 +268,13 @@ def _layers_part(result: dict) -> dict:
 
 def cost_panel(results_dir: Path | None = None, layers_file: str | None = None,
                long_range_file: str | None = None) -> dict:
-    """Table 1 (formulas at the measured d and largest n), the newest ``qkv bench layers`` result
-    and the newest ``qkv bench long-range`` result that covers every model (or the files named),
-    each None with a note where the repository has none."""
+    """Table 1 (the exact path lengths at the measured largest n), the most complete ``qkv bench
+    layers`` and ``qkv bench long-range`` results (the newest of equals; or the files named), each
+    None with a note where there are none."""
     layer_files = result_files("complexity*.json", results_dir)
     range_files = result_files("long-range*.json", results_dir)
-    chosen = _choose(layer_files, layers_file, lambda d: len(d.get("layers", {})))
-    ranged = _choose(range_files, long_range_file, lambda d: len(d.get("settings", {}).get("models", [])))
+    chosen = _choose(layer_files, layers_file, lambda d: sum(len(p) for p in d.get("layers", {}).values()))
+    ranged = _choose(range_files, long_range_file, lambda d: len(d.get("runs", [])))
     s = chosen["data"]["settings"] if chosen else {"ns": [512], "r": 64, "k": 3}
     out = {"table1": table1(s["ns"][-1], s["r"], s["k"]), "table1_n": s["ns"][-1],
            "files": {"layers": [f["name"] for f in layer_files], "long_range": [f["name"] for f in range_files]},
