@@ -125,12 +125,10 @@ def test_masks_text_bounds(text, why):
 
 def test_table1_rows_and_path_lengths():
     rows = {r["layer"]: r for r in panels.table1(n=512, r=64, k=3)}
-    # Table 1 of the paper
-    assert (rows["self-attention"]["complexity"], rows["self-attention"]["sequential"], rows["self-attention"]["path"]) \
-        == ("O(n²·d)", "O(1)", "O(1)")
-    assert (rows["lstm"]["complexity"], rows["lstm"]["sequential"], rows["lstm"]["path"]) == ("O(n·d²)", "O(n)", "O(n)")
-    assert (rows["conv"]["complexity"], rows["conv"]["path"]) == ("O(k·n·d²)", "O(n/k)")
-    assert (rows["restricted"]["complexity"], rows["restricted"]["path"]) == ("O(r·n·d)", "O(n/r)")
+    paper = {"self-attention": ("O(n²·d)", "O(1)", "O(1)"), "lstm": ("O(n·d²)", "O(n)", "O(n)"),  # Table 1
+             "conv": ("O(k·n·d²)", "O(1)", "O(n/k)"), "restricted": ("O(r·n·d)", "O(1)", "O(n/r)")}
+    for name, row in paper.items():
+        assert (rows[name]["complexity"], rows[name]["sequential"], rows[name]["path"]) == row
     # the exact path lengths at n = 512: 1, n - 1, ⌈(n-1)/(k-1)⌉, ⌈(n-1)/r⌉, ⌈log_3 512⌉ (3^5 < 512 <= 3^6)
     got = {name: rows[name]["path_at_n"] for name in ("self-attention", "lstm", "conv", "restricted", "conv-dilated")}
     assert got == {"self-attention": 1, "lstm": 511, "conv": 256, "restricted": 8, "conv-dilated": 6}
@@ -141,17 +139,20 @@ def test_cost_panel_reads_the_shipped_results():
     assert c["layers"]["file"].startswith("complexity-") and c["layers"]["file"] in c["files"]["layers"]
     ex = c["layers"]["exponents"]
     assert ex["attention-core"]["flops"] == pytest.approx(2.0, abs=0.05)  # O(n²·d)
-    assert ex["lstm"]["flops"] == pytest.approx(1.0, abs=0.05) and ex["lstm"]["sequential_steps"] == pytest.approx(1.0, abs=0.05)
+    assert ex["lstm"]["flops"] == pytest.approx(1.0, abs=0.05)  # O(n·d²)
+    assert ex["lstm"]["sequential_steps"] == pytest.approx(1.0, abs=0.05)  # O(n)
     assert c["table1_n"] == c["layers"]["settings"]["ns"][-1]
     lr = c["long_range"]
     assert set(lr["accuracy"]) == {"rnn", "lstm", "transformer"} and lr["chance"] == 1 / lr["settings"]["symbols"]
     data = json.loads((panels.RESULTS_DIR / lr["file"]).read_text())
-    assert lr["accuracy"]["transformer"] == [[r["t"], r["accuracy"]] for r in data["runs"] if r["model"] == "transformer"]
+    runs = [[r["t"], r["accuracy"]] for r in data["runs"] if r["model"] == "transformer"]
+    assert lr["accuracy"]["transformer"] == runs
 
 
 def _long_range(models, distances, started):
     return {"settings": {"models": models, "symbols": 4, "steps": 1, "batch": 1, "hidden": 4, "distances": distances},
-            "machine": {"started": started}, "runs": [{"model": m, "t": t, "accuracy": 0.5} for t in distances for m in models]}
+            "machine": {"started": started},
+            "runs": [{"model": m, "t": t, "accuracy": 0.5} for t in distances for m in models]}
 
 
 def test_cost_panel_picks_the_most_complete_result_newest_first(tmp_path):
@@ -268,4 +269,5 @@ def test_fragment_fetches_only_registered_routes():
     panels.register(app)
     routes = set(app.openapi()["paths"])
     fetched = {"/api/panels/" + p for p in re.findall(r'get\("([a-z/]+)"', panels.fragment())}
-    assert fetched == routes == {"/api/panels/" + p for p in ("attention", "positions", "masks", "cost", "cost/measure")}
+    names = ("attention", "positions", "masks", "cost", "cost/measure")
+    assert fetched == routes == {"/api/panels/" + p for p in names}
