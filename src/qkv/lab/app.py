@@ -7,7 +7,7 @@
     POST /api/runs/NAME/stop        stop it (SIGTERM: last/ is committed, then the process exits)
     GET  /api/runs/NAME/metrics     its metrics.jsonl records from ?since=N on, and the next N
     POST /api/runs/NAME/inside      {"text"}: the newest checkpoint's output, attention, hidden-state norms
-    GET  /api/panels/...            the concept panels (qkv.lab.panels), where that module exists
+    GET  /api/panels/...            the concept panels (qkv.lab.panels)
 
 The Host-header check and the body bound are ``qkv serve``'s; every error is JSON ``{"error": message}``.
 """
@@ -15,7 +15,6 @@ The Host-header check and the body bound are ``qkv serve``'s; every error is JSO
 from __future__ import annotations
 
 import contextlib
-import importlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -65,16 +64,11 @@ def page_html(panels: Path | None) -> str:
     return page.replace(MARKER, fragment)
 
 
-def add_panels(app: FastAPI) -> bool:
-    """The concept panels' routes (``qkv.lab.panels.register``), where that module exists."""
-    try:
-        panels = importlib.import_module("qkv.lab.panels")
-    except ModuleNotFoundError as e:
-        if e.name != "qkv.lab.panels":
-            raise
-        return False
+def add_panels(app: FastAPI) -> None:
+    """The concept panels' routes (:func:`qkv.lab.panels.register`)."""
+    from qkv.lab import panels
+
     panels.register(app)
-    return True
 
 
 def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | None | str = "default") -> FastAPI:
