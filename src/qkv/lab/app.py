@@ -87,7 +87,7 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
                   description="Train, watch and compare Transformers and RNNs. Every error is JSON "
                               "{\"error\": message} with a 4xx status.")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
-    app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
+    app.add_middleware(HostCheck, allowed=allowed_hosts, hint="")  # the outermost: checked first; loopback only
     app.state.limits, app.state.lab = limits, lab
 
     @app.exception_handler(RequestValidationError)

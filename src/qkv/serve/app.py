@@ -85,10 +85,11 @@ class BodyLimit:
 class HostCheck:
     """ASGI middleware: a request whose ``Host`` header names neither this machine's loopback (localhost,
     127.x.x.x, [::1]) nor one of ``allowed`` (``*``: any) gets 400, so that a web page cannot reach the
-    server through a name of its own that it points here (DNS rebinding)."""
+    server through a name of its own that it points here (DNS rebinding). ``hint``: how to widen it,
+    said in the refusal (none for a server that cannot be widened)."""
 
-    def __init__(self, app, allowed: tuple[str, ...] = ()):
-        self.app, self.allowed = app, tuple(allowed)
+    def __init__(self, app, allowed: tuple[str, ...] = (), hint: str = "qkv serve --allowed-hosts adds names"):
+        self.app, self.allowed, self.hint = app, tuple(allowed), hint
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -97,8 +98,9 @@ class HostCheck:
         if host_allowed(host, self.allowed):
             return await self.app(scope, receive, send)
         what = f"the host name {host!r}" if host else "a request without a Host header"
-        return await error(400, f"this server does not answer {what}: it answers {answered(self.allowed)} "
-                                f"(qkv serve --allowed-hosts adds names)")(scope, receive, send)
+        hint = f" ({self.hint})" if self.hint else ""
+        return await error(400, f"this server does not answer {what}: it answers {answered(self.allowed)}{hint}"
+                           )(scope, receive, send)
 
 
 def validation_message(errors: list[dict]) -> str:
