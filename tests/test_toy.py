@@ -240,3 +240,30 @@ def test_held_out_report_per_magnitude() -> None:
                           "  4-5 digits 100.0% (200/200)", "  6 digits    98.0% (196/200)"]
     assert sum(line.startswith("  ok ") for line in lines) + sum(line.startswith("  ERR") for line in lines) == 8
     assert lines[-1].startswith("try it: qkv translate runs/default/best ")
+
+
+def test_the_embedded_tokenizer_learns_each_sentence_once() -> None:
+    """The embedded task repeats its short numbers by design (each one-word and two-digit number
+    dozens of times): its tokenizer learns from each distinct sentence once, so a repeated pair does
+    not become one piece of its own. Trained on the pairs as given, BPE makes whole two-digit
+    numbers single pieces (the training "einunddreißig"), while a held-out one ("siebenunddreißig")
+    is split into unit + "unddreißig", a sequence no training target of its class shows."""
+    from qkv.data.tokenizer import TokenizerPair
+    from qkv.tasks.translate import ParallelData
+
+    from qkv.data.toy import default_splits
+
+    pairs = default_splits()["train"]
+    src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
+    data = ParallelData(src, tgt, repeats=True)
+    distinct_src, distinct_tgt = data.tokenizer_text()
+    assert distinct_src == list(dict.fromkeys(src)) and distinct_tgt == list(dict.fromkeys(tgt))
+    assert len(distinct_tgt) < len(tgt) and ParallelData(src, tgt).tokenizer_text() == (src, tgt)
+
+    def pieces(texts_src, texts_tgt, word):
+        tok = TokenizerPair.train(texts_src, texts_tgt, 300).tgt
+        return [tok.id_to_piece(i) for i in tok.encode([word])[0]]
+
+    assert pieces(src, tgt, "einunddreißig") == ["▁einunddreißig"]  # what repetition made of a training number
+    once = pieces(distinct_src, distinct_tgt, "einunddreißig")
+    assert len(once) > 1 and once[-1] == pieces(distinct_src, distinct_tgt, "siebenunddreißig")[-1]

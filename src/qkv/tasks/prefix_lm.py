@@ -78,7 +78,7 @@ class PrefixLmTask(TranslateTask):
         if train_cfg.init_from:
             return checkpoint_tokenizers(train_cfg.init_from)
         # one vocabulary: source and target tokens share the one embedding of the one stack
-        return TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size, train_cfg.tokenizer,
+        return TokenizerPair.train(*train_data.tokenizer_text(), train_cfg.vocab_size, train_cfg.tokenizer,
                                    True, specials=True)
 
     def model_config(self, model_cfg, tokenizers):

@@ -36,9 +36,18 @@ class ParallelData:
     line_numbers: list[int] | None = None
     report: CorpusReport | None = None
     metric: str = "bleu"  # what validation scores: "bleu" (BLEU, chrF, exact match) or "exact" (exact match alone)
+    repeats: bool = False  # pairs repeated by design (the embedded task): the tokenizer learns each sentence once
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def tokenizer_text(self) -> tuple[list[str], list[str]]:
+        """The source and target sentences a tokenizer trained on this split learns from: every
+        pair, or with ``repeats`` each distinct sentence once (in first-seen order), so that its
+        merges follow the language rather than how often a pair was repeated."""
+        if not self.repeats:
+            return self.src, self.tgt
+        return list(dict.fromkeys(self.src)), list(dict.fromkeys(self.tgt))
 
 
 @dataclass
@@ -195,7 +204,7 @@ class TranslateTask(Task):
             return tokenizers
         if train_cfg.init_from:
             return checkpoint_tokenizers(train_cfg.init_from)
-        return TokenizerPair.train(train_data.src, train_data.tgt, train_cfg.vocab_size, train_cfg.tokenizer,
+        return TokenizerPair.train(*train_data.tokenizer_text(), train_cfg.vocab_size, train_cfg.tokenizer,
                                    train_cfg.joint_vocab)
 
     def check_positions(self, model_cfg, train_cfg: TrainConfig) -> None:

@@ -89,7 +89,8 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, decode_cfg: Dec
         log("no data given: training on the embedded default task, English number words -> German number words")
         splits = toy.default_splits()
         train_data, valid_data = (  # one word a number: BLEU means nothing, exact match is the metric
-            ParallelData([s for s, _ in splits[split]], [t for _, t in splits[split]], name=name, metric="exact")
+            ParallelData([s for s, _ in splits[split]], [t for _, t in splits[split]], name=name, metric="exact",
+                         repeats=True)
             for split, name in (("train", EMBEDDED), ("valid", "toy/valid")))
     return train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out, resume=resume, log=log,
                  tensorboard=tensorboard)
