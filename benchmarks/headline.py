@@ -27,11 +27,11 @@ PLACEHOLDER = "TO BE MEASURED"
 
 # each form: the pattern of the quoted number, and how the headline writes it
 FORMS = {
-    "exact match": (re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?=% exact match)"),
+    "exact match": (re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?=%\s+exact\s+match)"),
                     lambda h: f"{h['exact_match_percent']:.1f}"),
-    "minutes": (re.compile(r"(?<=about )\d+(?:\.\d+)?(?= minutes? on an idle 2-core machine)"),
+    "minutes": (re.compile(r"(?<=[Aa]bout )\d+(?:\.\d+)?(?=\s+minutes?\s+on\s+an\s+idle\s+2-core\s+machine)"),
                 lambda h: f"{round(h['wall_time_s'] / 60)}"),
-    "seconds": (re.compile(r"(?<![\d.])\d+(?= s end to end)"), lambda h: f"{h['wall_time_s']:.0f}"),
+    "seconds": (re.compile(r"(?<![\d.])\d+(?=\s+s\s+end\s+to\s+end)"), lambda h: f"{h['wall_time_s']:.0f}"),
 }
 
 
@@ -48,12 +48,13 @@ def disagreements(h: dict | None = None) -> list[str]:
     h = h or headline()
     found = []
     for page in pages():
-        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
-            for form, (pattern, write) in FORMS.items():
-                for quoted in pattern.findall(line):
-                    if quoted != write(h):
-                        found.append(f"{page.relative_to(ROOT)}:{number}: {form}: quoted {quoted}, "
-                                     f"docs/headline.json gives {write(h)}")
+        text = page.read_text(encoding="utf-8")  # whole: a quote may wrap across lines
+        for form, (pattern, write) in FORMS.items():
+            for m in pattern.finditer(text):
+                if m.group() != write(h):
+                    number = text.count("\n", 0, m.start()) + 1
+                    found.append(f"{page.relative_to(ROOT)}:{number}: {form}: quoted {m.group()}, "
+                                 f"docs/headline.json gives {write(h)}")
     return found
 
 
