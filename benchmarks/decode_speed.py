@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="base",
                    help="untrained models to add, comma-separated: recipe, base ('' for none; default base)")
     p.add_argument("--src", default=str(TEST_SET), help="source sentences, one a line (plain or gzip)")
-    p.add_argument("--n-batch", type=int, default=64, help="sentences for the batch-32 cells (base: half)")
-    p.add_argument("--n-one", type=int, default=8, help="sentences for the batch-1 cells (base: half)")
+    p.add_argument("--n-batch", type=int, default=32, help="sentences for the batch-32 cells (base: half)")
+    p.add_argument("--n-one", type=int, default=4, help="sentences for the batch-1 cells (base: half)")
     p.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     p.add_argument("--beams", default="1,5", help="beam sizes, comma-separated")
     p.add_argument("--batches", default="32,1", help="batch sizes, comma-separated")
