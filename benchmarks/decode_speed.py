@@ -27,8 +27,9 @@ Beam cells rank hypotheses as CTranslate2 does (``length_norm="length"``, alpha 
 alike. ``--before SRC``: a third worker runs qkv from another source tree (e.g. ``git archive`` of an
 earlier commit), measured in the same rounds.
 
-Reported per cell: sentences/s and output tokens/s of each engine, and qkv's speed as a fraction of
-CTranslate2's (CTranslate2's seconds over qkv's: 1.0 = as fast). Prints a Markdown table; writes the
+Reported per cell: sentences/s and output tokens/s of each engine (its own output pieces: on the
+untrained models CTranslate2 writes one more per sentence than qkv, which spends that step on EOS),
+and qkv's speed as a fraction of CTranslate2's (CTranslate2's seconds over qkv's: 1.0 = as fast). Prints a Markdown table; writes the
 JSON to benchmarks/results/decode-speed-DATE.json (``--json`` elsewhere). The machine's load is
 recorded: on a shared machine the figures are indicative only.
 """
