@@ -1,4 +1,6 @@
-"""Batched beam search on real models against a straightforward reference.
+"""Batched beam search on real models against a straightforward reference; every decoding mode
+(greedy, beam with n-best, a forced target prefix, sampling with a seed, an ensemble) of the
+incremental Transformer against the same model recomputed in full at every step (:class:`FullRecompute`).
 
 The batched search (qkv.decoding.beam_search) keeps the Transformer's cross-attention keys/values
 once per sentence (TransformerState.expand_beams / reorder with beam > 1) and never builds the
@@ -236,3 +238,127 @@ def test_reorder_with_beams_rejects_rows_that_mix_sentences():
     state.reorder(torch.tensor([1, 1, 2, 3]))
     with pytest.raises(AssertionError, match="one sentence"):
         state.reorder(torch.tensor([1, 2, 2, 3]))
+
+
+# --- every decoding mode against the full, non-incremental forward -------------------------------------
+
+@dataclasses.dataclass
+class PrefixState:
+    """The state of :class:`FullRecompute`: the encoder output, its mask and every row's whole prefix."""
+
+    memory: Tensor  # (B, S, d)
+    mask: Tensor  # (B, 1, 1, S)
+    prefix: Tensor  # (B, t + 1): BOS and the tokens fed so far
+
+    @property
+    def position(self) -> int:  # target positions decoded so far, as TransformerState counts them
+        return self.prefix.size(1)
+
+    def reorder(self, indices: Tensor) -> "PrefixState":
+        return PrefixState(self.memory[indices], self.mask[indices], self.prefix[indices])
+
+
+class FullRecompute(torch.nn.Module):
+    """A Transformer decoded without its incremental state: every step runs the decoder's full,
+    teacher-forced forward over the row's whole prefix (no key/value cache, no per-sentence
+    cross-attention keys/values, no eval-mode step) and returns the last position's logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def max_source_len(self):
+        return self.model.max_source_len()
+
+    def max_steps(self, src_lengths):
+        return self.model.max_steps(src_lengths)
+
+    def start(self, src: Tensor) -> PrefixState:
+        memory, mask, _ = self.model.encode(src)
+        return PrefixState(memory, mask, src.new_empty(src.size(0), 0))
+
+    def step(self, tokens: Tensor, state: PrefixState):
+        prefix = torch.cat([state.prefix, tokens[:, None]], dim=1)  # (B, t + 1)
+        logits, _ = self.model.decode(prefix, state.memory, state.mask)  # (B, t + 1, V)
+        return logits[:, -1], PrefixState(state.memory, state.mask, prefix)
+
+
+def both(seed: int = 0, **kw) -> tuple[EndingSooner, EndingSooner]:
+    """A random-weight Transformer whose sentences end at different steps, decoded incrementally and
+    by full recomputation."""
+    lean = transformer(seed, **kw)
+    return lean, EndingSooner(FullRecompute(lean.model), lean.rate)
+
+
+@pytest.mark.parametrize("kw", [{}, {"norm_first": True}, {"positional": "learned"}])
+def test_greedy_equals_full_recomputation(kw):
+    lean, full = both(**kw)
+    src = sources(7, 6)
+    max_len = torch.tensor([1, 3, 4, 5, 6, 7, 8])
+    from qkv.decoding import greedy
+
+    got, want = greedy(lean, src, max_len, min_len=1), greedy(full, src, max_len, min_len=1)
+    assert got == want
+    assert len({len(t) for t in got}) >= 3  # sentences ended at different steps
+
+
+@pytest.mark.parametrize("k,alpha,min_len,nbest", CASES)
+def test_beam_search_nbest_equals_full_recomputation(k, alpha, min_len, nbest):
+    lean, full = both(seed=2, norm_first=True)
+    src = sources(7, 6, seed=3)
+    max_len = torch.tensor([1, 3, 4, 5, 6, 7, 8])
+    got = beam_search(lean, src, k, alpha, max_len, nbest=nbest, min_len=min_len)
+    assert_same(got, beam_search(full, src, k, alpha, max_len, nbest=nbest, min_len=min_len))
+    assert len({len(h.tokens) for hs in got for h in hs}) >= 3
+
+
+def test_ensemble_equals_full_recomputation():
+    from qkv.decoding.ensemble import Ensemble
+
+    (a, fa), (b, fb) = both(seed=4), both(seed=5)
+    src = sources(5, 6, seed=6)
+    max_len = torch.tensor([2, 4, 5, 6, 7])
+    got = beam_search(Ensemble([a.model, b.model]).eval(), src, 4, 0.6, max_len, nbest=2)
+    want = beam_search(Ensemble([fa.model, fb.model]).eval(), src, 4, 0.6, max_len, nbest=2)
+    assert_same(got, want)
+
+
+def test_sampling_with_a_seed_equals_full_recomputation():
+    """Tokens drawn with one seed from the incremental step's distribution and from the full forward's."""
+    from qkv.decoding.sampling import next_token
+
+    lean, full = both(seed=7)
+    src = sources(4, 6, seed=8)
+    drawn = []
+    for model in (lean, full):
+        g = torch.Generator().manual_seed(0)
+        state, tokens, out = model.start(src), torch.full((4,), BOS), []
+        with torch.inference_mode():
+            for _ in range(6):
+                logits, state = model.step(tokens, state)
+                tokens = next_token(logits, temperature=1.0, top_k=5, generator=g)
+                out.append(tokens)
+        drawn.append(torch.stack(out, 1))
+    assert torch.equal(drawn[0], drawn[1])
+
+
+@pytest.mark.parametrize("beam,nbest,prefix", [(1, 1, ""), (5, 3, ""), (1, 1, "blue"), (4, 2, "red")])
+def test_fixture_checkpoint_decodes_as_full_recomputation(beam, nbest, prefix):
+    """``qkv translate``'s decoding of the fixture checkpoint (greedy, beam with n-best, a forced
+    target prefix) through the lean incremental step and through full recomputation."""
+    from pathlib import Path
+
+    import qkv
+
+    translator = qkv.load(Path(__file__).parent / "fixtures" / "checkpoints" / "translate-transformer")
+    sentences = ["red cat", "the big dog sun", "small tree", "a sun", "blue blue dog cat red"]
+    limits = {"max_len_a": 0.0, "max_len_b": 12}  # the fixture model seldom ends a sentence
+    lean = translator.hypotheses(sentences, target_prefix=prefix or None, beam_size=beam, nbest=nbest, **limits)
+    model = translator.model
+    try:
+        translator.model = FullRecompute(model)
+        full = translator.hypotheses(sentences, target_prefix=prefix or None, beam_size=beam, nbest=nbest, **limits)
+    finally:
+        translator.model = model
+    assert_same(lean, full)
+    assert all(len(hs) == nbest for hs in lean)

@@ -19,6 +19,7 @@ from torch import nn
 
 import qkv
 from qkv.frontends import Int8TiedOutput, quantize_int8
+from qkv.frontends.quantize import MIN_INT8_WEIGHTS
 from qkv.cli import main
 from qkv.config import BOS, EOS, ModelConfig
 from qkv.data.batching import collate
@@ -57,7 +58,7 @@ def trained():
     test = reversal_batch(random.Random(1), 64)
     right = [list(reversed(s[s > EOS].tolist())) for s in test.src]
     assert sum(h == r for h, r in zip(greedy(model, test.src, 12), right)) >= 60  # it learned (63 of 64)
-    return types.SimpleNamespace(float=model, int8=quantize_int8(copy.deepcopy(model)), test=test)
+    return types.SimpleNamespace(float=model, int8=quantize_int8(copy.deepcopy(model), min_weights=0), test=test)
 
 
 def test_which_layers_are_quantised(trained):
@@ -68,8 +69,25 @@ def test_which_layers_are_quantised(trained):
     assert all(isinstance(layer.cross_attn.in_proj, nn.Linear) for layer in q.decoder_layers)  # sliced: float
     assert isinstance(q.tgt_embed, Int8TiedOutput) and q.src_embed is q.tgt_embed
     assert torch.equal(q.tgt_embed.weight, trained.float.tgt_embed.weight)  # lookups stay float
-    kept = quantize_int8(copy.deepcopy(trained.float), output_projection=False)
+    kept = quantize_int8(copy.deepcopy(trained.float), output_projection=False, min_weights=0)
     assert not isinstance(kept.tgt_embed, Int8TiedOutput)
+
+
+@pytest.mark.parametrize("d_model,d_ff,vocab", [(128, 512, 4000), (512, 2048, 40), (64, 128, 24)])
+def test_only_matrices_big_enough_to_gain_are_quantised(d_model, d_ff, vocab):
+    """By default a linear layer gets int8 weights only from MIN_INT8_WEIGHTS entries: at d_model 128
+    only the 4,000 x 128 output projection, at d_model 512 every layer but the 40 x 512 projection."""
+    cfg = ModelConfig(d_model=d_model, n_heads=4, d_ff=d_ff, n_encoder_layers=1, n_decoder_layers=1,
+                      src_vocab_size=vocab, tgt_vocab_size=vocab)
+    model = build_model(cfg)
+    sizes = {name: m.weight.numel() for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    q = quantize_int8(model)
+    dynamic = {name for name, m in q.named_modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)}
+    sliced = {"decoder_layers.0.cross_attn.in_proj"}
+    layers = {name for name in dynamic if "embed" not in name}  # the tied projection: checked below
+    assert layers == {name for name, n in sizes.items() if n >= MIN_INT8_WEIGHTS and name not in sliced}
+    assert isinstance(q.tgt_embed, Int8TiedOutput) == (vocab * d_model >= MIN_INT8_WEIGHTS)
+    assert (d_model == 512) == bool(layers)  # the threshold falls between the two model sizes
 
 
 #: What dynamic int8 promises for one matrix product, as a fraction of its output's scale: weights
@@ -162,9 +180,11 @@ def run(tmp_path_factory):
 
 def test_load_int8_translates(run):
     model = qkv.load(run.best, quantize="int8")
-    assert isinstance(model.model.tgt_embed, Int8TiedOutput)
     hyps = model.translate(["red cat", "dog"], beam_size=2)
     assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
+    # the tiny preset has no matrix of MIN_INT8_WEIGHTS entries: every one stays float, the output too
+    assert not any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.model.modules())
+    assert hyps == qkv.load(run.best).translate(["red cat", "dog"], beam_size=2)
 
 
 def test_cli_int8(run, capsys, tmp_path):

@@ -54,3 +54,21 @@ def test_quick_with_peers(tmp_path):
     ct2 = [r for r in res["raw"] if r["system"].startswith("ct2-")]
     assert ct2 and not any(r["torch_imported"] for r in ct2)  # the CTranslate2 workers never import torch
     assert {(e["task"], e["peer"]) for e in res["ratios"]} >= {("train", "hf"), ("greedy", "ct2-f32")}
+
+
+def test_decode_speed_quick(tmp_path):
+    """benchmarks/decode_speed.py on the fixture checkpoint: every cell timed on both engines."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 not installed: pip install -c constraints.txt -e '.[export]'")
+    fixture = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "translate-transformer"
+    out = tmp_path / "decode.json"
+    script = SPEED.parent / "decode_speed.py"
+    proc = subprocess.run([sys.executable, str(script), "--model", str(fixture), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| qkv / CT2 |" in proc.stdout
+    res = json.loads(out.read_text())
+    cells = {(r["beam"], r["batch"], r["dtype"]) for r in res["rows"]}
+    assert cells == {(b, n, d) for b in (1, 5) for n in (32, 1) for d in ("float32", "int8")}
+    for r in res["rows"]:
+        assert r["qkv"]["output_tokens"] > 0 and r["ct2"]["output_tokens"] > 0
+        assert r["qkv_vs_ct2"] == pytest.approx(r["ct2"]["seconds"] / r["qkv"]["seconds"])

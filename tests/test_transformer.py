@@ -171,3 +171,43 @@ def test_beam_one_equals_greedy_and_cached_decoding_equals_recomputation_on_the_
                     break
                 prefix.append(tok)
             assert prefix[1:] == g[i]
+
+
+def stack_step(m: Transformer, tokens: torch.Tensor, state):
+    """One decoding step through the decoder stack as training runs it (``(B, 1, d)`` rows, the
+    modules called, the boolean padding mask): what ``step`` did before its eval path."""
+    x, self_kv, _ = m.decoder(tokens[:, None], state.position, caches=state.self_kv, memory_kv=state.cross_kv,
+                              memory_mask=state.memory_mask, beam=state.beam)
+    return m._logits(x)[:, 0], dataclasses.replace(state, self_kv=self_kv, position=state.position + 1)
+
+
+@pytest.mark.parametrize("kw,beam,int8", [({}, 1, False), ({}, 3, False), ({"norm_first": True}, 3, False),
+                                          ({"positional": "learned"}, 1, False),
+                                          ({"share_embeddings": False, "tie_output": False}, 2, False),
+                                          ({}, 3, True)])
+def test_eval_step_gives_the_stacks_logits_bit_for_bit(kw, beam, int8):
+    """The lean eval-mode step (2-D rows, no module calls, additive mask made once) computes the
+    same logits as the stack, exactly: through beam reorders and dropped sentences."""
+    from qkv.frontends.quantize import quantize_int8
+
+    torch.manual_seed(0)
+    m = Transformer(tiny(dropout=0.0, attention_dropout=0.0, **kw)).eval()
+    if int8:
+        quantize_int8(m, min_weights=0)
+    src = torch.randint(4, 40, (4, 7))
+    src[1, 4:] = 0
+    g = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        lean = m.start(src)
+        lean = lean.expand_beams(beam) if beam > 1 else lean
+        ref, n = lean, 4
+        tokens = torch.full((4 * beam,), 2)
+        for t in range(7):
+            got, lean = m.step(tokens, lean)
+            want, ref = stack_step(m, tokens, ref)
+            assert torch.equal(got, want), f"step {t}: {(got - want).abs().max()}"
+            if t % 3 == 2:  # a sentence done: dropped; the others follow back-pointers
+                n -= 1
+                rows = (torch.arange(1, n + 1).unsqueeze(1) * beam + torch.randint(0, beam, (n, beam), generator=g))
+                lean, ref, tokens = lean.reorder(rows.view(-1)), ref.reorder(rows.view(-1)), tokens[rows.view(-1)]
+            tokens = torch.randint(4, 40, tokens.shape, generator=g)

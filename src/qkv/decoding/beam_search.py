@@ -151,12 +151,13 @@ def _top_candidates(
     """
     n, k = scores.shape
     logp = log_probs(logits, banned)  # (N*k, V), banned ids at -inf
-    eos_logp = logp[:, EOS].clone()  # (N*k,) the model's log p(EOS), kept for rows at their limit
+    limited = bool(at_limit.any())
+    eos_logp = logp[:, EOS].clone() if limited else None  # (N*k,) the model's log p(EOS), for rows at their limit
     if before_min_len:
         logp[:, EOS] = -math.inf
     row_scores, row_tokens = logp.topk(min(n_cand, logp.size(1)), dim=1)  # (N*k, c) each, best first
     row_scores, row_tokens = row_scores.view(n, k, -1), row_tokens.view(n, k, -1)  # (N, k, c)
-    if at_limit.any():  # only EOS: its own log-prob first, the rest -inf
+    if limited:  # only EOS: its own log-prob first, the rest -inf
         row_scores[at_limit] = -math.inf
         row_scores[at_limit, :, 0] = eos_logp.view(n, k)[at_limit]
         row_tokens[at_limit] = EOS

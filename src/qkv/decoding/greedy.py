@@ -24,6 +24,7 @@ Shared conventions (also used by :mod:`qkv.decoding.beam_search`):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -67,8 +68,13 @@ def banned_ids(tokenizer) -> tuple[int, ...]:
 
 def ban(logits: Tensor, banned: Sequence[int]) -> Tensor:
     """Set the columns ``banned`` of ``logits`` (N, V) to -inf, in place; returns ``logits``."""
-    logits[:, list(banned)] = -math.inf
-    return logits
+    return logits.index_fill_(1, _ids(tuple(banned), logits.device), -math.inf)
+
+
+@functools.lru_cache(maxsize=16)
+def _ids(ids: tuple[int, ...], device: torch.device) -> Tensor:
+    """``ids`` as a LongTensor on ``device``, made once (every decoding step bans the same ids)."""
+    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def max_output_len(src_lengths: Tensor, a: float, b: int, limit: Tensor | int | None = None) -> Tensor:
@@ -154,27 +160,25 @@ def greedy(
     outputs: list[list[int]] = [[] for _ in range(batch_size)]
     if batch_size == 0:
         return outputs
-    max_len = as_max_len(max_len, batch_size, src.device)
+    limit = as_max_len(max_len, batch_size, src.device)  # (N,) the budget of each active row
     state = model.start(src)
-    rows = torch.arange(batch_size, device=src.device)  # sentence id of each active row
+    rows = list(range(batch_size))  # sentence id of each active row
     tokens = torch.full((batch_size,), BOS, dtype=torch.long, device=src.device)  # (N,)
     ended = torch.zeros(batch_size, dtype=torch.bool, device=src.device)  # drop_finished=False only
-    for t in range(int(max_len.max()) + 1):
+    for t in range(int(limit.max()) + 1):
         logits, state = model.step(tokens, state)
-        tokens = greedy_choice(logits, max_len[rows] <= t, t < min_len, banned)  # (N,)
+        tokens = greedy_choice(logits, limit <= t, t < min_len, banned)  # (N,)
         if not drop_finished:  # rows that ended earlier are fed EOS and their output ignored
             tokens = tokens.masked_fill(ended, EOS)
             ended |= tokens == EOS
-        for sent, tok in zip(rows.tolist(), tokens.tolist()):
-            if tok != EOS:
-                outputs[sent].append(tok)
-        running = tokens != EOS
-        if not running.any():
+        chosen = tokens.tolist()
+        running = [i for i, tok in enumerate(chosen) if tok != EOS]  # rows still going
+        for i in running:
+            outputs[rows[i]].append(chosen[i])
+        if not running:
             break
-        if not drop_finished:
-            continue
-        if not running.all():
-            keep = running.nonzero().squeeze(1)  # (N',)
+        if drop_finished and len(running) < len(chosen):
+            keep = torch.tensor(running, device=src.device)  # (N',)
             state = state.reorder(keep)
-            rows, tokens = rows[keep], tokens[keep]
+            rows, tokens, limit = [rows[i] for i in running], tokens[keep], limit[keep]
     return outputs

@@ -12,6 +12,14 @@ from qkv.errors import QkvError
 
 QUANTIZE_CHOICES = (None, "int8")
 
+#: The smallest weight matrix (in entries) :func:`quantize_int8` makes int8 by default. A dynamic int8
+#: product first quantises its input (a pass for the range, one to round), a fixed cost of tens of
+#: microseconds per call that a small product never earns back: at d_model 128 the attention and FFN
+#: matrices (128 x 128 to 512 x 128) ran no faster or slower in int8 for 1 to 160 rows, while
+#: 512 x 512 and larger, and a 4,000 x 128 output projection, ran 1.5 to 5 times faster
+#: (one EPYC thread; ``benchmarks/decode_speed.py`` measures the whole decoder).
+MIN_INT8_WEIGHTS = 2**17
+
 
 class Int8TiedOutput(nn.Module):
     """A shared (tied) embedding whose pre-softmax projection ``x Eᵀ`` runs as an int8 matrix
@@ -47,17 +55,19 @@ def _quantize_dynamic(module: nn.Module, spec) -> nn.Module:
         return quantize_dynamic(module, spec, dtype=torch.qint8, inplace=True)
 
 
-def quantize_int8(model: nn.Module, output_projection: bool = True) -> nn.Module:
+def quantize_int8(model: nn.Module, output_projection: bool = True, min_weights: int = MIN_INT8_WEIGHTS) -> nn.Module:
     """Dynamic int8 quantisation for CPU decoding, in place (``torch.ao.quantization.quantize_dynamic``).
 
-    Every ``nn.Linear`` (and the ``nn.LSTM``/``nn.GRU`` of a recurrent model) gets int8 weights
-    (one scale per output row); activations are quantised
+    Every ``nn.Linear`` of at least ``min_weights`` entries (:data:`MIN_INT8_WEIGHTS`: smaller
+    ones are as fast in float32; 0: every one), and the ``nn.LSTM``/``nn.GRU`` of a recurrent
+    model, gets int8 weights (one scale per output row); activations are quantised
     on the fly at each call, and everything else (embeddings, LayerNorm, softmax) stays float32.
     Two exceptions: each decoder layer's cross-attention ``in_proj`` stays float (its query and
     key/value parts are read as slices of the fused matrix; the keys/values are computed once
     per sentence anyway), and the tied output projection, which is not an ``nn.Linear``, is
-    quantised through :class:`Int8TiedOutput` unless ``output_projection=False``.
-    For inference only: the result cannot be trained or saved as a checkpoint.
+    quantised through :class:`Int8TiedOutput` (at least ``min_weights`` entries too) unless
+    ``output_projection=False``. For inference only: the result cannot be trained or saved as a
+    checkpoint.
     """
     try:
         device = next(model.parameters()).device
@@ -75,10 +85,11 @@ def quantize_int8(model: nn.Module, output_projection: bool = True) -> nn.Module
     sliced = {id(layer.cross_attn.in_proj) for layer in getattr(model, "decoder_layers", [])}
     # nn.LSTM and nn.GRU have dynamic int8 kernels too (nn.RNN has none and stays float32)
     spec = {name: qconfig for name, m in model.named_modules()
-            if isinstance(m, (nn.Linear, nn.LSTM, nn.GRU)) and id(m) not in sliced}
+            if (isinstance(m, (nn.LSTM, nn.GRU)) or isinstance(m, nn.Linear) and m.weight.numel() >= min_weights)
+            and id(m) not in sliced}
     # a tied output projection through a ScaledEmbedding (the Transformer); a recurrent model's stays float32
     tied = (output_projection and getattr(model, "output_proj", "absent") is None
-            and hasattr(getattr(model, "tgt_embed", None), "logits"))
+            and hasattr(getattr(model, "tgt_embed", None), "logits") and model.tgt_embed.weight.numel() >= min_weights)
     model.eval()
     _quantize_dynamic(model, spec)
     if tied:
@@ -89,4 +100,4 @@ def quantize_int8(model: nn.Module, output_projection: bool = True) -> nn.Module
     return model
 
 
-__all__ = ["quantize_int8", "Int8TiedOutput", "QUANTIZE_CHOICES"]
+__all__ = ["quantize_int8", "Int8TiedOutput", "QUANTIZE_CHOICES", "MIN_INT8_WEIGHTS"]

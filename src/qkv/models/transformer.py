@@ -42,6 +42,7 @@ class TransformerState:
     self_kv: list[KVCache]  # per decoder layer, (N * beam, h, t, d_k): grows by one per step
     position: int  # number of target positions decoded so far
     beam: int = 1  # decoder rows per source sentence
+    memory_bias: torch.Tensor | None = None  # (N, 1, 1, S) memory_mask as 0 / -inf (None: made from it per step)
 
     def expand_beams(self, k: int) -> "TransformerState":
         """``k`` rows per sentence for beam search: row ``i * k + j`` starts as row ``i``.
@@ -67,6 +68,7 @@ class TransformerState:
                 [kv.reorder(indices) for kv in self.cross_kv],
                 [kv.reorder(indices) for kv in self.self_kv],
                 self.position,
+                memory_bias=_select(self.memory_bias, indices),
             )
         k, n = self.beam, self.memory_mask.size(0)
         groups = indices.view(-1, k) // k  # (N', k) the sentence of each new row
@@ -80,7 +82,19 @@ class TransformerState:
             memory_mask=self.memory_mask.index_select(0, sents),
             cross_kv=[kv.reorder(sents) for kv in self.cross_kv],
             self_kv=self_kv,
+            memory_bias=_select(self.memory_bias, sents),
         )
+
+
+def _select(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if x is None else x.index_select(0, rows)
+
+
+def additive_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A boolean attention mask (True = may attend) as the float one that
+    :func:`~torch.nn.functional.scaled_dot_product_attention` makes of it: 0 where True, -inf
+    where False; given to it, the same result, without the conversion at every call."""
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 @dataclass
@@ -170,7 +184,8 @@ class Transformer(nn.Module):
     def start(self, src: torch.Tensor) -> TransformerState:
         """Encode ``src (B, S)`` and project the cross-attention keys/values once per layer."""
         memory, mask, _ = self.encode(src)
-        return TransformerState(mask, self.memory_kv(memory), self.decoder.empty_caches(src.size(0), memory), 0)
+        return TransformerState(mask, self.memory_kv(memory), self.decoder.empty_caches(src.size(0), memory), 0,
+                                memory_bias=additive_mask(mask).to(memory.dtype))
 
     def max_source_len(self) -> int | None:
         """The longest ``src`` row (EOS included) :meth:`start` reads: ``max_positions`` with learned
@@ -184,8 +199,26 @@ class Transformer(nn.Module):
 
     def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
         """One decoding step: the last tokens ``(B,)`` -> next-token logits ``(B, V)``
-        (``B = N * state.beam`` rows for ``N`` sentences)."""
+        (``B = N * state.beam`` rows for ``N`` sentences).
+
+        In eval mode each decoder layer runs its :meth:`~qkv.nn.layers.DecoderLayer.step`: the
+        operations of the stack's, on ``(B, d)`` rows instead of ``(B, 1, d)`` and without the
+        module calls, dropout or mask conversion (the same logits bit for bit)."""
+        if not self.training:
+            return self._eval_step(tokens, state)
         x, self_kv, _ = self.decoder(tokens[:, None], state.position, caches=state.self_kv, memory_kv=state.cross_kv,
                                      memory_mask=state.memory_mask, beam=state.beam)  # (B, 1, d)
         logits = self._logits(x)[:, 0]  # (B, V)
         return logits, replace(state, self_kv=self_kv, position=state.position + 1)
+
+    def _eval_step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
+        position = state.position
+        bias = state.memory_bias if state.memory_bias is not None else additive_mask(state.memory_mask)
+        x = self.tgt_embed(tokens) + self.tgt_pos(1, position)[0]  # (B, d)
+        self_kv = []
+        for layer, cache, memory_kv in zip(self.decoder_layers, state.self_kv, state.cross_kv):
+            x, cache = layer.step(x, memory_kv, bias, cache, state.beam)
+            self_kv.append(cache)
+        logits = self._logits(self.decoder_norm(x))  # (B, V)
+        return logits, TransformerState(state.memory_mask, state.cross_kv, self_kv, position + 1, state.beam,
+                                        state.memory_bias)

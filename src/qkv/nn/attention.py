@@ -137,6 +137,14 @@ class KVCache:
         return KVCache(room.k[:, :, :t], room.v[:, :, :t], room)
 
 
+def eval_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for a linear layer, without the module call's overhead where it is a plain
+    ``nn.Linear`` (a quantised one runs its own forward)."""
+    if type(module) is nn.Linear:
+        return F.linear(x, module.weight, module.bias)
+    return module(x)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with h heads, d_k = d_v = d_model / h (section 3.2.2).
 
@@ -202,12 +210,35 @@ class MultiHeadAttention(nn.Module):
         out, weights = self._attend(q, k, v, mask, causal, need_weights)
         return out, cache, weights
 
+    def self_attention_step(self, x: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
+        """:meth:`self_attention` of one new position per row, ``x (B, d_model)``, appended to
+        ``cache``: the same operations on the same values (so the same result, bit for bit), with
+        the position axis left out and fewer tensor operations (incremental decoding, eval mode)."""
+        b = x.size(0)
+        qkv = eval_linear(self.in_proj, x).view(b, 3, self.n_heads, 1, self.d_k)  # (B, 3, h, 1, d_k): fused QKV
+        cache = cache.append(qkv[:, 1], qkv[:, 2])
+        out = F.scaled_dot_product_attention(qkv[:, 0], cache.k, cache.v)  # (B, h, 1, d_k)
+        return eval_linear(self.out_proj, out.reshape(b, self.d_model)), cache
+
     def project_kv(self, memory: torch.Tensor) -> KVCache:
         """K = memory W^K, V = memory W^V for every head, ``(B, h, T_k, d_k)`` each: what
         :meth:`cross_attention` reads, computed once per sentence."""
         w, b = self.in_proj.weight[self.d_model :], self.in_proj.bias[self.d_model :]
         k, v = F.linear(memory, w, b).chunk(2, dim=-1)  # (B, T_k, d_model) each
         return KVCache(self._split(k), self._split(v))
+
+    def cross_attention_step(self, x: torch.Tensor, memory_kv: KVCache, mask: torch.Tensor | None,
+                             beam: int = 1) -> torch.Tensor:
+        """:meth:`cross_attention` of one position per row, ``x (B, d_model)`` with ``B = N * beam``:
+        the same result bit for bit, in fewer tensor operations. ``mask``: None (no padding) or
+        the additive form of the padding mask, ``(N, 1, 1, T_k)`` float, 0 where a key may be
+        attended and -inf elsewhere (what :func:`~torch.nn.functional.scaled_dot_product_attention`
+        makes of a boolean mask)."""
+        b = x.size(0)
+        w, bias = self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]
+        q = F.linear(x, w, bias).view(-1, beam, self.n_heads, self.d_k).transpose(1, 2)  # (N, h, beam, d_k)
+        out = F.scaled_dot_product_attention(q, memory_kv.k, memory_kv.v, attn_mask=mask)  # (N, h, beam, d_k)
+        return eval_linear(self.out_proj, out.transpose(1, 2).reshape(b, self.d_model))
 
     def cross_attention(
         self,

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qkv.nn.attention import eval_linear
+
 
 class PositionwiseFeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
@@ -27,3 +29,7 @@ class PositionwiseFeedForward(nn.Module):
         h = F.relu(self.w_1(x))  # (B, T, d_ff)
         h = F.dropout(h, self.dropout, self.training)
         return self.w_2(h)  # (B, T, d_model)
+
+    def eval_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` in eval mode (no dropout), without the module calls' overhead."""
+        return eval_linear(self.w_2, F.relu(eval_linear(self.w_1, x)))
