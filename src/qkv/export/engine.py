@@ -314,24 +314,14 @@ class CT2Translator(Translator):
         return out
 
     def forced(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[list[float]]:
-        """Per pair, the log-probability of each target token and EOS: ``score_batch``."""
+        """Per pair, the log-probability of each target token and EOS: ``score_batch`` (what
+        :meth:`Translator.score` returns; CTranslate2's log-probabilities leave out the special
+        tokens neither decoder emits, a difference of log(1 - p(special)) per token)."""
         if not src_ids:
             return []
         results = self.ct2.score_batch([self.pieces(s) for s in src_ids], [self.pieces(t, "tgt") for t in tgt_ids],
                                        max_batch_size=self.decode_cfg.batch_size, max_input_length=0)
         return [[float(v) for v in r.log_probs] for r in results]
-
-    def score(self, sources, targets, on_truncate=None) -> list[list[float]]:
-        """:meth:`Translator.score` by CTranslate2's ``score_batch`` (its log-probabilities leave out
-        the special tokens neither decoder emits, a difference of log(1 - p(special)) per token)."""
-        if isinstance(sources, str) or isinstance(targets, str):
-            raise TypeError("score() takes lists of sentences, not single strings")
-        src_ids = self.fit_sources(self.tokenizers.src.encode(list(sources)), on_truncate)
-        tgt = self.tokenizers.tgt
-        texts = iter(tgt.encode([t for t in targets if isinstance(t, str)]))
-        tgt_ids = [next(texts) if isinstance(t, str) else tgt.piece_ids(t, f"target {i + 1}")
-                   for i, t in enumerate(targets)]
-        return self.forced(src_ids, tgt_ids)
 
 
 def aligned(rows: np.ndarray, src_len: int) -> str:

@@ -180,6 +180,10 @@ class Translator(Frontend):
         texts = iter(tgt.encode([t for t in targets if isinstance(t, str)]))
         tgt_ids = [next(texts) if isinstance(t, str) else tgt.piece_ids(t, f"target {i + 1}")
                    for i, t in enumerate(targets)]
+        return self.forced(src_ids, tgt_ids)
+
+    def forced(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[list[float]]:
+        """Per pair of id lists, the log-probability of each target token and EOS (teacher-forced)."""
         return forced_logprobs(self.model, src_ids, tgt_ids, self.decode_cfg.batch_size)
 
     def check_beam(self, beam_size: int) -> None:
