@@ -1,7 +1,17 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules (and, imported as ``conftest``, what the browser tests share)."""
+
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+
+# The browser tests' Chromium: $QKV_CHROMIUM, else the usual places; they skip without one.
+CHROMIUM = next((p for p in (os.environ.get("QKV_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
+                             shutil.which("chromium") or "") if p and Path(p).is_file()), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install -y chromium "
+                                                              "(or set QKV_CHROMIUM to its executable)")
 
 
 @pytest.fixture(scope="module")

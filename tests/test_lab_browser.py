@@ -29,10 +29,9 @@ from qkv.lab.app import create_app, default_panels  # noqa: E402
 from qkv.lab.runs import Lab, LabLimits  # noqa: E402
 from qkv.serve import BackgroundServer  # noqa: E402
 
-CHROMIUM = next((p for p in (os.environ.get("QKV_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
-                             shutil.which("chromium") or "") if p and Path(p).is_file()), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install -y chromium "
-                                                         "(or set QKV_CHROMIUM to its executable)")
+from conftest import CHROMIUM, needs_chromium  # noqa: E402
+
+pytestmark = needs_chromium
 PAGE_MS = 60_000
 TRAIN_S = 300  # at most, for both curves to rise on a loaded machine (about a minute on an idle one)
 PLACEHOLDER = """<section id="panel-placeholder"><details><summary>a concept panel</summary>
@@ -86,6 +85,15 @@ def exact_points(page, name: str) -> list[float]:
                          ".map((r) => r.valid_exact)")
 
 
+def look(page, run: str, text: str) -> None:
+    """Look inside ``run`` at ``text`` as a learner does, and wait for the server's answer."""
+    page.select_option("#inside-run", run)
+    page.fill("#inside-text", text)
+    with page.expect_response(lambda r: r.url.endswith("/inside")) as reply:
+        page.click("#look")
+    assert reply.value.ok, reply.value.text()
+
+
 def test_train_compare_look_inside_and_open_the_panels(lab_server, browser, tmp_path):
     server, lab = lab_server
     page = browser.new_page(viewport={"width": 1150, "height": 900})
@@ -121,11 +129,7 @@ def test_train_compare_look_inside_and_open_the_panels(lab_server, browser, tmp_
     save(page, tmp_path, "lab-curves.png", page.locator("#curves-panel"))
 
     # look inside the Transformer: every kind, layer and head
-    page.select_option("#inside-run", "transformer")
-    page.fill("#inside-text", "abcdef")
-    with page.expect_response(lambda r: r.url.endswith("/inside")) as reply:
-        page.click("#look")
-    assert reply.value.ok, reply.value.text()
+    look(page, "transformer", "abcdef")
     page.wait_for_selector("#heads table.heat")
     assert page.locator("#kind option").count() == 3  # encoder self-, decoder self-, cross-attention
     assert page.locator("#heads figure").count() == 4  # the preset's heads
@@ -138,11 +142,7 @@ def test_train_compare_look_inside_and_open_the_panels(lab_server, browser, tmp_
     save(page, tmp_path, "lab-inside.png", page.locator("#inside-panel"))
 
     # the LSTM: its alignment over the source and its hidden state's norm
-    page.select_option("#inside-run", "lstm")
-    page.fill("#inside-text", "abcdef")
-    with page.expect_response(lambda r: r.url.endswith("/inside")) as reply:
-        page.click("#look")
-    assert reply.value.ok, reply.value.text()
+    look(page, "lstm", "abcdef")
     page.wait_for_selector("#hidden:not([hidden]) #hidden-chart rect")
     assert page.locator("#kind option").count() == 1
     assert page.locator("#hidden-chart rect").count() == len("abcdef") + 2  # '▁', the letters, </s>

@@ -6,10 +6,6 @@ Skipped where Playwright or Chromium is missing (set-up: see tests/test_serve_br
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("fastapi", reason='the lab needs fastapi: pip install -c constraints.txt -e ".[serve]"')
@@ -23,10 +19,9 @@ from fastapi.responses import HTMLResponse, Response  # noqa: E402
 from qkv.lab import panels  # noqa: E402
 from qkv.serve import BackgroundServer, Limits  # noqa: E402
 
-CHROMIUM = next((p for p in (os.environ.get("QKV_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
-                             shutil.which("chromium") or "") if p and Path(p).is_file()), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install -y chromium "
-                                                         "(or set QKV_CHROMIUM to its executable)")
+from conftest import CHROMIUM, needs_chromium  # noqa: E402
+
+pytestmark = needs_chromium
 PAGE_MS = 120_000  # a loaded machine
 
 

@@ -12,7 +12,6 @@ screenshot there (how docs/img/serve.png is made).
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -27,10 +26,9 @@ from qkv.serve.app import create_app  # noqa: E402
 from qkv.serve.service import load_models  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
-CHROMIUM = next((p for p in (os.environ.get("QKV_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
-                             shutil.which("chromium") or "") if p and Path(p).is_file()), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install -y chromium "
-                                                         "(or set QKV_CHROMIUM to its executable)")
+from conftest import CHROMIUM, needs_chromium  # noqa: E402
+
+pytestmark = needs_chromium
 # On a loaded machine a model's answer can take long: each test waits for the answer itself, up to
 # REPLY_MS, and then gives the page up to PAGE_MS for every step (drawing what came).
 REPLY_MS, PAGE_MS = 300_000, 60_000
