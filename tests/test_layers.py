@@ -42,3 +42,48 @@ def test_the_keys_values_of_a_prefix_continue_the_causal_layer(norm_first):
     rest, grown, _ = enc(x[:, 4:], causal=True, cache=enc.keys_values(x[:, :4]))
     torch.testing.assert_close(rest, full[:, 4:], atol=1e-5, rtol=1e-5)
     assert grown.k.size(2) == 7
+
+
+
+def uniform(t: torch.Tensor, bound: float) -> None:
+    """``t`` looks drawn from U(-bound, bound): inside it, with its spread (std of U(-a, a) = a/√3)."""
+    assert t.abs().max() <= bound
+    assert t.std().item() == pytest.approx(bound / 3**0.5, rel=0.1)
+
+
+@pytest.mark.parametrize("init", ["xavier", "fairseq"])
+def test_linear_layers_start_as_the_init_setting_says(init):
+    """From the formulas. Both: Q, K, V weights Xavier-uniform per d×d matrix with gain 1/√2 (bound
+    √(6/(4d))), W^O Xavier-uniform with bias 0. xavier: FFN weights Xavier-uniform, every bias 0.
+    fairseq (its Transformer's start): FFN weights and biases U(±1/√fan_in), torch's Linear
+    default, and the Q, K, V biases U(±1/√d)."""
+    from qkv.config import ModelConfig
+    from qkv.nn.stack import stack_modules
+
+    torch.manual_seed(0)
+    d, d_ff = 128, 512
+    cfg = ModelConfig(d_model=d, n_heads=4, d_ff=d_ff, init=init).validate()
+    _, layers, _ = stack_modules(cfg, 2, EncoderLayer)
+    for enc in layers:
+        for w in enc.self_attn.in_proj.weight.chunk(3):  # W^Q, W^K, W^V
+            uniform(w, 2**-0.5 * (6 / (d + d)) ** 0.5)
+        uniform(enc.self_attn.out_proj.weight, (6 / (d + d)) ** 0.5)
+        assert (enc.self_attn.out_proj.bias == 0).all()
+        if init == "fairseq":
+            uniform(enc.ffn.w_1.weight, d**-0.5)
+            uniform(enc.ffn.w_1.bias, d**-0.5)
+            uniform(enc.ffn.w_2.weight, d_ff**-0.5)
+            uniform(enc.ffn.w_2.bias, d_ff**-0.5)
+            uniform(enc.self_attn.in_proj.bias, d**-0.5)
+        else:
+            uniform(enc.ffn.w_1.weight, (6 / (d + d_ff)) ** 0.5)
+            uniform(enc.ffn.w_2.weight, (6 / (d + d_ff)) ** 0.5)
+            for b in (enc.ffn.w_1.bias, enc.ffn.w_2.bias, enc.self_attn.in_proj.bias):
+                assert (b == 0).all()
+
+
+def test_an_unknown_init_is_refused_by_name():
+    from qkv.config import ConfigError, ModelConfig
+
+    with pytest.raises(ConfigError, match="init"):
+        ModelConfig(init="kaiming").validate()

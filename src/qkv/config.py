@@ -29,6 +29,7 @@ CLS_PIECE, MASK_PIECE, SEP_PIECE = "<cls>", "[MASK]", "<sep>"
 # What a model is trained to do (see qkv.tasks): the structure of the model depends on it.
 TASKS = ("translate", "classify", "mlm", "lm", "prefix_lm")
 POOLINGS = ("cls", "mean", "last")
+INITS = ("xavier", "fairseq")  # ModelConfig.init: how the Transformer layers' linear maps start
 
 RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq2seq.py)
 ARCHS = ("transformer",) + RNN_ARCHS
@@ -90,6 +91,10 @@ class ModelConfig:
         'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
         "max_len and the task's special tokens")
     norm_first: bool = setting(False, "pre-norm residual blocks instead of the paper's post-norm")
+    init: str = setting(
+        "xavier",
+        "initialisation of the Transformer layers' linear maps: xavier (Xavier-uniform weights, zero biases) | "
+        "fairseq (as fairseq's Transformer: FFN weights and biases and the Q, K, V biases U(±1/√fan_in))")
     share_embeddings: bool = setting(True, 'share source/target/output embeddings (needs a joint vocabulary)')
     tie_output: bool = setting(True, 'share the target embedding with the pre-softmax projection')
     # the recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
@@ -138,6 +143,7 @@ class ModelConfig:
                    "pools 'mean' (over valid positions) or 'last' (the final states)")
         for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(self.init in INITS, "init", f"must be one of {', '.join(INITS)}, got {self.init!r}")
         _check(self.rnn_nonlinearity in ("tanh", "relu"), "rnn_nonlinearity",
                f"must be tanh or relu, got {self.rnn_nonlinearity!r}")
         _check(self.attention in ATTENTION_SCORES, "attention",

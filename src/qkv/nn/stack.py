@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import ModelConfig
-from qkv.nn.attention import KVCache
+from qkv.nn.attention import KVCache, MultiHeadAttention
+from qkv.nn.feed_forward import PositionwiseFeedForward
 from qkv.nn.positional import positional_encoding
 
 
@@ -38,8 +39,27 @@ def stack_modules(
     pos = positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions)
     args = (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
     layers = nn.ModuleList(layer(*args) for _ in range(n_layers))
+    if cfg.init == "fairseq":
+        fairseq_init(layers)
     norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
     return pos, layers, norm
+
+
+def fairseq_init(layers: nn.Module) -> None:
+    """Start the layers' linear maps as fairseq's Transformer does (``init = "fairseq"``): the FFN's
+    weights and biases and the Q, K, V biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)), torch's Linear
+    default, instead of Xavier-uniform FFN weights and zero biases. Q, K, V and W^O weights stay
+    Xavier-uniform (over the stacked (3d, d) matrix that is the bound of fairseq's per-matrix Xavier
+    with gain 1/sqrt(2)), W^O's bias zero. Raced against fairseq on Multi30k (docs/results.md), the
+    Xavier start learned markedly less per update."""
+    for m in layers.modules():
+        if isinstance(m, PositionwiseFeedForward):
+            m.w_1.reset_parameters()
+            m.w_2.reset_parameters()
+        elif isinstance(m, MultiHeadAttention):
+            bound = m.in_proj.in_features ** -0.5
+            with torch.no_grad():
+                m.in_proj.bias.uniform_(-bound, bound)
 
 
 @dataclass(frozen=True)
