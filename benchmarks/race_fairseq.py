@@ -281,7 +281,7 @@ def curves(run_dir: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "qkv" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     qkv_valid = {r["step"]: r["valid_nll"] for r in rows if "valid_nll" in r}
     qkv_tok = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > 1]
-    fs_valid, fs_wps, fs_last = {}, [], 0
+    fs_valid, fs_wps, fs_wpb, fs_last = {}, [], [], 0
     for line in (run_dir / "fairseq.log").read_text(errors="replace").splitlines():
         m = re.search(r"(\{.*\})\s*$", line)
         if not m:
@@ -290,14 +290,30 @@ def curves(run_dir: Path) -> dict:
             rec = json.loads(m.group(1))
         except json.JSONDecodeError:
             continue
+        if "train_wpb" in rec:  # an epoch's summary: its mean target tokens per update
+            fs_wpb.append(float(rec["train_wpb"]))
         if "valid_nll_loss" in rec:
             fs_valid[int(float(rec["valid_num_updates"]))] = float(rec["valid_nll_loss"]) * math.log(2)
         elif "wps" in rec and "num_updates" in rec:
             fs_wps.append(float(rec["wps"]))
             fs_last = max(fs_last, int(float(rec["num_updates"])))
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    return {"qkv": {"valid_nll": qkv_valid, "tokens_per_s": mean(qkv_tok)},
-            "fairseq": {"valid_nll": fs_valid, "tokens_per_s": mean(fs_wps)}}
+    return {"qkv": {"valid_nll": qkv_valid, "tokens_per_s": mean(qkv_tok), "tokens_per_update": qkv_tokens_per_update(run_dir)},
+            "fairseq": {"valid_nll": fs_valid, "tokens_per_s": mean(fs_wps), "tokens_per_update": mean(fs_wpb)}}
+
+
+def qkv_tokens_per_update(run_dir: Path) -> float:
+    """Target tokens (EOS included) per update of qkv's batches: the training split's over its batches."""
+    import numpy as np
+
+    from qkv.data.buckets import budget_batches
+
+    data = run_dir.parent / "qkv-bin"
+    if not (data / "train.tgt.lengths.npy").is_file():
+        return float("nan")
+    src, tgt = np.load(data / "train.src.lengths.npy"), np.load(data / "train.tgt.lengths.npy")
+    max_tokens = recipe()["train"]["max_tokens"]
+    return float(tgt.sum() + len(tgt)) / len(budget_batches(src, tgt, max_tokens, True, 1, 0))
 
 
 # --- evaluate ----------------------------------------------------------------------------------------
@@ -337,15 +353,25 @@ def scores(args, hyps: list[str]) -> dict:
     return {"sacrebleu": round(bleu(hyps, refs).score, 2), "bleu_lc_moses": round(bleu_tok_lc(hyps, refs, "de").score, 2)}
 
 
+FAIRSEQ_AVERAGE = """
+import sys, torch
+out, paths = sys.argv[1], sys.argv[2:]
+states = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
+avg = {k: sum(s["model"][k].double() for s in states).div(len(states)).to(v.dtype)
+       for k, v in states[-1]["model"].items()}
+states[-1]["model"] = avg
+torch.save(states[-1], out)
+"""
+
+
 def average(args, run_dir: Path, ckpts: dict, n: int) -> dict[str, Path]:
     out = {"qkv": run_dir / f"qkv-average{n}", "fairseq": run_dir / f"fairseq-average{n}.pt"}
     if not out["qkv"].exists():
         last = [p.name for _, _, p in ckpts["qkv"][-n:]]
         sh([sys.executable, "-m", "qkv", "average", run_dir / "qkv", "--last", n, "--out", out["qkv"]], env=thread_env())
-    if not out["fairseq"].exists():
-        script = Path(args.venv) / "share" / "fairseq" / "average_checkpoints.py"
-        sh([Path(args.venv) / "bin" / "python", script, "--inputs", *[p for _, _, p in ckpts["fairseq"][-n:]],
-            "--output", out["fairseq"]], env=thread_env())
+    if not out["fairseq"].exists():  # what fairseq's scripts/average_checkpoints.py does (not in its sdist)
+        sh([Path(args.venv) / "bin" / "python", "-c", FAIRSEQ_AVERAGE, out["fairseq"],
+            *[p for _, _, p in ckpts["fairseq"][-n:]]], env=thread_env())
     return out
 
 
@@ -509,8 +535,13 @@ def report(args) -> None:
     rows = []
     ups = {tk: mean([r["updates"][tk] / r["last_checkpoint_s"][tk] for r in data]) for tk in tks}
     rows.append(("updates/s (to the last checkpoint)", *(f"{ups[tk]:.3f}" for tk in tks), ups["qkv"] / ups["fairseq"]))
-    tok = {tk: mean([r["curves"][tk]["tokens_per_s"] for r in data]) for tk in tks}
-    rows.append(("target tokens/s while training (each one's log)", *(f"{tok[tk]:,.0f}" for tk in tks), tok["qkv"] / tok["fairseq"]))
+    tok = {tk: mean([r["updates"][tk] / r["last_checkpoint_s"][tk] * r["curves"][tk]["tokens_per_update"] for r in data])
+           for tk in tks}
+    rows.append(("target tokens/s (updates/s × target tokens per update)", *(f"{tok[tk]:,.0f}" for tk in tks),
+                 tok["qkv"] / tok["fairseq"]))
+    own = {tk: mean([r["curves"][tk]["tokens_per_s"] for r in data]) for tk in tks}
+    rows.append(("target tokens/s between validations (each one's log)", *(f"{own[tk]:,.0f}" for tk in tks),
+                 own["qkv"] / own["fairseq"]))
     rss = {tk: max(r["race"]["peak_rss_mb"][tk] for r in data) for tk in tks}
     rows.append(("peak RSS, MB (process tree)", *(f"{rss[tk]:,.0f}" for tk in tks), rss["qkv"] / rss["fairseq"]))
     common = sorted(set.intersection(*(set(r["curves"][tk]["valid_nll"]) for r in data for tk in tks)))

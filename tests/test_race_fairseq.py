@@ -57,11 +57,12 @@ def test_fairseq_logs_are_read_in_nats_and_its_outputs_in_order(tmp_path):
     (run / "fairseq.log").write_text(
         '2026-11-26 05:28:31 | INFO | train_inner | {"epoch": 1, "loss": "12.1", "wps": "1600", "num_updates": "50"}\n'
         '2026-11-26 05:28:37 | INFO | valid | {"epoch": 1, "valid_nll_loss": "8.5", "valid_num_updates": "100"}\n'
+        '2026-11-26 05:29:00 | INFO | train | {"epoch": 1, "train_wpb": "3445", "train_num_updates": "139"}\n'
         "a line that is not a record\n")
     c = race_fairseq.curves(run)
-    assert c["qkv"] == {"valid_nll": {100: 6.0}, "tokens_per_s": 2000.0}
+    assert c["qkv"]["valid_nll"] == {100: 6.0} and c["qkv"]["tokens_per_s"] == 2000.0
     assert c["fairseq"]["valid_nll"] == {100: pytest.approx(8.5 * math.log(2))}  # bits -> nats
-    assert c["fairseq"]["tokens_per_s"] == 1600.0
+    assert c["fairseq"]["tokens_per_s"] == 1600.0 and c["fairseq"]["tokens_per_update"] == 3445.0
     gen = tmp_path / "gen.out"
     gen.write_text("S-1\tb\nH-1\t-0.5\tB\nD-1\t-0.5\tZwei\nD-0\t-0.4\tEins\t mit Tab\n"
                    "2026 | INFO | Translated 2 sentences (5 tokens) in 0.1s\n")

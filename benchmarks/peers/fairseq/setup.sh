@@ -26,7 +26,5 @@ tar xzf fairseq-0.12.2.tar.gz
 cd fairseq-0.12.2
 patch -p1 < "$HERE/fairseq-0.12.2-py311.patch"
 MAX_JOBS=1 nice -n 19 "$VENV/bin/pip" install --no-build-isolation -c "$C" .
-# the checkpoint averaging script (not installed by pip), for benchmarks/race_fairseq.py
-mkdir -p "$VENV/share/fairseq" && cp scripts/average_checkpoints.py "$VENV/share/fairseq/"
 "$VENV/bin/pip" check
 "$VENV/bin/fairseq-preprocess" --help > /dev/null && echo "fairseq-preprocess OK"
