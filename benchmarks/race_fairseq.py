@@ -605,7 +605,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60, help="wall clock of the race (default: %(default)s)")
     ap.add_argument("--interval", type=int, default=100, help="updates between validations and checkpoints")
     ap.add_argument("--average", type=int, default=5, help="checkpoints averaged at the end")
-    ap.add_argument("--limit", type=int, default=0, help="decode only the first N test sentences (a quick check; no BLEU)")
+    ap.add_argument("--limit", type=int, default=0, help="decode: qkv and CTranslate2 decode only the first N test sentences "
+                    "(a quick check of the workers; fairseq-generate decodes all of them; no BLEU)")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # _worker: qkv | ct2-qkv | ct2-fairseq
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--beam", type=int, default=BEAM, help=argparse.SUPPRESS)
