@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -309,3 +310,19 @@ def test_a_conversion_another_process_finished_first_is_used(tmp_path, monkeypat
     monkeypatch.setattr(engine, "convert", racing)
     place = engine.converted(ckpt, log=lambda m: None)
     assert caches(ckpt) == [place] and engine.is_complete(place, engine.cache_key(ckpt))
+
+
+def test_temporaries_of_a_killed_conversion_are_removed_at_the_next_one(tmp_path, counted):
+    """A conversion killed hard (no chance to clean up) leaves ``.ct2-KEY.tmp-*``; the next conversion
+    beside the checkpoint removes those untouched for an hour, and leaves a fresh one (another
+    process may be writing it) alone."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    abandoned, fresh = ckpt / ".ct2-0123456789abcdef.tmp-dead", ckpt / ".ct2-0123456789abcdef.tmp-live"
+    for d in (abandoned, fresh):
+        d.mkdir()
+        (d / "model.bin").write_bytes(b"half")
+    two_hours_ago = time.time() - 2 * 3600
+    os.utime(abandoned, (two_hours_ago, two_hours_ago))
+    place = engine.converted(ckpt, log=lambda m: None)
+    assert caches(ckpt) == [fresh, place] and not abandoned.exists()

@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +51,7 @@ ENGINES = ("qkv", "ctranslate2")
 CACHE_FORMAT = 1  # bump when the conversion changes: older caches are then converted again
 MARKER = "qkv_cache.json"  # written last into a conversion: its key and the checksum of every file
 PREFIX = "ct2-"
+ABANDONED_AFTER_S = 3600.0  # a conversion temporary untouched this long was left by a killed process
 Log = Callable[[str], None]
 
 
@@ -116,6 +118,19 @@ def _temporary(parent: Path, key: str) -> Path | None:
         return None
 
 
+def remove_abandoned_temporaries(parent: Path, older_than_s: float = ABANDONED_AFTER_S) -> None:
+    """Remove the temporary directories in ``parent`` of conversions killed before they could clean up
+    (SIGKILL, power loss): those untouched for ``older_than_s`` seconds. A conversion takes seconds,
+    so a newer one may be another process's, still being written, and is left alone."""
+    now = time.time()
+    for tmp in parent.glob(f".{PREFIX}*.tmp-*"):
+        try:
+            if tmp.is_dir() and now - tmp.stat().st_mtime > older_than_s:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def convert(checkpoint: Path, tmp: Path, key: str) -> None:
     """The export's conversion (checked on its probe sequences) into the empty ``tmp``, and the marker."""
     from qkv.export import ct2
@@ -159,6 +174,7 @@ def converted(checkpoint: str | Path, log: Log = stderr) -> Path:
         for stale in place.parent.glob(f"{PREFIX}*"):  # conversions of this directory's earlier contents
             if n == 0 and stale.name != place.name and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
+        remove_abandoned_temporaries(place.parent)
         return place
     raise QkvError(f"cannot write a CTranslate2 conversion of {checkpoint} beside it or in {user_cache()} "
                    "(set QKV_CACHE_DIR to a writable directory)")
