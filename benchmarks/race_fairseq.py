@@ -15,8 +15,8 @@ What is the same.
   dictionary of all its pieces (``--srcdict``), so both read the same token sequences and have the
   same number of embedding rows (qkv's 4 special pieces are fairseq's 4 special symbols).
 - Model: recipes/multi30k/en-de.toml (4 + 4 layers, d_model 128, FFN 256, 4 heads, dropout 0.3,
-  attention dropout 0.1, all embeddings shared) and fairseq's ``transformer`` architecture with
-  those flags; ``prepare`` counts the parameters of both (equal: 2,093,056; fairseq 0.12.2's encoder
+  attention dropout 0.1, all embeddings shared, and fairseq's initialisation: ``init = "fairseq"``)
+  and fairseq's ``transformer`` architecture with those flags; ``prepare`` counts the parameters of both (equal: 2,093,056; fairseq 0.12.2's encoder
   layers also hold copies of their weights for torch's fast inference path, which training does
   not use, and which are counted apart).
 - Optimization: Adam (0.9, 0.98), ε 1e-9; the inverse-square-root schedule with 1,000 warmup
