@@ -196,25 +196,10 @@ def qkv_args(args, seed: int, out: Path) -> list:
 
 
 def tree_rss_kb(pid: int) -> int:
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                s = Path(f"/proc/{d}/stat").read_text()
-                kids.setdefault(int(s[s.rfind(")") + 2:].split()[1]), []).append(int(d))
-            except OSError:
-                pass
-    total, stack = 0, [pid]
-    while stack:
-        p = stack.pop()
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-        stack.extend(kids.get(p, []))
-    return total
+    """Summed RSS (kB) of ``pid`` and its descendants (benchmarks/peers/fairseq/rss_tree.py's walk)."""
+    from peers.fairseq.rss_tree import tree
+
+    return tree(pid)[0]
 
 
 def train(args) -> None:

@@ -33,17 +33,23 @@ def rss_kb(pid):
 def pss_kb(pid):
     return field_kb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
-p = subprocess.Popen(sys.argv[1:])
-peak = 0; maxn = 0; peakpss = 0
-while p.poll() is None:
+def tree(pid):
+    """(summed RSS kB, summed PSS kB, processes) of ``pid`` and all its descendants."""
     m = children_map()
-    stack = [p.pid]; tot = 0; n = 0; pss = 0
+    stack = [pid]; tot = 0; n = 0; pss = 0
     while stack:
         q = stack.pop(); tot += rss_kb(q); pss += pss_kb(q); n += 1
         stack.extend(m.get(q, []))
-    peak = max(peak, tot); maxn = max(maxn, n); peakpss = max(peakpss, pss)
-    time.sleep(0.2)
-print(f"TREE_PEAK_RSS_KB {peak}", file=sys.stderr)
-print(f"TREE_PEAK_PSS_KB {peakpss}", file=sys.stderr)
-print(f"TREE_MAX_PROCS {maxn}", file=sys.stderr)
-sys.exit(p.returncode)
+    return tot, pss, n
+
+if __name__ == "__main__":
+    p = subprocess.Popen(sys.argv[1:])
+    peak = 0; maxn = 0; peakpss = 0
+    while p.poll() is None:
+        tot, pss, n = tree(p.pid)
+        peak = max(peak, tot); maxn = max(maxn, n); peakpss = max(peakpss, pss)
+        time.sleep(0.2)
+    print(f"TREE_PEAK_RSS_KB {peak}", file=sys.stderr)
+    print(f"TREE_PEAK_PSS_KB {peakpss}", file=sys.stderr)
+    print(f"TREE_MAX_PROCS {maxn}", file=sys.stderr)
+    sys.exit(p.returncode)
