@@ -177,3 +177,28 @@ def test_train_compare_look_inside_and_open_the_panels(lab_server, browser, tmp_
         save(page, tmp_path, f"lab-{panel.get_attribute('id')}.png", panel)
     assert not errors, errors
     assert not outside, f"the page fetched from outside: {outside}"
+
+
+def test_a_request_that_hangs_does_not_stop_the_refreshes(lab_server, browser):
+    """The page polls the lab once a second, one poll at a time. A poll whose request never gets an
+    answer is given up after the page's timeout (shortened here to 1 s), the page says so, and the
+    next polls go on: a run started afterwards appears in the table."""
+    server, lab = lab_server
+    page = browser.new_page()
+    page.set_default_timeout(PAGE_MS)
+    page.add_init_script("window.QKV_CALL_TIMEOUT_MS = 1000")
+    page.goto(server.url + "/")
+    page.wait_for_selector("#preset option", state="attached")
+    page.wait_for_function("document.getElementById('lab-info').textContent.includes('of at most')")
+
+    hung = []
+    page.route("**/api/runs", lambda route: hung.append(route) if route.request.method == "GET" else route.continue_())
+    page.wait_for_function("document.getElementById('lab-info').textContent.includes('does not answer')")
+    assert "no answer from /api/runs within 1 s" in page.inner_text("#lab-info")
+    page.unroute("**/api/runs")
+    assert hung  # the page's polls were held without an answer
+
+    start(page, "after", "transformer", {"max_steps": 20, "eval_every": 10})
+    page.wait_for_selector('#runs tr[data-run="after"]')
+    page.wait_for_function("document.getElementById('lab-info').textContent.includes('of at most')")
+    lab.stop("after")
