@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.masks import causal_mask, combine
+from qkv.nn.dropout import dropout
 
 
 def attention_reference(
@@ -58,7 +59,7 @@ def attention_reference(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # (B, h, T_q, T_k)
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    dropped = dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (B, h, T_q, d_v)
 
 
@@ -77,6 +78,8 @@ def scaled_dot_product_attention(
     positions of the keys' sequence (as with a cache)."""
     if need_weights:
         return attention_reference(q, k, v, mask, dropout_p, is_causal)
+    if dropout_p > 0 and q.device.type == "cpu":  # training: qkv's cheaper dropout mask (qkv.nn.dropout)
+        return attention_reference(q, k, v, mask, dropout_p, is_causal)[0], None
     if is_causal and (mask is not None or q.size(-2) != k.size(-2)):  # SDPA's own: no mask, T_q == T_k
         mask, is_causal = combine(mask, causal_mask(q.size(-2), k.size(-2), q.device)), False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)

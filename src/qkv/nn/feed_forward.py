@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.nn.attention import eval_linear
+from qkv.nn.dropout import dropout
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -27,7 +28,7 @@ class PositionwiseFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.relu(self.w_1(x))  # (B, T, d_ff)
-        h = F.dropout(h, self.dropout, self.training)
+        h = dropout(h, self.dropout, self.training)
         return self.w_2(h)  # (B, T, d_model)
 
     def eval_forward(self, x: torch.Tensor) -> torch.Tensor:

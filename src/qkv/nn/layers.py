@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.nn.attention import KVCache, MultiHeadAttention
+from qkv.nn.dropout import dropout
 from qkv.nn.feed_forward import PositionwiseFeedForward
 
 
@@ -36,7 +37,7 @@ class Residual(nn.Module):
         return self.norm(x) if self.norm_first else x
 
     def after(self, x: torch.Tensor, sublayer_out: torch.Tensor) -> torch.Tensor:
-        y = x + F.dropout(sublayer_out, self.dropout, self.training)
+        y = x + dropout(sublayer_out, self.dropout, self.training)
         return y if self.norm_first else self.norm(y)
 
     def eval_before(self, x: torch.Tensor) -> torch.Tensor:

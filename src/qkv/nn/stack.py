@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import ModelConfig
 from qkv.nn.attention import KVCache, MultiHeadAttention
+from qkv.nn.dropout import dropout
 from qkv.nn.feed_forward import PositionwiseFeedForward
 from qkv.nn.positional import positional_encoding
 
@@ -83,7 +83,7 @@ class TransformerStack:
         else:
             pe = self.pos(int(positions.max()) + 1 if positions.numel() else 1)[0][positions]  # (B, T, d)
         x = self.embed(tokens) + pe  # (B, T, d)
-        return F.dropout(x, self.dropout, self.layers.training)  # training: as the model's modules are
+        return dropout(x, self.dropout, self.layers.training)  # training: as the model's modules are
 
     def __call__(
         self,
