@@ -35,6 +35,15 @@ Sections (``--only``):
             beam 5) and test_2016 BLEU of the Multi30k model, float32 vs int8 (with and without the
             tied output projection quantised); and fixed-length greedy at the base shapes
   amp       bf16 autocast vs float32: a training step and greedy decoding
+  dropout   qkv's CPU dropout (``qkv.nn.dropout``: masks from 16-bit lanes of 64-bit random words) vs
+            torch's ``F.dropout`` (and, for attention, SDPA's own dropout): one residual branch
+            forward+backward, and a whole training step of recipes/multi30k/en-de.toml's model
+            (d 128, 4+4 layers, dropout 0.3, attention dropout 0.1, vocabulary 6,000) on a batch of
+            about 4,096 target tokens, torch's dropout put back by replacing the library's names
+            during the baseline's calls (benchmark only)
+  chunk     the fused projection + loss in chunks of about 2M logits (``qkv.losses.default_chunk``)
+            vs 16M (before): forward+backward at V 6,000 (d 128, the recipe) and at ``--loss-vocab``
+            (d 512), and the recipe's training step as in ``dropout``
 
 Shapes: ``base`` is the paper's base model (d 512, h 8, d_ff 2048, 6+6 layers), ``small`` the
 ``small`` preset (d 256, 3+3), both with random weights and a vocabulary of 8,000 (the
@@ -91,13 +100,14 @@ from qkv.decoding.greedy import force_eos, log_probs  # noqa: E402
 from qkv.metrics import bleu  # noqa: E402
 from qkv.models import build_model  # noqa: E402
 from qkv.models.transformer import TransformerState  # noqa: E402
-from qkv.nn.attention import KVCache, MultiHeadAttention  # noqa: E402
+from qkv.masks import causal_mask, combine  # noqa: E402
+from qkv.nn.attention import KVCache, MultiHeadAttention, attention_reference  # noqa: E402
 from qkv.tasks.base import token_loss  # noqa: E402
 from qkv.losses import label_smoothed_nll_loss, linear_label_smoothed_nll_loss  # noqa: E402
 
 beam_search_module = importlib.import_module("qkv.decoding.beam_search")  # the name qkv.decoding.beam_search is the function
 
-SECTIONS = ("fused", "loss", "kvcache", "beam", "beamshare", "bucket", "inference", "int8", "amp")
+SECTIONS = ("fused", "loss", "kvcache", "beam", "beamshare", "bucket", "inference", "int8", "amp", "dropout", "chunk")
 SHAPES = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3),
@@ -724,6 +734,110 @@ def bench_loss(args) -> None:
                      batch.n_tgt_tokens, note="tokens/s = target tokens per second")
 
 
+# --- dropout masks (benchmark-only: torch's dropout put back) ---------------------------------------------
+
+
+def _torch_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    return F.dropout(x, p, training)
+
+
+def _sdpa_with_torch_dropout(q, k, v, mask=None, dropout_p=0.0, is_causal=False, need_weights=False):
+    """qkv.nn.attention.scaled_dot_product_attention as it was before qkv's CPU dropout: SDPA draws
+    the attention dropout itself."""
+    if need_weights:
+        return attention_reference(q, k, v, mask, dropout_p, is_causal)
+    if is_causal and (mask is not None or q.size(-2) != k.size(-2)):
+        mask, is_causal = combine(mask, causal_mask(q.size(-2), k.size(-2), q.device)), False
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal), None
+
+
+@contextlib.contextmanager
+def torch_dropout():
+    """The library's dropout calls made with torch's own while inside."""
+    patches = [mock.patch(f"qkv.nn.{m}.dropout", _torch_dropout) for m in ("layers", "stack", "feed_forward", "attention")]
+    patches.append(mock.patch("qkv.nn.attention.scaled_dot_product_attention", _sdpa_with_torch_dropout))
+    with contextlib.ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
+        yield
+
+
+def recipe_model_and_batch(args) -> tuple[nn.Module, Batch]:
+    """recipes/multi30k/en-de.toml's model (random weights) and a batch of about 4,096 target tokens."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4, dropout=0.3,
+                      attention_dropout=0.1, src_vocab_size=6000, tgt_vocab_size=6000, init="fairseq")
+    return build_model(cfg), random_batch(args.drop_batch, args.drop_len, args.drop_len, vocab=6000)
+
+
+def bench_dropout(args) -> None:
+    from qkv.nn.dropout import dropout
+
+    x = torch.randn(args.drop_batch, args.drop_len, 128, requires_grad=True)
+    g = torch.randn_like(x)
+
+    def branch(fn):
+        def run():
+            for _ in range(args.attn_reps):
+                fn(x, 0.3).backward(g)
+        return run
+
+    t = interleaved({"torch": branch(_torch_dropout), "qkv": branch(dropout)}, args.rounds)
+    t = {k: [v / args.attn_reps for v in vs] for k, vs in t.items()}
+    time_row("dropout", f"dropout p 0.3, forward+backward, x ({args.drop_batch}, {args.drop_len}, 128)", "recipe", t,
+             "torch", "qkv", "F.dropout", "qkv.nn.dropout")
+
+    model, batch = recipe_model_and_batch(args)
+    step = train_step_fn(model, batch)
+
+    def baseline():
+        with torch_dropout():
+            step()
+
+    with mock.patch("qkv.nn.dropout.keep_mask", side_effect=AssertionError("qkv's dropout ran in the baseline")):
+        baseline()  # every dropout of the baseline is torch's
+    t = interleaved({"torch": baseline, "qkv": step}, args.train_rounds)
+    rate_row("dropout", f"dropout: training step, {args.drop_batch} x {args.drop_len} tokens per side", "recipe",
+             t, "torch", "qkv", "torch's dropout", "qkv's", batch.n_tgt_tokens, note="tokens/s = target tokens per second")
+
+
+# --- loss chunks sized for the cache ------------------------------------------------------------------------
+
+
+def bench_chunk(args) -> None:
+    from qkv import losses
+
+    old = lambda vocab, d: max(1, losses.CHUNK_MAX_ELEMENTS // vocab)  # noqa: E731  before: 2^24 logits a chunk
+    for vocab, d, n in ((6000, 128, 4000), (args.loss_vocab, 512, args.loss_tokens)):
+        torch.manual_seed(0)
+        hidden = torch.randn(n, d, requires_grad=True)
+        weight = (torch.randn(vocab, d) * d**-0.5).requires_grad_()
+        target = torch.randint(4, vocab, (n,))
+
+        def block(chunk):
+            def run():
+                loss, _ = linear_label_smoothed_nll_loss(hidden, weight, target, 0.1, chunk=chunk)
+                (loss / n).backward()
+                hidden.grad = weight.grad = None
+            return run
+
+        t = interleaved({"old": block(old(vocab, d)), "new": block(losses.default_chunk(vocab, d))}, args.train_rounds)
+        time_row("chunk", f"fused projection + loss, forward+backward, {n} tokens x V {vocab:,}, d {d}", "-", t, "old", "new",
+                 f"{old(vocab, d)} rows a chunk", f"{losses.default_chunk(vocab, d)} rows (default_chunk)")
+
+    model, batch = recipe_model_and_batch(args)
+    step = train_step_fn(model, batch)
+
+    def before():
+        with mock.patch("qkv.losses.default_chunk", old):
+            step()
+
+    t = interleaved({"old": before, "new": step}, args.train_rounds)
+    rate_row("chunk", f"loss chunks: training step, {args.drop_batch} x {args.drop_len} tokens per side", "recipe",
+             t, "old", "new", f"{old(6000, 128)} rows", f"{losses.default_chunk(6000, 128)} rows", batch.n_tgt_tokens,
+             note="tokens/s = target tokens per second")
+
+
 # --- mixed precision -----------------------------------------------------------------------------------------
 
 
@@ -813,6 +927,8 @@ def main() -> int:
     ap.add_argument("--dec-batch", type=int, default=16)
     ap.add_argument("--dec-src-len", type=int, default=24)
     ap.add_argument("--dec-len", type=int, default=32)
+    ap.add_argument("--drop-batch", type=int, default=256, help="sentences of the dropout rows' batch")
+    ap.add_argument("--drop-len", type=int, default=16, help="tokens per side of the dropout rows' sentences")
     ap.add_argument("--max-tokens", type=int, default=4096, help="token budget for the bucketing rows")
     ap.add_argument("--bucket-batches", type=int, default=12)
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny shapes, one round, few sentences")
@@ -822,6 +938,7 @@ def main() -> int:
         args.shapes = "tiny"
         args.rounds = args.train_rounds = args.beam_rounds = args.bucket_rounds = 1
         args.loss_vocab, args.loss_tokens = 500, 64
+        args.drop_batch = 16
         args.sents, args.train_batch, args.attn_reps, args.dec_batch, args.dec_len, args.bucket_batches = 32, 8, 2, 4, 8, 2
         args.bleu_sents = args.bleu_sents or 50
     args.threads = args.threads or (1 if args.quick else 2)
