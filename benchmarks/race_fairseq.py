@@ -7,6 +7,7 @@
     python benchmarks/race_fairseq.py evaluate --run 1            # test BLEU at the 15-minute marks
     python benchmarks/race_fairseq.py decode --run 1              # decoding speed of run 1's averages
     python benchmarks/race_fairseq.py report                      # table, curves, JSON
+    python benchmarks/race_fairseq.py speed --run 1 --within 600  # throughput alone, first 10 minutes
 
 What is the same.
 - Data: Multi30k En→De train, val, test_2016_flickr. ``qkv preprocess`` (the command of
@@ -581,9 +582,26 @@ def report(args) -> None:
     print(f"wrote {res}, {img / 'race-valid-nll.png'}, {img / 'race-bleu.png'}")
 
 
+def speed(args) -> None:
+    """Training throughput of one run (evaluated or not) up to ``--within`` seconds: each toolkit's
+    updates to its last checkpoint by then, over that checkpoint's time (the report's measure)."""
+    d = Path(args.work) / f"run-{args.run}"
+    ck, c = checkpoints(d), curves(d)
+    within = args.within or float("inf")
+    rate = {}
+    for tk in ("qkv", "fairseq"):
+        upd, secs, _ = max(x for x in ck[tk] if x[1] <= within)
+        rate[tk] = upd / secs * c[tk]["tokens_per_update"]
+        print(f"{tk}: {upd} updates in {secs:.0f} s = {upd / secs:.3f} updates/s, {rate[tk]:,.0f} target tokens/s "
+              f"(its own log, the whole run: {c[tk]['tokens_per_s']:,.0f})")
+    print(f"qkv vs fairseq: {rate['qkv'] / rate['fairseq']:.2f}× (its own logs: "
+          f"{c['qkv']['tokens_per_s'] / c['fairseq']['tokens_per_s']:.2f}×; run {args.run}, commit "
+          f"{json.loads((d / 'race.json').read_text())['commit']})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=("prepare", "train", "evaluate", "decode", "report", "_worker"))
+    ap.add_argument("step", choices=("prepare", "train", "evaluate", "decode", "report", "speed", "_worker"))
     ap.add_argument("--work", default="/work/race", help="working directory (data, runs; default: %(default)s)")
     ap.add_argument("--venv", default="/tmp/fs/venv", help="fairseq's virtual environment (setup.sh)")
     ap.add_argument("--run", type=int, default=1, help="run number: its seed; odd runs put qkv on core 0, even on core 1")
@@ -592,13 +610,14 @@ def main() -> int:
     ap.add_argument("--average", type=int, default=5, help="checkpoints averaged at the end")
     ap.add_argument("--limit", type=int, default=0, help="decode: qkv and CTranslate2 decode only the first N test sentences "
                     "(a quick check of the workers; fairseq-generate decodes all of them; no BLEU)")
+    ap.add_argument("--within", type=float, default=0, help="speed: only the checkpoints of the first S seconds (0: all)")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # _worker: qkv | ct2-qkv | ct2-fairseq
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--beam", type=int, default=BEAM, help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
     args = ap.parse_args()
     {"prepare": prepare, "train": train, "evaluate": evaluate, "decode": decode, "report": report,
-     "_worker": worker}[args.step](args)
+     "speed": speed, "_worker": worker}[args.step](args)
     return 0
 
 

@@ -67,3 +67,33 @@ def test_fairseq_logs_are_read_in_nats_and_its_outputs_in_order(tmp_path):
     gen.write_text("S-1\tb\nH-1\t-0.5\tB\nD-1\t-0.5\tZwei\nD-0\t-0.4\tEins\t mit Tab\n"
                    "2026 | INFO | Translated 2 sentences (5 tokens) in 0.1s\n")
     assert race_fairseq.fairseq_hyps(gen) == ["Eins\t mit Tab", "Zwei"]
+
+
+def test_speed_takes_the_last_checkpoint_within_the_window(tmp_path, monkeypatch, capsys):
+    import os
+
+    run = tmp_path / "run-3"
+    (run / "qkv").mkdir(parents=True)
+    (run / "fairseq").mkdir()
+    t0 = 1_000_000.0
+    (run / "race.json").write_text(json.dumps({"started": t0, "commit": "abc1234"}))
+    for update, seconds in ((100, 150), (200, 300), (300, 650)):
+        step = run / "qkv" / f"step_{update:06d}"
+        step.mkdir()
+        (step / "model.safetensors").write_bytes(b"x")
+        os.utime(step / "model.safetensors", (t0 + seconds, t0 + seconds))
+    for update, seconds in ((100, 200), (200, 500)):
+        ckpt = run / "fairseq" / f"checkpoint_1_{update}.pt"
+        ckpt.write_bytes(b"x")
+        os.utime(ckpt, (t0 + seconds, t0 + seconds))
+    (run / "qkv" / "metrics.jsonl").write_text(json.dumps({"step": 50, "tokens_per_s": 2000.0}) + "\n")
+    (run / "fairseq.log").write_text(
+        '0 | INFO | train_inner | {"wps": "1000", "num_updates": "50"}\n'
+        '0 | INFO | train | {"train_wpb": "3000", "train_num_updates": "139"}\n')
+    monkeypatch.setattr(race_fairseq, "qkv_tokens_per_update", lambda run_dir: 3000.0)
+    race_fairseq.speed(argparse.Namespace(work=str(tmp_path), run=3, within=600))
+    out = capsys.readouterr().out
+    # within 600 s: qkv's update 200 at 300 s (0.667/s), fairseq's 200 at 500 s (0.4/s): 1.67×
+    assert "qkv: 200 updates in 300 s = 0.667 updates/s, 2,000 target tokens/s" in out
+    assert "fairseq: 200 updates in 500 s = 0.400 updates/s, 1,200 target tokens/s" in out
+    assert "qkv vs fairseq: 1.67× (its own logs: 2.00×; run 3, commit abc1234)" in out
