@@ -1,6 +1,7 @@
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qkv.masks import causal_mask, padding_mask
@@ -181,3 +182,22 @@ def test_kv_cache_grows_in_place_and_branches_safely():
     grown = moved.append(k, v)
     assert torch.equal(grown.k, torch.cat([ref_k.index_select(0, idx), k], dim=2))
     assert torch.equal(cache.k, ref_k)  # the reorder did not touch the original
+
+
+def test_training_attention_on_the_cpu_is_unbiased_and_keeps_sdpas_empty_rows():
+    """On the CPU in training (dropout > 0) eq. 1 is written out so that its dropout draws qkv's
+    masks: averaged over many draws it equals torch's SDPA without dropout, and a query that may
+    attend to no key gets output 0 (SDPA's answer), not NaN, with finite gradients."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    mask = torch.ones(2, 1, 3, 5, dtype=torch.bool)
+    mask[0, :, :, 3:] = False  # padding keys
+    mask[1, :, 2] = False  # query 2 of sentence 1 may attend to nothing
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(expected[1, :, 2], torch.zeros(2, 4))  # torch's own answer for an empty row
+    draws = torch.stack([scaled_dot_product_attention(q, k, v, mask, 0.2)[0] for _ in range(4000)])
+    torch.testing.assert_close(draws.mean(0), expected, atol=0.05, rtol=0)
+    assert torch.equal(draws[:, 1, :, 2], torch.zeros_like(draws[:, 1, :, 2]))
+    qg = q.clone().requires_grad_()
+    scaled_dot_product_attention(qg, k, v, mask, 0.2)[0].sum().backward()
+    assert torch.isfinite(qg.grad).all()

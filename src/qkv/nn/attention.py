@@ -59,6 +59,10 @@ def attention_reference(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # (B, h, T_q, T_k)
+    if mask is not None:
+        has_key = mask.any(dim=-1, keepdim=True)  # a query that may attend to no key gets output 0, as SDPA's
+        if not bool(has_key.all()):
+            weights = weights.masked_fill(~has_key, 0.0)
     dropped = dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (B, h, T_q, d_v)
 
