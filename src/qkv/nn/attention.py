@@ -10,7 +10,9 @@ d_k = d_v = d_model / h.
 
 The fast path is :func:`torch.nn.functional.scaled_dot_product_attention` (fused kernels, flash
 attention on GPUs). :func:`attention_reference` is eq. 1 written out; it also returns the weights
-when a caller asks for them (``need_weights=True``, e.g. for attention maps). A test checks the two
+when a caller asks for them (``need_weights=True``, e.g. for attention maps), and it is what CPU
+training with attention dropout runs, so that the dropout draws :mod:`qkv.nn.dropout`'s cheaper
+masks (SDPA's own CPU dropout draws one random number per weight). A test checks the two
 agree, and that :class:`MultiHeadAttention` matches :class:`torch.nn.MultiheadAttention`.
 
 :class:`MultiHeadAttention` has two entry points, one per use in Figure 1:
