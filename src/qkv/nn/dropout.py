@@ -17,6 +17,8 @@ returns its input.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -27,9 +29,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     """A boolean mask of ``shape`` keeping each element with probability 1 − p (p quantised to
     1/65,536), and the scale 1 / (kept fraction) for the kept elements."""
     dropped = round(p * LANE_VALUES)
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), None)
     lanes = words.view(torch.int16)[:n].view(shape)  # four uniform 16-bit lanes per 64-bit word
     return lanes >= dropped - LANE_VALUES // 2, LANE_VALUES / (LANE_VALUES - dropped)
@@ -40,7 +40,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     dropped = round(p * LANE_VALUES)
-    if x.device.type != "cpu" or not x.is_floating_point() or not 0 < dropped < LANE_VALUES or not 0 <= p <= 1:
+    if x.device.type != "cpu" or not x.is_floating_point() or not 0 < dropped < LANE_VALUES:  # p outside [0, 1] too
         return F.dropout(x, p, training)
     keep, scale = keep_mask(x.shape, p, x.device)
     return _Dropout.apply(x, keep, scale)
