@@ -265,7 +265,7 @@ def curves(run_dir: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "qkv" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     qkv_valid = {r["step"]: r["valid_nll"] for r in rows if "valid_nll" in r}
     qkv_tok = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > 1]
-    fs_valid, fs_wps, fs_wpb, fs_last = {}, [], [], 0
+    fs_valid, fs_wps, fs_wpb = {}, [], []
     for line in (run_dir / "fairseq.log").read_text(errors="replace").splitlines():
         m = re.search(r"(\{.*\})\s*$", line)
         if not m:
@@ -280,7 +280,6 @@ def curves(run_dir: Path) -> dict:
             fs_valid[int(float(rec["valid_num_updates"]))] = float(rec["valid_nll_loss"]) * math.log(2)
         elif "wps" in rec and "num_updates" in rec:
             fs_wps.append(float(rec["wps"]))
-            fs_last = max(fs_last, int(float(rec["num_updates"])))
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
     return {"qkv": {"valid_nll": qkv_valid, "tokens_per_s": mean(qkv_tok), "tokens_per_update": qkv_tokens_per_update(run_dir)},
             "fairseq": {"valid_nll": fs_valid, "tokens_per_s": mean(fs_wps), "tokens_per_update": mean(fs_wpb)}}
@@ -508,10 +507,10 @@ def report(args) -> None:
     data = []
     for d in runs:
         race = json.loads((d / "race.json").read_text())
-        ck = checkpoints(d)
+        last = {tk: last_checkpoint(c) for tk, c in checkpoints(d).items()}
         data.append({"run": race["run"], "race": race, "curves": curves(d), "bleu": json.loads((d / "bleu.json").read_text()),
-                     "updates": {tk: max(c[0] for c in ck[tk]) for tk in ck},
-                     "last_checkpoint_s": {tk: max(c[1] for c in ck[tk]) for tk in ck}})
+                     "updates": {tk: u for tk, (u, _) in last.items()},
+                     "last_checkpoint_s": {tk: s for tk, (_, s) in last.items()}})
     mean = lambda xs: sum(xs) / len(xs)
     tks = ("qkv", "fairseq")
     rows = []
@@ -582,6 +581,13 @@ def report(args) -> None:
     print(f"wrote {res}, {img / 'race-valid-nll.png'}, {img / 'race-bleu.png'}")
 
 
+def last_checkpoint(ckpts: list[tuple[int, float, Path]], within: float = float("inf")) -> tuple[int, float]:
+    """(update, seconds after the start) of the newest of ``ckpts`` (:func:`checkpoints`) saved
+    within ``within`` seconds: throughput is measured to it."""
+    update, seconds, _ = max(c for c in ckpts if c[1] <= within)
+    return update, seconds
+
+
 def speed(args) -> None:
     """Training throughput of one run (evaluated or not) up to ``--within`` seconds: each toolkit's
     updates to its last checkpoint by then, over that checkpoint's time (the report's measure)."""
@@ -590,7 +596,7 @@ def speed(args) -> None:
     within = args.within or float("inf")
     rate = {}
     for tk in ("qkv", "fairseq"):
-        upd, secs, _ = max(x for x in ck[tk] if x[1] <= within)
+        upd, secs = last_checkpoint(ck[tk], within)
         rate[tk] = upd / secs * c[tk]["tokens_per_update"]
         print(f"{tk}: {upd} updates in {secs:.0f} s = {upd / secs:.3f} updates/s, {rate[tk]:,.0f} target tokens/s "
               f"(its own log, the whole run: {c[tk]['tokens_per_s']:,.0f})")
