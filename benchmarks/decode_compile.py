@@ -1,60 +1,105 @@
-"""torch.compile of qkv's decoder step against the eager step, in one process, one thread.
+"""Compiled decoding (``qkv translate --compile``) against eager decoding, in one process.
 
-    python benchmarks/decode_compile.py RUN/best [--mode default]
+    python benchmarks/decode_compile.py RUN/best [--device cpu] [--threads 1] [--rounds 3] [--json OUT]
 
-Compiles ``model._eval_step`` (the eval-mode step that ``Translator.translate`` calls) with
-``dynamic=True`` and decodes the first test_2016_flickr sentences greedily (batch 1: 20 sentences;
-batch 32: 40) and with beam 5 (batch 1: 10), best of 3 after one warm-up call, eager first. Prints
-each cell's times, the speed-up, the first (compiling) call's seconds and whether the outputs are
-identical. Needs a C++ compiler for inductor.
+Decodes the first test_2016_flickr sentences with qkv's eager step (the model itself) and with
+:class:`qkv.decoding.compiled.CompiledDecoder` (the static-shape step, compiled), through the same
+:func:`qkv.decoding.batch.decode_sentences` call ``qkv translate`` makes: greedy and beam 5, at batch
+1 (20 and 10 sentences) and batch 32 (64 and 32 sentences). Each cell is first run once (the
+compiled side compiles then: its seconds are printed), then eager and compiled alternate for
+``--rounds`` rounds; the median of each is reported. Before timing, the outputs of both on the
+first ``--identical`` sentences (greedy and beam 5, batch 32) are compared token for token.
+Needs a C++ compiler on the CPU (inductor).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
+import platform
+import statistics
+import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 import qkv
+from qkv.decoding.batch import decode_sentences
+from qkv.decoding.compiled import CompiledDecoder
+from qkv.decoding.greedy import banned_ids
 
-TEST_SET = Path("/work/shared/data/multi30k/test_2016_flickr.en.gz")
-CELLS = [(1, 1, 20), (1, 32, 40), (5, 1, 10)]  # (beam, batch, sentences)
+TEST_SET = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
+CELLS = [(1, 1, 20), (1, 32, 64), (5, 1, 10), (5, 32, 32)]  # (beam, batch, sentences)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="a translation checkpoint directory")
-    ap.add_argument("--mode", default="default", help="torch.compile mode (default: %(default)s)")
     ap.add_argument("--test", default=str(TEST_SET), help="source sentences, one per line (.gz or plain)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--identical", type=int, default=1000, help="sentences whose outputs are compared")
+    ap.add_argument("--batches", default="1,32", help="batch sizes of the cells (default: %(default)s)")
+    ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     opener = gzip.open if args.test.endswith(".gz") else open
     with opener(args.test, "rt", encoding="utf-8") as f:
-        lines = [line.strip() for _, line in zip(range(40), f)]
-    tr = qkv.load(args.model)
+        lines = [line.strip() for line in f]
+    tr = qkv.load(args.model, device=args.device)
+    src = tr.tokenizers.src.encode(lines)
+    banned = banned_ids(tr.tokenizers.tgt)
+    compiled = CompiledDecoder(tr.model)
+    cells = [cell for cell in CELLS if str(cell[1]) in args.batches.split(",")]
 
-    def run(beam: int, batch: int, n: int):
+    def decode(model, beam: int, batch: int, n: int):
+        cfg = replace(tr.decode_cfg, beam_size=beam, batch_size=batch)
+        if args.device != "cpu":
+            torch.cuda.synchronize()
         t = time.perf_counter()
-        out = tr.translate(lines[:n], beam_size=beam, batch_size=batch)
-        return time.perf_counter() - t, out
+        out = decode_sentences(model, src[:n], cfg, banned)
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t, [h[0].tokens for h in out]
 
-    eager = {}
-    for beam, batch, n in CELLS:
-        run(beam, batch, n)
-        eager[beam, batch] = min(run(beam, batch, n) for _ in range(3))
-    tr.model._eval_step = torch.compile(tr.model._eval_step, dynamic=True,
-                                        mode=None if args.mode == "default" else args.mode)
-    for beam, batch, n in CELLS:
-        t0 = time.perf_counter()
-        run(beam, batch, n)
-        first = time.perf_counter() - t0
-        t, out = min(run(beam, batch, n) for _ in range(3))
-        e, ref = eager[beam, batch]
-        print(f"beam {beam} batch {batch}: eager {e * 1000:.0f} ms, compiled {t * 1000:.0f} ms ({e / t:.2f}×; "
-              f"first call {first:.1f} s), outputs identical: {out == ref}", flush=True)
+    report: dict = {"model": args.model, "device": args.device, "threads": args.threads, "cells": [],
+                    "identical": {}, "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
+    if args.device != "cpu":
+        report["machine"] = torch.cuda.get_device_name()
+    first = {}
+    for beam, batch, n in cells:  # the first call compiles
+        first[beam, batch] = decode(compiled, beam, batch, n)[0]
+        print(f"beam {beam} batch {batch}: first compiled call {first[beam, batch]:.1f} s", flush=True)
+    n_same = min(args.identical, len(src))
+    for beam in (1, 5):
+        ref, out = decode(tr.model, beam, 32, n_same)[1], decode(compiled, beam, 32, n_same)[1]
+        same = sum(a == b for a, b in zip(ref, out))
+        report["identical"][f"beam {beam}"] = [same, n_same]
+        print(f"beam {beam}, batch 32: {same} of {n_same} outputs identical to eager", flush=True)
+    times: dict = {cell: ([], []) for cell in cells}
+    for _ in range(args.rounds):
+        for beam, batch, n in cells:
+            eager, comp = times[beam, batch, n]
+            eager.append(decode(tr.model, beam, batch, n)[0])
+            comp.append(decode(compiled, beam, batch, n)[0])
+    print(f"{'cell':<22}{'eager':>10}{'compiled':>10}{'speed-up':>10}")
+    for (beam, batch, n), (eager, comp) in times.items():
+        e, c = statistics.median(eager), statistics.median(comp)
+        name = f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {batch}"
+        print(f"{name:<22}{e * 1000:>8.0f}ms{c * 1000:>8.0f}ms{e / c:>9.2f}×")
+        report["cells"].append({"beam": beam, "batch": batch, "sentences": n, "eager_s": eager, "compiled_s": comp,
+                                "speedup": e / c, "first_compiled_call_s": first[beam, batch]})
+    try:
+        report["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                          cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        pass
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -8,10 +8,11 @@
 __version__ = "0.1.0"
 
 
-def load(path, device="cpu", quantize=None, engine="qkv", threads=0):
+def load(path, device="cpu", quantize=None, engine="qkv", threads=0, compile=False):
     """Load a checkpoint directory as its task's front-end (a :class:`qkv.frontends.Translator`,
     ``Encoder`` or ``LanguageModel``; see :func:`qkv.frontends.load`); ``quantize="int8"``: dynamic
-    int8 quantisation for CPU decoding.
+    int8 quantisation for CPU decoding; ``compile=True``: a translation Transformer searches with
+    its step compiled by ``torch.compile`` (:mod:`qkv.decoding.compiled`; faster on a GPU).
 
     ``engine="ctranslate2"``: a translation Transformer decoded by CTranslate2 (converted once, cached
     beside the checkpoint; :mod:`qkv.export.engine`), ``threads`` its intra-op threads (0: its
@@ -20,10 +21,14 @@ def load(path, device="cpu", quantize=None, engine="qkv", threads=0):
         from qkv.export.engine import check_engine, load as load_ct2
 
         check_engine(engine)
+        if compile:
+            from qkv.errors import QkvError
+
+            raise QkvError(f"compile=True compiles qkv's own decoding step: not with engine={engine!r}")
         return load_ct2(path, device, quantize, threads)
     from qkv.frontends import load as _load
 
-    return _load(path, device, quantize)
+    return _load(path, device, quantize, compile)
 
 
 def load_ensemble(paths, device="cpu", quantize=None):

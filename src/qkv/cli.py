@@ -268,7 +268,12 @@ def load_translator(args: argparse.Namespace):
     if not a translator."""
     quantize = "int8" if args.int8 else None
     engine, threads = getattr(args, "engine", "qkv"), getattr(args, "threads", 0)
+    compile = getattr(args, "compile", False)
+    if compile and getattr(args, "ensemble", None):
+        raise QkvError("--compile compiles one Transformer's step: leave out --ensemble, or --compile")
     if engine == "ctranslate2":
+        if compile:
+            raise QkvError("--compile compiles qkv's own decoding step: leave out --engine ctranslate2, or --compile")
         if getattr(args, "ensemble", None):
             raise QkvError("--ensemble averages the distributions of several qkv models: leave out --engine ctranslate2")
         from qkv.export.engine import load
@@ -282,7 +287,7 @@ def load_translator(args: argparse.Namespace):
         torch.set_num_threads(threads)
     if getattr(args, "ensemble", None):
         return load_ensemble([args.model, *args.ensemble], quantize=quantize, device=args.device)
-    return open_model(args.model, "translate", quantize=quantize, device=args.device)
+    return open_model(args.model, "translate", quantize=quantize, device=args.device, compile=compile)
 
 
 def evaluate_classifier(args: argparse.Namespace) -> int:
@@ -494,7 +499,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
     serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log,
           allowed_hosts=args.allowed_hosts, engine=args.engine, quantize="int8" if args.int8 else None,
-          decode=flags_for(args, DecodeConfig))
+          decode=flags_for(args, DecodeConfig), compile=args.compile)
     return 0
 
 

@@ -38,6 +38,10 @@ ENSEMBLE_HELP = ("decode with MODEL and this checkpoint as an ensemble: the mean
 DEVICE_HELP = "where the model runs: cpu, cuda (or cuda:N), or auto (the GPU when torch sees one) (default: cpu)"
 INT8_HELP = ("dynamic int8 quantisation of the model's linear layers for faster CPU decoding "
              "(a small BLEU cost: see docs/results.md); with --engine ctranslate2, its int8 compute type")
+COMPILE_HELP = ("search with the Transformer's decoding step compiled by torch.compile, static shapes (CUDA graphs "
+                "on a GPU): the same outputs; the first batch of each shape compiles, for seconds to a minute; "
+                "faster on a GPU, not on the CPUs measured (docs/results.md); translation Transformers, --engine "
+                "qkv, without --int8; needs a C++ compiler on the CPU")
 ENGINE_HELP = ("what decodes: qkv (its own modules; every option) or ctranslate2 (translation Transformers, "
                "converted once and cached beside the checkpoint, faster on CPU; greedy outputs equal qkv's; beam "
                "search only with --length-norm length --early-stopping; options it cannot honour exactly are "
@@ -228,6 +232,7 @@ def add_translate_parser(sub, handlers: dict) -> None:
                                            "replaced only when every line is translated)")
     tr.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv", help=ENGINE_HELP)
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
+    tr.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     tr.add_argument("--device", default="cpu", help=DEVICE_HELP)
     tr.add_argument("--threads", type=int, default=0,
                     help="CPU threads: torch's (qkv) or CTranslate2's intra_threads (ctranslate2) (default: 0, the "
@@ -611,6 +616,7 @@ def add_serve_parser(sub, handlers: dict) -> None:
     s.add_argument("--threads", type=int, default=0, help="CPU threads: torch's (qkv) or CTranslate2's "
                                                           "intra_threads (ctranslate2) (default: 0, the engine's default)")
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
+    s.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     add_config_flags(s, DecodeConfig, "decoding of translation models (default: each model's saved settings)")
     group = s.add_argument_group("bounds and batching")
     defaults = Limits()

@@ -15,6 +15,7 @@ from qkv.frontends.language_model import LanguageModel
 from qkv.frontends.quantize import QUANTIZE_CHOICES, quantize_int8
 from qkv.frontends.translator import Translator
 from qkv.models import build_model
+from qkv.models.transformer import Transformer
 
 FRONTENDS: dict[str, type[Frontend]] = {cls.name: cls for cls in (Translator, Encoder, LanguageModel)}
 
@@ -57,10 +58,11 @@ def check_serves(path: str | Path, command: str) -> None:
     raise QkvError(f"{path} is a {task!r} model, not {' or '.join(kinds)}: use it with {serves}")
 
 
-def open_model(path: str | Path, command: str, device: str | torch.device = "cpu", quantize: str | None = None):
+def open_model(path: str | Path, command: str, device: str | torch.device = "cpu", quantize: str | None = None,
+               compile: bool = False):
     """:func:`load` for ``qkv COMMAND``: a checkpoint of a task that does not serve it is refused first."""
     check_serves(path, command)
-    return load(path, device, quantize)
+    return load(path, device, quantize, compile)
 
 
 def frontend_for(task: str) -> type[Frontend]:
@@ -70,17 +72,20 @@ def frontend_for(task: str) -> type[Frontend]:
     return FRONTENDS[get_task(task).frontend]
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | None = None):
+def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | None = None, compile: bool = False):
     """Load a checkpoint directory (e.g. ``runs/default/best``) as the front-end its task names: a
     :class:`Translator` (translate, prefix_lm), an :class:`Encoder` (classify, mlm) or a
     :class:`LanguageModel` (lm). ``device``: cpu, cuda, cuda:N or auto (the GPU when torch sees one).
 
     Only data is read: JSON, safetensors, SentencePiece models; never pickled code.
     ``quantize="int8"``: dynamic int8 quantisation for faster CPU decoding (:func:`quantize_int8`;
-    CPU only).
+    CPU only). ``compile=True``: translation Transformers search with their step compiled
+    (:meth:`Translator.compile_decoding`); any other model is refused by name.
     """
     if quantize not in QUANTIZE_CHOICES:
         raise QkvError(f"quantize must be None or 'int8', got {quantize!r}")
+    if compile and quantize:
+        raise QkvError("compiled decoding (--compile) runs the float model: not with int8 quantisation (--int8)")
     if quantize and str(device) != "cpu":
         raise QkvError(f"quantize='int8' runs on the CPU only, not on device {str(device)!r}")
     device = inference_device(device)
@@ -96,7 +101,13 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     model.to(device).eval()
     if quantize == "int8":
         quantize_int8(model)
-    return frontend_for(model_cfg.task).from_checkpoint(model, tokenizers, ckpt.config, decode_cfg, train_cfg)
+    frontend = frontend_for(model_cfg.task).from_checkpoint(model, tokenizers, ckpt.config, decode_cfg, train_cfg)
+    if compile:
+        if not (isinstance(frontend, Translator) and isinstance(model, Transformer)):
+            raise QkvError(f"{path}: compiled decoding (--compile) is for translation Transformers; this is "
+                           f"a {model_cfg.task!r} model ({model_cfg.arch})")
+        frontend.compile_decoding()
+    return frontend
 
 
 def load_ensemble(paths: list[str | Path], device: str | torch.device = "cpu", quantize: str | None = None) -> Translator:

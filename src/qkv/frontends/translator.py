@@ -38,6 +38,16 @@ class Translator(Frontend):
                  train_cfg: TrainConfig | None = None):
         super().__init__(model, tokenizers, train_cfg)
         self.decode_cfg = (decode_cfg or DecodeConfig()).validate()
+        self.decoder: torch.nn.Module | None = None  # the compiled step (compile_decoding), else the model's own
+
+    def compile_decoding(self) -> "Translator":
+        """Search with the decoding step compiled by ``torch.compile``, static shapes
+        (:class:`qkv.decoding.compiled.CompiledDecoder`): Transformer encoder-decoders only. The
+        outputs are the eager step's; the first batch of each shape compiles. Returns self."""
+        from qkv.decoding.compiled import CompiledDecoder
+
+        self.decoder = CompiledDecoder(self.model)
+        return self
 
     @classmethod
     def from_checkpoint(cls, model, tokenizers, config, decode_cfg, train_cfg) -> "Translator":
@@ -78,10 +88,11 @@ class Translator(Frontend):
         self.check_beam(cfg.beam_size)
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
         banned = banned_ids(self.tokenizers.tgt)
+        model = self.decoder or self.model
         if not target_prefix:
-            return decode_sentences(self.model, src_ids, cfg, banned)
+            return decode_sentences(model, src_ids, cfg, banned)
         prefix = self.tokenizers.tgt.encode([target_prefix])[0]
-        hyps = decode_sentences(Prefixed(self.model, prefix, cfg), src_ids, cfg, banned)
+        hyps = decode_sentences(Prefixed(model, prefix, cfg), src_ids, cfg, banned)
         return [[Hypothesis(prefix + h.tokens, h.score, h.logprob) for h in nbest] for nbest in hyps]
 
     def translate_rich(self, sentences: list[str], on_truncate: TruncationHandler | None = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import ModelConfig
@@ -43,6 +44,9 @@ class TransformerState:
     position: int  # number of target positions decoded so far
     beam: int = 1  # decoder rows per source sentence
     memory_bias: torch.Tensor | None = None  # (N, 1, 1, S) memory_mask as 0 / -inf (None: made from it per step)
+    # Static shapes (start_static): self_kv are buffers of a fixed capacity C, written in place at each
+    # step, and this (1, 1, 1, C) bias is 0 at the positions written so far and -inf after them.
+    self_bias: torch.Tensor | None = None
 
     def expand_beams(self, k: int) -> "TransformerState":
         """``k`` rows per sentence for beam search: row ``i * k + j`` starts as row ``i``.
@@ -63,11 +67,11 @@ class TransformerState:
         back-pointers; the per-sentence cross-attention keys/values and mask are selected by
         sentence, and not copied at all while no sentence is dropped or moved."""
         if self.beam == 1:
-            return TransformerState(
-                self.memory_mask.index_select(0, indices),
-                [kv.reorder(indices) for kv in self.cross_kv],
-                [kv.reorder(indices) for kv in self.self_kv],
-                self.position,
+            return replace(
+                self,
+                memory_mask=self.memory_mask.index_select(0, indices),
+                cross_kv=[kv.reorder(indices) for kv in self.cross_kv],
+                self_kv=[kv.reorder(indices) for kv in self.self_kv],
                 memory_bias=_select(self.memory_bias, indices),
             )
         k, n = self.beam, self.memory_mask.size(0)
@@ -222,3 +226,42 @@ class Transformer(nn.Module):
         logits = self._logits(self.decoder_norm(x))  # (B, V)
         return logits, TransformerState(state.memory_mask, state.cross_kv, self_kv, position + 1, state.beam,
                                         state.memory_bias)
+
+    # --- incremental decoding with static shapes (qkv.decoding.compiled) ---------------------------
+
+    def start_static(self, src: torch.Tensor, capacity: int, source_multiple: int = 16) -> TransformerState:
+        """:meth:`start` for :meth:`static_step`: the self-attention keys/values in zero buffers of
+        ``capacity`` positions ``(B, h, C, d_k)`` with a ``self_bias`` that opens none yet, and the
+        source side padded to a multiple of ``source_multiple`` positions (masked), so that a few
+        shapes serve every batch."""
+        memory, mask, _ = self.encode(src)
+        pad = -memory.size(1) % source_multiple
+        cross_kv = [KVCache(F.pad(kv.k, (0, 0, 0, pad)).contiguous(), F.pad(kv.v, (0, 0, 0, pad)).contiguous())
+                    for kv in self.memory_kv(memory)]  # contiguous whatever the padding: the same strides
+        mask = F.pad(mask, (0, pad), value=False)  # (B, 1, 1, S + pad)
+        self_kv = []
+        for layer in self.decoder_layers:
+            attn = layer.self_attn
+            k = memory.new_zeros(src.size(0), attn.n_heads, capacity, attn.d_k)
+            self_kv.append(KVCache(k, torch.zeros_like(k)))
+        self_bias = memory.new_full((1, 1, 1, capacity), float("-inf"))
+        return TransformerState(mask, cross_kv, self_kv, 0, memory_bias=additive_mask(mask).to(memory.dtype),
+                                self_bias=self_bias)
+
+    def static_step(self, tokens: torch.Tensor, pos_enc: torch.Tensor, pos: torch.Tensor, self_bias: torch.Tensor,
+                    self_k: list[torch.Tensor], self_v: list[torch.Tensor], cross_k: list[torch.Tensor],
+                    cross_v: list[torch.Tensor], memory_bias: torch.Tensor, beam: int, in_place: bool = True,
+                    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The eval-mode step on tensors of fixed shapes, the function :mod:`qkv.decoding.compiled`
+        compiles: ``tokens (B,)`` at position ``pos`` (LongTensor ``(1,)``, its encoding
+        ``pos_enc (1, d)``) -> logits ``(B, V)``. The keys/values of ``pos`` are written into the
+        buffers ``self_k``/``self_v`` ``(B, h, C, d_k)`` (``in_place``) or into copies of them;
+        the buffers written are returned with the logits. ``self_bias (1, 1, 1, C)`` must already
+        open ``pos``."""
+        x = self.tgt_embed(tokens) + pos_enc  # (B, d)
+        ks, vs = [], []
+        for layer, k, v, ck, cv in zip(self.decoder_layers, self_k, self_v, cross_k, cross_v):
+            x, k, v = layer.static_step(x, KVCache(ck, cv), memory_bias, k, v, pos, self_bias, beam, in_place)
+            ks.append(k)
+            vs.append(v)
+        return self._logits(self.decoder_norm(x)), ks, vs  # (B, V)

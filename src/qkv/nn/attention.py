@@ -229,6 +229,26 @@ class MultiHeadAttention(nn.Module):
         out = F.scaled_dot_product_attention(qkv[:, 0], cache.k, cache.v)  # (B, h, 1, d_k)
         return eval_linear(self.out_proj, out.reshape(b, self.d_model)), cache
 
+    def self_attention_into(self, x: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
+                            bias: torch.Tensor, in_place: bool = True
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`self_attention_step` over buffers of a fixed capacity C, ``(B, h, C, d_k)``: the new
+        key/value is written at position ``pos`` (a LongTensor ``(1,)``) and the query attends to
+        the whole buffer under ``bias`` ``(1, 1, 1, C)``, 0 at the positions written so far and
+        -inf after them. Every step has the same shapes (what compiled code specialises to,
+        :mod:`qkv.decoding.compiled`); the result is the same as attending to the positions written
+        so far only (a key under -inf gets weight exactly 0). ``in_place``: write into the buffers;
+        else into copies (no input is changed: what CUDA graphs need). Returns the output
+        ``(B, d_model)`` and the buffers written."""
+        b = x.size(0)
+        qkv = eval_linear(self.in_proj, x).view(b, 3, self.n_heads, 1, self.d_k)  # (B, 3, h, 1, d_k): fused QKV
+        if in_place:
+            k_buf, v_buf = k_buf.index_copy_(2, pos, qkv[:, 1]), v_buf.index_copy_(2, pos, qkv[:, 2])
+        else:
+            k_buf, v_buf = k_buf.index_copy(2, pos, qkv[:, 1]), v_buf.index_copy(2, pos, qkv[:, 2])
+        out = F.scaled_dot_product_attention(qkv[:, 0], k_buf, v_buf, attn_mask=bias)  # (B, h, 1, d_k)
+        return eval_linear(self.out_proj, out.reshape(b, self.d_model)), k_buf, v_buf
+
     def project_kv(self, memory: torch.Tensor) -> KVCache:
         """K = memory W^K, V = memory W^V for every head, ``(B, h, T_k, d_k)`` each: what
         :meth:`cross_attention` reads, computed once per sentence."""

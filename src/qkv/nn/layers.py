@@ -139,7 +139,21 @@ class DecoderLayer(nn.Module):
         :meth:`MultiHeadAttention.cross_attention_step`): the same result bit for bit, in fewer
         operations. Returns ``(B, d)`` and the grown cache."""
         a, cache = self.self_attn.self_attention_step(self.res_self.eval_before(x), cache)
+        return self._after_self_attention(x, a, memory_kv, memory_bias, beam), cache
+
+    def static_step(self, x: torch.Tensor, memory_kv: KVCache, memory_bias: torch.Tensor | None,
+                    k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, self_bias: torch.Tensor,
+                    beam: int = 1, in_place: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`step` with the self-attention keys/values in fixed-size buffers
+        (:meth:`~qkv.nn.attention.MultiHeadAttention.self_attention_into`): the same shapes at
+        every step, for compiled decoding. Returns ``(B, d)`` and the buffers written."""
+        a, k_buf, v_buf = self.self_attn.self_attention_into(self.res_self.eval_before(x), k_buf, v_buf, pos,
+                                                             self_bias, in_place)
+        return self._after_self_attention(x, a, memory_kv, memory_bias, beam), k_buf, v_buf
+
+    def _after_self_attention(self, x: torch.Tensor, a: torch.Tensor, memory_kv: KVCache,
+                              memory_bias: torch.Tensor | None, beam: int) -> torch.Tensor:
         x = self.res_self.eval_after(x, a)
         a = self.cross_attn.cross_attention_step(self.res_cross.eval_before(x), memory_kv, memory_bias, beam)
         x = self.res_cross.eval_after(x, a)
-        return self.res_ffn.eval_after(x, self.ffn.eval_forward(self.res_ffn.eval_before(x))), cache
+        return self.res_ffn.eval_after(x, self.ffn.eval_forward(self.res_ffn.eval_before(x)))

@@ -87,12 +87,13 @@ def config(app, log_level: str = "warning"):
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
           device: str = "cpu", threads: int = 0, log: Callable[[str], None] = print,
           allowed_hosts: list[str] = (), engine: str = "qkv", quantize: str | None = None,
-          decode: dict | None = None) -> None:
+          decode: dict | None = None, compile: bool = False) -> None:
     """Load the checkpoints ``paths`` and serve them on ``host:port`` until interrupted, answering the
     loopback host names and ``allowed_hosts`` (``--allowed-hosts``; without it, any name when ``host``
     is not a loopback address). ``engine``: what decodes (qkv, or ctranslate2 for translation
     Transformers, with ``threads`` intra-op threads); ``decode``: DecodeConfig fields that replace
-    each translation model's saved settings."""
+    each translation model's saved settings; ``compile``: translation Transformers search with their
+    step compiled (:mod:`qkv.decoding.compiled`), any other model is refused by name."""
     require("fastapi")
     uvicorn = require("uvicorn")
     import torch
@@ -105,7 +106,7 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: L
     if threads and engine == "qkv":
         torch.set_num_threads(threads)
     models = load_models(paths, limits, device, engine=engine, quantize=quantize, threads=threads, decode=decode,
-                         log=log)
+                         log=log, compile=compile)
     sock = bind(host, port)
     app = create_app(models, limits, names)
     where = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"

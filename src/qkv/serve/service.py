@@ -242,12 +242,13 @@ class Served:
 
 def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Callable | None = None,
                 engine: str = "qkv", quantize: str | None = None, threads: int = 0, decode: dict | None = None,
-                log: Callable[[str], None] | None = None) -> list[Served]:
+                log: Callable[[str], None] | None = None, compile: bool = False) -> list[Served]:
     """The checkpoints ``paths`` (``PATH`` or ``NAME=PATH``), each opened as its front-end, decoded by
     ``engine`` (``ctranslate2``: translation Transformers only, each refused by name otherwise); names
-    made unique. ``decode``: DecodeConfig fields that replace a translation model's saved settings."""
+    made unique. ``decode``: DecodeConfig fields that replace a translation model's saved settings.
+    ``compile``: translation Transformers search with their step compiled (qkv's engine)."""
     if load is None:
-        load = open_with(engine, quantize, threads, log)
+        load = open_with(engine, quantize, threads, log, compile)
     if not paths:
         raise QkvError("give at least one checkpoint directory to serve, e.g. runs/default/best")
     served, names = [], set()
@@ -267,12 +268,16 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
     return served
 
 
-def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[str], None] | None) -> Callable:
-    """``load(path, device)`` for ``engine``: qkv's front-ends, or CTranslate2's translator."""
+def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[str], None] | None,
+              compile: bool = False) -> Callable:
+    """``load(path, device)`` for ``engine``: qkv's front-ends (``compile``: the translation
+    Transformers' step compiled), or CTranslate2's translator."""
     if engine == "qkv":
         from qkv.frontends import load
 
-        return lambda path, device: load(path, device, quantize)
+        return lambda path, device: load(path, device, quantize, compile)
+    if compile:
+        raise QkvError(f"--compile compiles qkv's own decoding step: leave out --engine {engine}, or --compile")
     from qkv.export.engine import check_engine, load, stderr
 
     check_engine(engine)
