@@ -15,8 +15,10 @@ included), greedy at batch 1 on the first 20 test_2016_flickr sentences, the who
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -108,9 +110,12 @@ def main() -> int:
         print(f"CTranslate2, whole translate call: {ct2_tok:.0f} µs per output token; "
               f"0.8× CTranslate2 allows {ct2_tok / 0.8:.0f} µs; the floor alone is {floor / (ct2_tok / 0.8):.2f} of that")
     if args.json:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
         Path(args.json).write_text(json.dumps({"model": args.model, "threads": args.threads, "ops": rows,
                                                "floor_us": floor, "qkv_us_per_token": qkv_tok,
-                                               "ct2_us_per_token": ct2_tok}, indent=1) + "\n")
+                                               "ct2_us_per_token": ct2_tok, "commit": commit,
+                                               "date": datetime.date.today().isoformat()}, indent=1) + "\n")
     return 0
 
 

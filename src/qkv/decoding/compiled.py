@@ -6,23 +6,27 @@ specialised to shapes, would be recompiled or made generic. :class:`CompiledDeco
 :meth:`~qkv.models.transformer.Transformer.static_step` instead:
 
 * the self-attention keys/values live in buffers of a fixed capacity C (64 positions, doubled when
-  full), written in place at each step's position; the query attends to the whole buffer under an
+  full), each step's position written into them; the query attends to the whole buffer under an
   additive mask that opens one more position per step (a key under -inf gets weight exactly 0);
 * the source keys/values are padded to a multiple of 16 positions, masked the same way.
 
-So one batch size has a handful of shapes in all. Greedy and beam search run unchanged on it (it
-offers ``start``/``step``, and its state ``reorder``/``expand_beams``). A state is used once:
-a step writes into its buffers (greedy and beam search only ever step the newest state).
+Batch size, capacity and source length are compiled as dynamic dimensions, so a run compiles a
+few graphs (batch 1 is specialised), not one per shape. Greedy and beam search run unchanged on it
+(it offers ``start``/``step``, and its state ``reorder``/``expand_beams``). A state is used once:
+on the CPU a step writes into its buffers (greedy and beam search only ever step the newest state).
 
 How it compiles (:func:`compile_options`):
 
+* GPU: ``mode="reduce-overhead"``, CUDA graphs: a step is one graph replay instead of a kernel
+  launch per operation. A replay may not change its inputs, so the step writes the new position
+  into copies of the buffers, and what a step keeps (logits, buffers) is cloned out of the graph's
+  memory before the next replay overwrites it.
 * CPU: inductor with ``freezing`` (the weights become constants) and ``max_autotune`` with its
-  C++ GEMM template, so that the small matrix products of one step run as generated kernels:
-  at batch 1 each ``nn.Linear`` costs 10-20 µs through PyTorch's library call, most of a step.
-  Needs a C++ compiler; the first batch of each shape compiles (tens of seconds). The weights are
-  read when it compiles: a model changed afterwards needs a new :class:`CompiledDecoder`.
-* GPU: inductor's default mode.
+  C++ GEMM template; the buffers are written in place. Needs a C++ compiler. It measured slower
+  than the eager step on a 2-core EPYC (``docs/results.md``, "Compiled decoding").
 
+The first batch of each shape compiles (seconds on a GPU, tens of seconds on a small CPU). The
+weights are read when it compiles: a model changed afterwards needs a new :class:`CompiledDecoder`.
 Outputs equal eager decoding's token for token on the tests and on test_2016_flickr
 (``benchmarks/decode_compile.py``); the logits agree to float32 rounding, not bit for bit, as the
 generated kernels add in another order. ``compile=False`` runs the same static-shape step eagerly
@@ -45,7 +49,9 @@ SOURCE_MULTIPLE = 16  # source positions are padded to a multiple of this
 
 
 def compile_options(device: torch.device) -> dict:
-    """The ``torch.compile`` arguments for a step on ``device`` (see the module's docstring)."""
+    """The ``torch.compile`` arguments for a step on ``device`` (see the module's docstring). The
+    shapes are dynamic: a search meets more batch sizes, capacities and source lengths than dynamo
+    would compile graphs for one by one (its recompile limit)."""
     if device.type == "cpu":
         return {"fullgraph": True, "dynamic": True, "options": {"freezing": True, "max_autotune": True,
                                                                 "max_autotune_gemm_backends": "CPP,ATEN"}}
