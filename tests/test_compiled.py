@@ -143,14 +143,25 @@ def test_translate_compile_flag_refusals(extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_serve_loads_translators_compiled_and_refuses_others():
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor needs a C++ compiler")
+def test_serve_answers_compiled_and_refuses_other_models():
+    """``qkv serve --compile``: a translation from the server's batching thread, compiled, equals the
+    eager translator's; a model of another kind stops it at start, named."""
     pytest.importorskip("fastapi")
-    from qkv.serve import Limits
+    httpx = pytest.importorskip("httpx")
+    from qkv.serve import BackgroundServer, Limits
+    from qkv.serve.app import create_app
     from qkv.serve.service import load_models
 
+    texts = ["a man runs on the street", "two dogs play in the water"]
+    eager = load_models([str(FIXTURES / "translate-transformer")], Limits())[0].frontend
+    assert eager.decoder is None
     served = load_models([str(FIXTURES / "translate-transformer")], Limits(), compile=True)
     assert isinstance(served[0].frontend.decoder, CompiledDecoder)
-    assert load_models([str(FIXTURES / "translate-transformer")], Limits())[0].frontend.decoder is None
+    with BackgroundServer(create_app(served, Limits())) as server, httpx.Client(base_url=server.url, timeout=300) as c:
+        answer = c.post("/translate", json={"texts": texts, "beam_size": 1})
+    assert answer.status_code == 200, answer.text
+    assert [r["hypotheses"][0]["text"] for r in answer.json()["results"]] == eager.translate(texts, beam_size=1)
     with pytest.raises(QkvError, match="classify-transformer: compiled decoding"):
         load_models([str(FIXTURES / "translate-transformer"), str(FIXTURES / "classify-transformer")], Limits(),
                     compile=True)
