@@ -88,7 +88,7 @@ class Translator(Frontend):
         self.check_beam(cfg.beam_size)
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
         banned = banned_ids(self.tokenizers.tgt)
-        model = self.decoder or self.model
+        model = self.model if self.decoder is None else self.decoder
         if not target_prefix:
             return decode_sentences(model, src_ids, cfg, banned)
         prefix = self.tokenizers.tgt.encode([target_prefix])[0]
