@@ -71,7 +71,7 @@ class CompiledDecoder(torch.nn.Module):
         device = next(model.parameters()).device
         self._step = torch.compile(model.static_step, **compile_options(device)) if compile else model.static_step
         self._in_place = device.type == "cpu"  # CUDA graphs (GPU) replay only steps that change no input
-        self._positions = torch.arange(4 * 1024, device=device)  # pos as a (1,) view of it: no tensor made per step
+        self._positions = torch.arange(capacity, device=device)  # pos as a (1,) view: no tensor made per step
 
     def max_steps(self, src_lengths: Tensor):
         return self.model.max_steps(src_lengths)
@@ -87,6 +87,8 @@ class CompiledDecoder(torch.nn.Module):
         p = state.position
         if p == state.self_bias.size(-1):
             state = _grow(state)
+            if self._positions.numel() < 2 * p:
+                self._positions = torch.arange(2 * p, device=self._positions.device)
         state.self_bias[..., p] = 0.0  # position p may now be attended to
         pos_enc = self.model.tgt_pos(1, p)[0]  # (1, d)
         if not self._in_place:  # CUDA graphs: the outputs of one replay are overwritten by the next

@@ -44,7 +44,7 @@ class TransformerState:
     position: int  # number of target positions decoded so far
     beam: int = 1  # decoder rows per source sentence
     memory_bias: torch.Tensor | None = None  # (N, 1, 1, S) memory_mask as 0 / -inf (None: made from it per step)
-    # Static shapes (start_static): self_kv are buffers of a fixed capacity C, written in place at each
+    # Static shapes (start_static): self_kv are buffers of a fixed capacity C, a position written at each
     # step, and this (1, 1, 1, C) bias is 0 at the positions written so far and -inf after them.
     self_bias: torch.Tensor | None = None
 
@@ -229,7 +229,7 @@ class Transformer(nn.Module):
 
     # --- incremental decoding with static shapes (qkv.decoding.compiled) ---------------------------
 
-    def start_static(self, src: torch.Tensor, capacity: int, source_multiple: int = 16) -> TransformerState:
+    def start_static(self, src: torch.Tensor, capacity: int, source_multiple: int) -> TransformerState:
         """:meth:`start` for :meth:`static_step`: the self-attention keys/values in zero buffers of
         ``capacity`` positions ``(B, h, C, d_k)`` with a ``self_bias`` that opens none yet, and the
         source side padded to a multiple of ``source_multiple`` positions (masked), so that a few
