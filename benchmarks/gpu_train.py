@@ -30,15 +30,12 @@ built from a ``MarianConfig`` of the same shapes, trained by a plain loop a Hugg
 (logits, ``F.cross_entropy(label_smoothing=0.1)`` summed over the non-pad targets and divided by their
 number, fused Adam, the same schedule), as ``hf-fp32``, ``hf-bf16`` and ``hf-bf16+compile``.
 
-**Ablations** (``--ablations``): each of qkv's GPU-side speed measures timed against its absence in
-the bf16 setting (eager, so that a change is not hidden by compilation), the measure put back or
-removed for the baseline by replacing a library name during the call (benchmark only):
+**Ablations** (``--ablations``): each of qkv's GPU-side choices timed against its absence, in the
+eager setting it belongs to, the choice undone for the baseline by replacing a library name during
+the call (benchmark only):
 
-* ``chunk``: the fused output projection + loss in CUDA-sized chunks (``qkv.losses.default_chunk``
-  on a GPU) vs the CPU's cache-sized chunks (453 rows at V 37,000);
-* ``prefetch``: the next update's batches collated on a worker thread while the GPU works
-  (``Trainer`` on CUDA) vs collated when the update starts;
-* ``fused-loss``: the fused projection + loss at all vs logits then loss (``--no-fused-loss``);
+* ``fused-loss``: on a GPU the logits are made and the loss taken from them (``qkv.tasks.base.
+  FUSED_LOSS_DEVICES`` is the CPU alone) vs the CPU's fused, chunked projection + loss, in bf16;
 * ``tf32``: in the float32 setting, TF32 matrix products (what ``qkv train`` sets on CUDA) vs full float32.
 
 **Figures** per setting: target and source tokens/s (real tokens, padding not counted), the median
@@ -56,7 +53,9 @@ counted in full, causal or not). The dense bf16 peak: NVIDIA's H100 SXM5 datashe
 "with sparsity", so 989.4 dense (the H200 has the same); for another GPU give ``--peak-tflops``. The
 run also times an 8192^3 bf16 matrix product and reports MFU against that measured rate.
 
-**Projection**: the median step time x 100,000, the paper's base run, against its 12 hours on 8 P100s.
+**Projection**: the median step time x 100,000, the paper's base run, against its 12 hours on 8 P100s;
+and the same scaled to the paper's 25,000 target tokens an update (linear in the tokens), since a
+budget of 25,000 padded tokens a side holds fewer real ones.
 
 **Decoding** (``--decode``): the base model (random weights: the speed of a step does not depend on
 what the weights learned) decodes 64 sources of the same length distribution at batch 64, greedy and
@@ -99,6 +98,7 @@ H100_DENSE_BF16_TFLOPS = 989.4  # NVIDIA H100 SXM5 datasheet: 1,979 TFLOP/s bf16
 SPECIAL_IDS = (0, 1, 2, 3)  # qkv's PAD, UNK, BOS, EOS: the random models' vocabulary has no others
 BANNED = (0, 1, 2)  # never emitted (EOS ends an output), as CTranslate2's export bans them
 PAPER_STEPS, PAPER_HOURS = 100_000, 12.0  # section 5.2: base model, 100,000 steps, 12 hours on 8 P100s
+PAPER_TARGET_TOKENS = 25_000  # section 5.1: about 25,000 source and 25,000 target tokens a batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,29 +288,16 @@ def time_hf(s: Shapes, split, groups, warmup: int, setting: dict, device: str) -
 # --- ablations (benchmark only: library names replaced during the baseline's calls) -------------------
 
 @contextlib.contextmanager
-def cpu_chunks():
-    """The fused loss in the CPU's cache-sized chunks on every device."""
-    import qkv.losses as losses
+def fused_on_gpu():
+    """The fused, chunked output projection + loss on every device (as on the CPU)."""
+    from qkv.tasks import base
 
-    saved = losses.default_chunk
-    losses.default_chunk = lambda vocab, d, device=None: saved(vocab, d, torch.device("cpu"))
+    saved = base.FUSED_LOSS_DEVICES
+    base.FUSED_LOSS_DEVICES = ("cpu", "cuda")
     try:
         yield
     finally:
-        losses.default_chunk = saved
-
-
-@contextlib.contextmanager
-def no_prefetch():
-    """Each update's batches collated when the update starts, on every device."""
-    from qkv.training import trainer
-
-    saved = trainer.PREFETCH_DEVICES
-    trainer.PREFETCH_DEVICES = ()
-    try:
-        yield
-    finally:
-        trainer.PREFETCH_DEVICES = saved
+        base.FUSED_LOSS_DEVICES = saved
 
 
 @contextlib.contextmanager
@@ -333,9 +320,7 @@ SETTINGS = {
     "hf-bf16+compile": {"kind": "hf", "amp": "bf16", "compile": True},
 }
 ABLATIONS = {  # name: (the setting without the measure, the setting with it)
-    "chunk": ({"kind": "qkv", "amp": "bf16", "compile": False, "patch": cpu_chunks}, "bf16"),
-    "prefetch": ({"kind": "qkv", "amp": "bf16", "compile": False, "patch": no_prefetch}, "bf16"),
-    "fused-loss": ({"kind": "qkv", "amp": "bf16", "compile": False, "fused_loss": False}, "bf16"),
+    "fused-loss": ({"kind": "qkv", "amp": "bf16", "compile": False, "patch": fused_on_gpu}, "bf16"),
     "tf32": ({"kind": "qkv", "amp": "none", "compile": False, "patch": no_tf32}, "fp32"),
 }
 
@@ -481,10 +466,13 @@ def _ct2_time(model, model_cfg, src, out_len, rounds, device):
 # --- the run ---------------------------------------------------------------------------------------------
 
 def summarise(name: str, r: dict, flops: float, src_tok: float, tgt_tok: float, peak: float | None,
-              measured: float | None) -> dict:
+              measured: float | None, steps: int) -> dict:
     med = statistics.median(r["step_s"])
     total = sum(r["step_s"])
+    per_update = tgt_tok / steps
     row = {"setting": name, "median_step_s": med, "target_tokens_per_s": tgt_tok / total,
+           # the paper's update holds about 25,000 target tokens: the same run at that size, linear in tokens
+           "projected_hours_100k_paper_updates": med * PAPER_STEPS / 3600 * PAPER_TARGET_TOKENS / per_update,
            "source_tokens_per_s": src_tok / total, "model_tflop_per_step": flops / 1e12,
            "achieved_tflops": flops / med / 1e12, "warmup_s": r["warmup_s"], "step_s": r["step_s"],
            "loss": r["loss"], "peak_memory_gib": r.get("peak_memory_gib"),
@@ -504,6 +492,8 @@ def main() -> int:
     ap.add_argument("--ablations", default=",".join(ABLATIONS), help="comma-separated, or '' (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=12, help="timed updates per setting (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed updates first (compiled settings: +3)")
+    ap.add_argument("--max-tokens", type=int, help="padded tokens per side of a batch (default: 25,000, the "
+                    "base preset's; about 35,000 gives the paper's 25,000 real target tokens an update)")
     ap.add_argument("--pairs", type=int, default=60_000, help="synthetic sentence pairs batched (default: %(default)s)")
     ap.add_argument("--lengths-from", type=Path, help="a `qkv preprocess` directory whose length table to draw from")
     ap.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak (default: known for H100/H200)")
@@ -521,6 +511,8 @@ def main() -> int:
         return args.budget - (time.perf_counter() - started)
 
     s = TINY if args.tiny else BASE
+    if args.max_tokens:
+        s = dataclasses.replace(s, max_tokens=args.max_tokens)
     if args.device.startswith("cuda"):
         torch.set_float32_matmul_precision("high")  # as qkv train sets on CUDA: TF32 for float32 products
     n_pairs = min(args.pairs, 3000) if args.tiny else args.pairs
@@ -587,7 +579,7 @@ def main() -> int:
             return {"setting": name, "skipped": f"{type(e).__name__}: {str(e)[:300]}"}
         if args.device.startswith("cuda"):
             r["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        row = summarise(name, r, step_flops, src_tok, tgt_tok, peak, measured)
+        row = summarise(name, r, step_flops, src_tok, tgt_tok, peak, measured, args.steps)
         print(f"{name}: {row['median_step_s'] * 1000:.1f} ms/update, {row['target_tokens_per_s']:,.0f} target tok/s, "
               f"MFU {100 * row.get('mfu', 0):.1f}%, peak {row['peak_memory_gib'] or 0:.1f} GiB, "
               f"warm-up {row['warmup_s']:.1f} s", flush=True)
@@ -625,8 +617,8 @@ def main() -> int:
 
 
 def print_table(report: dict) -> None:
-    print(f"\n| setting | ms/update | target tok/s | source tok/s | MFU | peak GiB | 100k updates |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| setting | ms/update | target tok/s | source tok/s | MFU | peak GiB | 100k updates | 100k of 25k tok |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in report["settings"]:
         if "median_step_s" not in r:
             print(f"| {r['setting']} | {r.get('skipped')} | | | | | |")
@@ -634,7 +626,8 @@ def print_table(report: dict) -> None:
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
         mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") else "-"
         print(f"| {r['setting']} | {1000 * r['median_step_s']:.1f} | {r['target_tokens_per_s']:,.0f} | "
-              f"{r['source_tokens_per_s']:,.0f} | {mfu} | {mem} | {r['projected_hours_100k_steps']:.2f} h |")
+              f"{r['source_tokens_per_s']:,.0f} | {mfu} | {mem} | {r['projected_hours_100k_steps']:.2f} h | "
+              f"{r['projected_hours_100k_paper_updates']:.2f} h |")
     for a in report["ablations"]:
         print(f"ablation {a['measure']}: {a.get('speedup', float('nan')):.3f}x")
     for d in report["decoding"]:

@@ -262,8 +262,9 @@ class TrainConfig:
         'torch.compile the model for the training forward (slow first steps, faster later ones)')
     fused_loss: bool = setting(
         True,
-        'compute the output projection and the label-smoothed loss together, chunk by chunk, without the full'
-        ' (tokens x vocabulary) logits (same values; faster; Transformers and recurrent seq2seq)')
+        'on the CPU, compute the output projection and the label-smoothed loss together, chunk by chunk, without'
+        ' the full (tokens x vocabulary) logits (same values; faster there; on a GPU the logits are made, which'
+        ' measured faster; Transformers and recurrent seq2seq)')
 
     def validate(self) -> "TrainConfig":
         _check_finite(self)

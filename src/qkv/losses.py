@@ -71,17 +71,11 @@ def loss_dtype(dtype: torch.dtype) -> torch.dtype:
 #: projection) and at most ``CHUNK_MAX_ELEMENTS`` (64 MB).
 CHUNK_ELEMENTS = 1 << 21
 CHUNK_MAX_ELEMENTS = 1 << 24
-#: On a GPU, cache residency does not pay for the launches of many small chunks: about 256M logit
-#: elements at once (1 GiB in float32; 7,255 rows at V 37,000: a 25,000-token batch in 4 chunks).
-CUDA_CHUNK_ELEMENTS = 1 << 28
 
 
-def default_chunk(vocab: int, d: int, device: torch.device | None = None) -> int:
-    """Rows per chunk of :func:`linear_label_smoothed_nll_loss` for a (vocab, d) projection on the CPU:
-    6,000 x 128 (the Multi30k recipe) -> 349 rows, 8,000 x 256 -> 262, 37,000 x 512 (base) -> 453;
-    on a CUDA device ``CUDA_CHUNK_ELEMENTS // vocab`` rows (37,000 -> 7,255)."""
-    if device is not None and device.type == "cuda":
-        return max(1, CUDA_CHUNK_ELEMENTS // vocab)
+def default_chunk(vocab: int, d: int) -> int:
+    """Rows per chunk of :func:`linear_label_smoothed_nll_loss` for a (vocab, d) projection:
+    6,000 x 128 (the Multi30k recipe) -> 349 rows, 8,000 x 256 -> 262, 37,000 x 512 (base) -> 453."""
     return max(1, CHUNK_ELEMENTS // vocab, min(CHUNK_MAX_ELEMENTS // vocab, d))
 
 
@@ -170,6 +164,6 @@ def linear_label_smoothed_nll_loss(
     keep = (target != ignore_index).reshape(-1).nonzero().squeeze(1)  # (N,) the positions that count
     h = hidden.reshape(-1, hidden.size(-1)).index_select(0, keep)  # (N, d)
     y = target.reshape(-1).index_select(0, keep)  # (N,)
-    chunk = chunk or default_chunk(weight.size(0), weight.size(1), weight.device)
+    chunk = chunk or default_chunk(weight.size(0), weight.size(1))
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _LinearLabelSmoothedNLL.apply(h, weight, y, float(epsilon), chunk, need_grad)

@@ -62,9 +62,13 @@ def fairseq_init(layers: nn.Module) -> None:
                 m.in_proj.bias.uniform_(-bound, bound)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TransformerStack:
-    """A model's token embedding, positional encoding, layers and final norm, run as one stack."""
+    """A model's token embedding, positional encoding, layers and final norm, run as one stack.
+
+    Compared and hashed by identity (``eq=False``): a hash of the fields made ``torch.compile`` of the
+    training forward fail under torch 2.11 (dynamo hashes the stack it builds while tracing, before the
+    fields exist: "'TransformerStack' object has no attribute 'embed'")."""
 
     embed: nn.Module  # ScaledEmbedding: tokens (B, T) -> (B, T, d), already scaled by √d_model
     pos: nn.Module  # positional encoding: (length, offset) -> (1, T, d)

@@ -48,7 +48,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -77,9 +76,6 @@ from qkv.training.schedule import learning_rate
 
 # the metrics.jsonl field of the training rate, by what the task's batches count (Task.unit)
 RATE_FIELDS = {"tok": "tokens_per_s", "ex": "examples_per_s"}
-# Devices on which the next update's batches are collated on a worker thread while the device computes
-# the current one (on the CPU the worker would take a core from the computation itself).
-PREFETCH_DEVICES = ("cuda",)
 
 
 @dataclass
@@ -127,11 +123,6 @@ def build_optimizer(params, train_cfg: TrainConfig, on_cuda: bool = False) -> to
         weight_decay=train_cfg.weight_decay,
         **({"fused": True} if on_cuda else {}),  # one kernel for all parameters
     )
-
-
-def _same_group(a: list, b: list) -> bool:
-    """Whether two updates' batch lists hold the same example indices in the same order."""
-    return [list(x) for x in a] == [list(y) for y in b]
 
 
 def _rank_seed(seed: int, rank: int) -> int:
@@ -204,9 +195,6 @@ class Trainer:
         self.saved_last = -1  # the step last/ holds (-1: none written by this process)
         self.stop_flag: _StopFlag | None = None  # set by Ctrl-C / SIGTERM while run() is active
         self.tensorboard = None  # a SummaryWriter (rank 0, with --tensorboard): the scalars of metrics.jsonl
-        self._order = None  # the current epoch's batch order (set by _groups): what the next update will take
-        self._prefetched: tuple[list, Future] | None = None  # (the group, its collated share) collated ahead
-        self._collator: ThreadPoolExecutor | None = None
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -397,7 +385,6 @@ class Trainer:
         size = c.update_freq * self.dist.world_size
         while True:
             order = self.train_split.batches(c.max_tokens, shuffle=True, seed=c.seed, epoch=self.epoch)
-            self._order = order
             while self.batch_in_epoch < len(order):
                 yield order[self.batch_in_epoch : self.batch_in_epoch + size]
             self.epoch += 1
@@ -421,7 +408,7 @@ class Trainer:
         """
         self.model.train()
         world = self.dist.world_size
-        batches = self._collated(group)
+        batches = [self.train_split.collate(ix) for ix in group[self.dist.rank :: world]]
         weights = [1.0] * len(batches)
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # counted on the CPU: no device sync
         if self.dist.distributed:
@@ -442,7 +429,6 @@ class Trainer:
             if weight:
                 loss_sum += loss.detach()
                 nll_sum += nll.detach()
-        self._prefetch_next(group)  # while the device works through the queued backward
         sums = distributed.all_reduce_sum(torch.stack([loss_sum, nll_sum])) if self.dist.distributed \
             else torch.stack([loss_sum, nll_sum])
         lr = self.lr(self.step + 1)
@@ -469,32 +455,6 @@ class Trainer:
             self.nonfinite += 1
         return {"loss": loss_total / n_tokens, "nll": nll_total / n_tokens, "lr": lr, "tokens": n_tokens,
                 "grad_norm": grad_norm, "skipped": not finite}
-
-    def _share(self, group: list[list[int]]) -> list:
-        """This rank's batches of an update, collated (on the CPU)."""
-        return [self.train_split.collate(ix) for ix in group[self.dist.rank :: self.dist.world_size]]
-
-    def _collated(self, group: list[list[int]]) -> list:
-        """This rank's batches of ``group``: collated ahead by :meth:`_prefetch_next` if that guessed this
-        group (the same index lists), else now."""
-        ahead, self._prefetched = self._prefetched, None
-        if ahead is not None and _same_group(ahead[0], group):
-            return ahead[1].result()
-        return self._share(group)
-
-    def _prefetch_next(self, group: list[list[int]]) -> None:
-        """On a GPU, start collating the update that follows ``group`` in the epoch's order (what
-        :meth:`_groups` yields next) on a worker thread, so the device does not wait for the CPU between
-        updates. Nothing is guessed across an epoch's end; a wrong guess is dropped by :meth:`_collated`."""
-        if self.device.type not in PREFETCH_DEVICES or self._order is None:
-            return
-        start = self.batch_in_epoch + len(group)  # where the next update starts (not yet advanced)
-        if start >= len(self._order):
-            return
-        nxt = self._order[start : start + self.train_cfg.update_freq * self.dist.world_size]
-        if self._collator is None:
-            self._collator = ThreadPoolExecutor(1, thread_name_prefix="qkv-collate")
-        self._prefetched = (nxt, self._collator.submit(self._share, nxt))
 
     def _grad_norm(self) -> float:
         """The global L2 norm of the gradients, clipped to ``clip_norm`` on the way when that is set."""
