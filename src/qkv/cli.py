@@ -497,9 +497,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     check_option_bounds(threads=args.threads)
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
+    decode = flags_for(args, DecodeConfig)
+    for flag, bound in (("beam_size", "max_beam"), ("nbest", "max_nbest")):  # each model's own: when loaded
+        if decode.get(flag, 0) > getattr(limits, bound):
+            raise QkvError(f"--{flag.replace('_', '-')} {decode[flag]} is more than --{bound.replace('_', '-')} "
+                           f"{getattr(limits, bound)}: every request without its own would be refused; lower the "
+                           f"one or raise the other")
     serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log,
           allowed_hosts=args.allowed_hosts, engine=args.engine, quantize="int8" if args.int8 else None,
-          decode=flags_for(args, DecodeConfig), compile=args.compile)
+          decode=decode, compile=args.compile)
     return 0
 
 
@@ -572,12 +578,30 @@ def parse(parser, argv: list[str]) -> argparse.Namespace:
 
 def report(command: str, message, status: int = 2) -> int:
     """``qkv COMMAND: error: MESSAGE`` on stderr; the exit status."""
-    print(f"qkv {command}: error: {message}", file=sys.stderr)
+    print(f"qkv {command}: error: {message}" if command else f"qkv: error: {message}", file=sys.stderr)
     return status
+
+
+def invalid_utf8(argv: list[str]) -> str | None:
+    """Why an argument is not valid UTF-8 (Python hands undecodable bytes on as lone surrogates), as a
+    file's invalid byte is refused: the argument's place, the byte and where it is; None if all are."""
+    for k, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raw = arg.encode("utf-8", "surrogateescape") if all(
+                0xDC80 <= ord(c) <= 0xDCFF for c in arg[e.start:e.end]) else None
+            shown = repr(raw)[1:] if raw is not None else ascii(arg)
+            byte = f"byte 0x{raw[len(arg[:e.start].encode('utf-8')):][0]:02x}" if raw is not None else "a lone surrogate"
+            return f"argument {k} ({shown}): invalid UTF-8 ({byte} at character {e.start + 1}): give arguments in UTF-8"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    bad = invalid_utf8(argv)
+    if bad:
+        return report(argv[0] if argv and not invalid_utf8(argv[:1]) else "", bad)
     parser = build_parser({name: globals()[f"cmd_{name}"] for name in COMMANDS})  # looked up now: patchable
     if not argv:  # as git: the commands, a line each, and exit status 1
         parser.print_help()
