@@ -264,7 +264,14 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
                 frontend.decode_cfg = dataclasses.replace(frontend.decode_cfg, **decode).validate()
             except QkvError as e:
                 raise QkvError(f"{path}: {e}") from None
-        served.append(Served(unique, frontend, limits, str(path)))
+        model = Served(unique, frontend, limits, str(path))
+        if "translate" in frontend.offers:  # the defaults a request without beam_size gets: refused now, not then
+            try:
+                model.decode_settings(None, 1)
+            except RequestError as e:
+                raise QkvError(f"{path}: its default decoding would refuse every request that names no beam_size: "
+                               f"{e} (give --beam-size, or --max-beam)") from None
+        served.append(model)
     return served
 
 
