@@ -222,3 +222,21 @@ def test_invalid_utf8_in_an_argument_is_refused_as_in_a_file(capsys, tmp_path):
     bad.write_bytes(b"seven \xff\n")
     rc = main(["translate", str(MT), "--input", str(bad)])
     assert rc == 2 and "invalid UTF-8" in capsys.readouterr().err
+
+
+def test_a_beam_wider_than_the_vocabulary_is_refused_before_training(capsys, tmp_path):
+    """The target vocabulary is known once the tokenizer is trained (here 3 + the characters of the
+    data): a --beam-size wider than it is refused then, before the first update, not after training
+    (when validation or the held-out test would decode); no checkpoint is written."""
+    words = ["red", "blue", "cat", "dog"]
+    src = [" ".join(words[(i + j) % 4] for j in range(1 + i % 3)) for i in range(40)]
+    for name, lines in (("train.src", src), ("train.tgt", [s.upper() for s in src])):
+        (tmp_path / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    argv = ["train", "--src-train", str(tmp_path / "train.src"), "--tgt-train", str(tmp_path / "train.tgt"),
+            "--preset", "tiny", "--tokenizer", "char", "--vocab-size", "60", "--max-steps", "2", "--eval-every", "2",
+            "--eval-bleu-samples", "0", "--threads", "1", "--out", str(tmp_path / "run")]
+    rc = main([*argv, "--beam-size", "200"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'beam_size': 200 is larger than the target vocabulary" in err and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("qkv train: error:")
+    assert not (tmp_path / "run" / "last").exists()
