@@ -36,8 +36,8 @@ from qkv.config import SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
 from qkv.data.corpus import count_lines, input_chunks, read_inputs
-from qkv.files import (check_not_input, check_output_dir, check_output_file, os_error_message, output_stream,
-                       sigterm_interrupts, write_lines)
+from qkv.files import check_not_input, check_output_dir, check_output_file, os_error_message, output_stream, write_lines
+from qkv.startup import interrupted, interrupts, report_interrupted
 
 # --- configs: preset < --config < flags -------------------------------------------------------------
 
@@ -610,18 +610,20 @@ def main(argv: list[str] | None = None) -> int:
         args = parse(parser, argv)
     except QkvError as e:  # a value checked as it is read (--preset): one line, not the command's usage
         return report(argv[0], e, e.exit_code)
+    status = None
     try:
-        with sigterm_interrupts():  # kill, timeout: as Ctrl-C, at any stage (temporary files removed, status 130)
-            return args.func(args)
+        with interrupts():  # Ctrl-C, kill, timeout: at any stage, status 130 (qkv.startup)
+            status = args.func(args)
     except QkvError as e:
-        return report(args.command, e, e.exit_code)
+        status = None if interrupted() else report(args.command, e, e.exit_code)
     except KeyboardInterrupt:
-        print(f"qkv {args.command}: interrupted", file=sys.stderr)
-        return 130
+        pass
     except BrokenPipeError:  # e.g. `qkv translate ... | head`
-        return 0
+        status = 0
     except OSError as e:  # the last resort: a file the command did not expect to fail (disk full, ...)
-        return report(args.command, os_error_message(e))
+        status = None if interrupted() else report(args.command, os_error_message(e))
+    # interrupted: also where a library swallowed the KeyboardInterrupt or turned it into an error of its own
+    return report_interrupted([args.command]) if status is None or interrupted() else status
 
 
 if __name__ == "__main__":

@@ -124,7 +124,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if action.default is None or action.default is argparse.SUPPRESS or "(default" in text:
             return text
-        return super()._get_help_string(action)
+        said, allowed, bound = text.partition(" (allowed: ")  # the default before the bound
+        return super()._get_help_string(action) if not allowed else f"{said} (default: %(default)s){allowed}{bound}"
 
 
 class CommandListFormatter(argparse.HelpFormatter):
