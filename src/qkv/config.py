@@ -213,7 +213,7 @@ class TrainConfig:
         "learning-rate schedule: noam (the paper's warmup + inverse sqrt, see --lr-scale) | constant (--lr) |"
         ' inverse_sqrt (linear warmup to --lr, then lr·sqrt(warmup/step))')
     lr: float = setting(0.0, 'rate of the constant and inverse_sqrt schedules (0: 1e-3); noam ignores it',
-        bound=real(0, 10))
+        bound=real(0, 1000))  # 1000 diverges at once: what the divergence guard answers
     lr_scale: float = setting(1.0, 'factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)',
         bound=real(0, 100))
     warmup_steps: int = setting(4000, 'linear warmup steps of the schedule', bound=whole(1, MAX_STEPS))
@@ -259,7 +259,8 @@ class TrainConfig:
         "run's encoder; its tokenizer and architecture are used)")
     keep_last: int = setting(
         0,
-        'also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)', bound=whole(0, 10**4))
+        'also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)',
+        bound=whole(0, 10**6))
     seed: int = setting(1, 'random seed', bound=whole(0, MAX_SEED))
     threads: int = setting(0, "torch CPU threads (0: torch's default; at most 1024)", bound=whole(0, MAX_THREADS))
     # hardware (any of these may change on --resume; checkpoints are device-independent)
