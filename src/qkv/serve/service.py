@@ -265,12 +265,15 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
             except QkvError as e:
                 raise QkvError(f"{path}: {e}") from None
         model = Served(unique, frontend, limits, str(path))
-        if "translate" in frontend.offers:  # the defaults a request without beam_size gets: refused now, not then
+        if "translate" in frontend.offers:  # the beam a request without beam_size gets: refused now, not then
+            beam = frontend.decode_cfg.beam_size
             try:
-                model.decode_settings(None, 1)
-            except RequestError as e:
-                raise QkvError(f"{path}: its default decoding would refuse every request that names no beam_size: "
-                               f"{e} (give --beam-size, or --max-beam)") from None
+                if beam > limits.max_beam:
+                    raise QkvError(f"its beam size {beam} is more than --max-beam {limits.max_beam}")
+                frontend.check_beam(beam)
+            except QkvError as e:
+                raise QkvError(f"{path}: every request that names no beam_size would be refused: {e} (give "
+                               f"--beam-size, or --max-beam)") from None
         served.append(model)
     return served
 
