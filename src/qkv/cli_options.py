@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import NoReturn
 
-from qkv.bounds import MAX_BEAM, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_VOCAB, MAX_WIDTH, Bound, real, whole
-from qkv.config import MAX_OUTPUT_LEN, DecodeConfig, ModelConfig, PRESETS, TrainConfig
+from qkv.bounds import MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_VOCAB, MAX_WIDTH, Bound, real, whole
+from qkv.config import DecodeConfig, ModelConfig, PRESETS, TrainConfig
 from qkv.errors import ConfigError
 
 
