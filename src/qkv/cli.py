@@ -555,6 +555,8 @@ def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
         distances = [int(s) for s in args.distances.split(",")]
     except ValueError:
         raise QkvError(f"--distances: give comma-separated whole numbers, got {args.distances!r}") from None
+    if max(distances) > 16384:  # a sequence that long per training example could only be a mistake
+        raise QkvError(f"--distances: each distance must be at most 16384, got {max(distances)}")
     return bench(args.out, distances, args.models.split(","), args.steps, args.hidden, args.symbols, args.batch,
                  args.lr, args.seed, args.quick, log=log)
 
