@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -82,6 +83,73 @@ def test_a_checkpoint_from_before_new_config_fields_averages_with_newer_ones(run
             manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (older / "manifest.json").write_text(json.dumps(manifest))
     assert len(average_checkpoints([older, new], tmp_path / "avg")) == 2
+
+
+def with_nan(source, dest, name: str = "decoder_layers.0.ffn.w_1.weight"):
+    """A copy of the checkpoint ``source`` whose tensor ``name`` holds a NaN (written as any checkpoint is)."""
+    from qkv.checkpoint import save_checkpoint
+    from qkv.data.tokenizer import TokenizerPair
+    from qkv.models import build_model
+    from qkv.checkpoint import load_into, read_config
+
+    ckpt = read_checkpoint(source)
+    model = build_model(read_config(ckpt, "model"))
+    load_into(model, ckpt)
+    with torch.no_grad():
+        dict(model.named_parameters())[name][0, 0] = float("nan")
+    save_checkpoint(dest, model, ckpt.config, write_extra=TokenizerPair.load(source, ckpt.files).save)
+    return dest
+
+
+def test_nan_weights_are_refused_by_average_and_by_loading_naming_the_tensor(run, tmp_path, capsys):
+    """NaN weights (a file damaged or made elsewhere: training never saves them) would average into NaN
+    weights and give nonsense or an IndexError when decoded: refused where they are read, by tensor."""
+    from qkv.cli import main
+
+    name = "decoder_layers.0.ffn.w_1.weight"
+    assert name in read_checkpoint(list_checkpoints(run)[-1]).state_dict
+    bad = with_nan(list_checkpoints(run)[-1], tmp_path / "nan", name)
+    for argv in (["average", str(bad), str(list_checkpoints(run)[-2]), "--out", str(tmp_path / "avg")],
+                 ["translate", str(bad), "five"], ["export", str(bad), "--format", "hf", "--out", str(tmp_path / "e")]):
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "Traceback" not in err and out == "", err
+        assert f"{bad}: model.safetensors: the tensor {name} holds 1 non-finite value(s) (NaN)" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nan"]
+    with pytest.raises(CheckpointError, match=name):
+        qkv.load(bad)
+
+
+def test_the_temporaries_of_killed_averages_are_removed_by_the_next_one(run, tmp_path):
+    """kill -9 of ``qkv average`` (through the fault points: its output written whole, not renamed; or
+    between the two renames that replace a previous average) leaves a temporary named by the pid; the
+    next average to that place removes those of dead processes, or finishes the interrupted swap."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "avg"
+    argv = [sys.executable, "-m", "qkv", "average", str(run), "--last", "2", "--out", str(out)]
+
+    def killed(point: str) -> list[str]:
+        env = {**os.environ, "QKV_FAULT": f"{point}:avg@1", "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == -9, proc.stderr
+        return sorted(p.name for p in tmp_path.iterdir() if p.name != "avg")
+
+    first = killed("written")
+    assert len(first) == 1 and re.fullmatch(r"\.avg\.tmp-\d+-\w+", first[0]) and not out.exists(), first
+    second = killed("written")
+    assert len(second) == 1 and second != first, (first, second)  # the first one's removed by the second
+    assert subprocess.run(argv, capture_output=True, text=True, timeout=600).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg"]
+    expected = read_checkpoint(out).state_dict
+    left = killed("swap")  # the previous average moved aside, the new one not yet in its place
+    assert not out.exists() and len(left) == 2, left
+    assert subprocess.run(argv, capture_output=True, text=True, timeout=600).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg"]
+    got = read_checkpoint(out).state_dict
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
 
 
 def test_cli_average(run, tmp_path, capsys):

@@ -574,6 +574,56 @@ def test_an_empty_out_directory_is_used(tmp_path, capsys):
     assert (tmp_path / "o" / "model.bin").is_file() and (tmp_path / "o" / "README.md").is_file()
 
 
+def killed_exports(fmt: str, out: Path, times: int) -> list[str]:
+    """Run ``qkv export`` ``times`` times as processes killed outright (SIGKILL, through the fault point
+    ``export:NAME``: everything written, nothing renamed); the temporaries they leave beside ``out``."""
+    env = {**os.environ, "QKV_FAULT": f"export:{out.name}@1", "OMP_NUM_THREADS": "1"}
+    for _ in range(times):
+        proc = subprocess.run([sys.executable, "-m", "qkv", "export", str(FIXTURES / "translate-transformer"),
+                               "--format", fmt, "--out", str(out)], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == -9, proc.stderr
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.tmp-"))
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_the_temporaries_of_killed_exports_are_removed_by_the_next_export(tmp_path, capsys, fmt):
+    """kill -9 leaves an export's temporary directory (nothing can remove it then); it is named by the
+    process's pid, and the next export to the same place removes those whose process is gone, as
+    translate and preprocess do. A live process's temporary is left alone."""
+    if not (HAS_CT2 if fmt == "ctranslate2" else HAS_HF):
+        pytest.skip(f"{fmt} is not installed: {INSTALL}")
+    out = tmp_path / "exported"
+    seen = []
+    for _ in range(2 if fmt == "ctranslate2" else 1):  # each killed export removes the one killed before it
+        left = killed_exports(fmt, out, 1)
+        assert len(left) == 1 and left[0] not in seen and not out.exists(), (left, seen)
+        seen += left
+    live = tmp_path / f".exported.tmp-{os.getpid()}-abcdefgh"  # this test's own process: alive
+    live.mkdir()
+    rc, err = export(capsys, FIXTURES / "translate-transformer", fmt, out)
+    assert rc == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "exported"]
+
+
+@needs_hf
+def test_an_hf_export_makes_no_temporary_outside_its_own_directory(tmp_path, capsys, monkeypatch):
+    """Every temporary file or directory an export makes lies beside its --out, where the next export
+    finds it: none in the system temp folder, where a killed export would leave it for good."""
+    import tempfile
+
+    made = []
+    for name in ("mkdtemp", "mkstemp"):
+        real = getattr(tempfile, name)
+        monkeypatch.setattr(tempfile, name, lambda *a, _real=real, **k: made.append(_real(*a, **k)) or made[-1])
+    out = tmp_path / "hf"
+    rc, err = export(capsys, FIXTURES / "translate-transformer", "hf", out)
+    assert rc == 0, err
+    paths = [Path(m if isinstance(m, str) else m[1]) for m in made]
+    assert paths and all(p.parent == tmp_path for p in paths), paths
+    assert not (out / ".tokenizer-inputs").exists()
+
+
 def test_the_core_does_not_import_the_export_packages():
     code = ("import sys, qkv, qkv.cli, qkv.export; "
             "print(sorted(m for m in ('ctranslate2', 'transformers') if m in sys.modules))")

@@ -9,7 +9,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "qkv"
 # part -> layer; a part may import from its own layer and the layers below (lower numbers)
 LAYERS = {
     "__version__": 0,  # ``from qkv import __version__``: a string the package defines, nothing imported
-    "errors": 0, "config": 0, "files": 0, "masks": 0, "metrics": 0,
+    "errors": 0, "config": 0, "files": 0, "masks": 0, "metrics": 0, "bounds": 0, "startup": 0,
     "nn": 1, "data": 1, "losses": 1, "checkpoint": 1, "bptt": 1,
     "models": 2,
     "decoding": 3,

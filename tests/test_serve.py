@@ -526,6 +526,65 @@ def test_a_real_server_refuses_a_10_mb_body_and_stays_up():
         assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
 
 
+def answer_of(sock: socket.socket) -> tuple[bytes, dict]:
+    """The status line and the JSON body of the answer on ``sock``, read until the server closes it
+    (a server that keeps it open fails the test when the socket's own timeout runs out)."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], json.loads(body)
+
+
+def test_a_declared_oversize_body_is_refused_before_it_arrives_and_a_stalled_body_times_out():
+    """A Content-Length over --max-body-bytes is answered 413 at once, with nothing of the body sent;
+    a body that stops halfway is answered 408 when --body-timeout (1 s here) runs out, and the connection
+    closes; other clients are answered all the while."""
+    limits = Limits(body_timeout=1.0)
+    served = load_models([str(FIXTURES / "translate-transformer")], limits)
+    head = "POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n"
+    with BackgroundServer(create_app(served, limits)) as server:
+        address = server.sock.getsockname()[:2]
+        with socket.create_connection(address, timeout=8) as declared:
+            declared.sendall(head.format(10**9).encode())
+            start = time.monotonic()
+            status, body = answer_of(declared)
+            assert time.monotonic() - start < 3
+        assert status == b"HTTP/1.1 413 Request Entity Too Large" and "1,000,000,000 bytes" in body["error"], body
+        with socket.create_connection(address, timeout=20) as stalled, ThreadPoolExecutor(1) as pool:
+            stalled.sendall(head.format(100).encode() + b'{"texts": ["red')
+            start = time.monotonic()
+            answer = pool.submit(lambda: (answer_of(stalled), time.monotonic() - start))
+            with httpx.Client(base_url=server.url, timeout=30) as c:
+                assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
+            (status, body), after = answer.result()
+            assert 0.9 <= after < 15  # never: the socket's own timeout, 20 s
+        assert status == b"HTTP/1.1 408 Request Timeout" and "did not arrive within 1 s" in body["error"], body
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
+
+
+def test_server_defaults_are_checked_before_it_serves(capsys, monkeypatch):
+    """A decoding default that every request would trip over (a beam over --max-beam or over the
+    vocabulary, a length penalty that overflows) is refused at start, in one line, before a socket is
+    bound or a model loaded where the flags alone tell."""
+    import qkv.serve.server as server
+
+    monkeypatch.setattr(server, "bind", lambda *a: pytest.fail("the server started"))
+    model = str(FIXTURES / "translate-transformer")
+    for argv, needle in ((["--beam-size", "1000000"], "--beam-size must be a whole number from 1 to 4096"),
+                         (["--beam-size", "100"], "--beam-size 100 is more than --max-beam 16"),
+                         (["--nbest", "10", "--beam-size", "10"], "--nbest 10 is more than --max-nbest 8"),
+                         (["--beam-size", "1000", "--max-beam", "1000"], "1000 is larger than the model's target vocabulary"),
+                         (["--length-penalty", "1000"], "--length-penalty must be a number from 0 to 10")):
+        assert main(["serve", model, "--port", "0", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and needle in err, (argv, err)
+
+
 def closed_after(sock: socket.socket, since: float) -> float:
     """Seconds from ``since`` until the server closes ``sock`` (what it sends before is read and dropped);
     a server that keeps it open fails the test when the socket's own timeout runs out."""
@@ -591,7 +650,7 @@ def test_slow_clients_are_disconnected_while_others_are_answered():
 def test_timeouts_are_flags(capsys):
     model = str(FIXTURES / "translate-transformer")
     assert main(["serve", model, "--header-timeout", "0"]) == 2
-    assert "--header-timeout must be a number in [0.1, 3600]" in capsys.readouterr().err
+    assert "--header-timeout must be a number from 0.1 to 3600, got 0" in capsys.readouterr().err
     assert main(["serve", model, "--keep-alive-timeout", "nan"]) == 2
     assert "--keep-alive-timeout" in capsys.readouterr().err
 

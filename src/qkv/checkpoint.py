@@ -95,7 +95,8 @@ def save_checkpoint(
     if trainer_state is not None:
         _check_loadable(trainer_state, "trainer_state")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    remove_stale_saves(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     try:
         _chmod_default(tmp, directory=True)  # mkdtemp's 0700 would make the checkpoint private
         if write_extra is not None:
@@ -116,6 +117,7 @@ def save_checkpoint(
             _chmod_default(p)
             _fsync(p)
         fsync_dir(tmp)
+        fault_point(f"written:{path.name}")
         _swap_into_place(tmp, path)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -123,6 +125,27 @@ def save_checkpoint(
             raise CheckpointError(_write_failure(path, e)) from e
         raise
     return path
+
+
+def remove_stale_saves(path: Path) -> None:
+    """What saves of ``path`` by processes that are gone (killed outright: ``kill -9``, a power cut) left
+    beside it: their temporaries ``.NAME.tmp-PID-XXXXXXXX`` are removed; where one was killed between
+    the two renames of :func:`_swap_into_place` (no ``path``, the previous copy moved aside), the swap is
+    finished if the new copy is whole, else the previous copy is put back. A live process's are left alone."""
+    from qkv.files import pid_alive, remove_stale_temps
+
+    pattern = re.escape(f".{path.name}.tmp-") + r"(?P<pid>\d+)-\w+(?P<old>\.old)?"
+    try:
+        entries = sorted(path.parent.iterdir())
+    except OSError:
+        return
+    for old in entries:
+        m = re.fullmatch(pattern, old.name)
+        if m and m["old"] and not path.exists() and not pid_alive(int(m["pid"])):
+            new = old.with_name(old.name[:-len(".old")])
+            os.replace(new if new.is_dir() and is_complete(new) else old, path)
+            fsync_dir(path.parent)
+    remove_stale_temps(path.parent, pattern)
 
 
 def _write_failure(path: Path, e: BaseException) -> str:
@@ -259,8 +282,10 @@ _fault_hits: dict[str, int] = {}
 
 
 def fault_point(name: str) -> None:
-    """A place where a crash is tested (``swap:last``: between the two renames of a save of ``last/``;
-    the trainer's ``saved:start`` (last/ at step 0), ``saved:best``, ``saved:step``, ``saved:last``). Does nothing unless ``QKV_FAULT``
+    """A place where a crash is tested (``written:NAME``: a save of NAME written whole in its temporary,
+    not yet renamed; ``swap:last``: between the two renames of a save of ``last/``; the trainer's
+    ``saved:start`` (last/ at step 0), ``saved:best``, ``saved:step``, ``saved:last``; ``export:NAME``: an
+    export to NAME written whole in its temporary). Does nothing unless ``QKV_FAULT``
     names it: the tests kill a training process exactly there and check that it resumes exactly."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
@@ -404,7 +429,20 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         if name not in state_dict:
             raise CheckpointError(f"corrupt checkpoint {path}: {MODEL} ties {alias} to a missing tensor {name}")
         state_dict[alias] = state_dict[name]
+    check_finite(state_dict, f"{path}: {MODEL}")
     return state_dict
+
+
+def check_finite(state_dict: dict[str, torch.Tensor], where: str) -> None:
+    """Refuse weights that are not all finite, naming the first such tensor: NaN or inf weights make
+    every output NaN, which decoding turns into nonsense or an error far from its cause (training
+    never saves them; a file edited, damaged or made elsewhere may hold them)."""
+    for name, t in state_dict.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            kinds = " and ".join(k for k, m in (("NaN", torch.isnan(t)), ("inf", torch.isinf(t))) if bool(m.any()))
+            raise CheckpointError(f"{where}: the tensor {name} holds {bad} non-finite value(s) ({kinds}) of "
+                                  f"{t.numel()}: these weights cannot be used")
 
 
 def load_into(model: torch.nn.Module, checkpoint_or_path: Checkpoint | str | os.PathLike) -> Checkpoint:

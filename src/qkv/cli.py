@@ -36,8 +36,8 @@ from qkv.config import SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
 from qkv.data.corpus import count_lines, input_chunks, read_inputs
-from qkv.files import (check_not_input, check_output_dir, check_output_file, os_error_message, output_stream,
-                       sigterm_interrupts, write_lines)
+from qkv.files import check_not_input, check_output_dir, check_output_file, os_error_message, output_stream, write_lines
+from qkv.startup import interrupted, interrupts, report_interrupted
 
 # --- configs: preset < --config < flags -------------------------------------------------------------
 
@@ -497,9 +497,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     check_option_bounds(threads=args.threads)
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)}).validate()
+    decode = flags_for(args, DecodeConfig)
+    for flag, bound in (("beam_size", "max_beam"), ("nbest", "max_nbest")):  # each model's own: when loaded
+        if decode.get(flag, 0) > getattr(limits, bound):
+            raise QkvError(f"--{flag.replace('_', '-')} {decode[flag]} is more than --{bound.replace('_', '-')} "
+                           f"{getattr(limits, bound)}: every request without its own would be refused; lower the "
+                           f"one or raise the other")
     serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log,
           allowed_hosts=args.allowed_hosts, engine=args.engine, quantize="int8" if args.int8 else None,
-          decode=flags_for(args, DecodeConfig), compile=args.compile)
+          decode=decode, compile=args.compile)
     return 0
 
 
@@ -549,6 +555,8 @@ def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
         distances = [int(s) for s in args.distances.split(",")]
     except ValueError:
         raise QkvError(f"--distances: give comma-separated whole numbers, got {args.distances!r}") from None
+    if max(distances) > 16384:  # a sequence that long per training example could only be a mistake
+        raise QkvError(f"--distances: each distance must be at most 16384, got {max(distances)}")
     return bench(args.out, distances, args.models.split(","), args.steps, args.hidden, args.symbols, args.batch,
                  args.lr, args.seed, args.quick, log=log)
 
@@ -572,12 +580,30 @@ def parse(parser, argv: list[str]) -> argparse.Namespace:
 
 def report(command: str, message, status: int = 2) -> int:
     """``qkv COMMAND: error: MESSAGE`` on stderr; the exit status."""
-    print(f"qkv {command}: error: {message}", file=sys.stderr)
+    print(f"qkv {command}: error: {message}" if command else f"qkv: error: {message}", file=sys.stderr)
     return status
+
+
+def invalid_utf8(argv: list[str]) -> str | None:
+    """Why an argument is not valid UTF-8 (Python hands undecodable bytes on as lone surrogates), as a
+    file's invalid byte is refused: the argument's place, the byte and where it is; None if all are."""
+    for k, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raw = arg.encode("utf-8", "surrogateescape") if all(
+                0xDC80 <= ord(c) <= 0xDCFF for c in arg[e.start:e.end]) else None
+            shown = repr(raw)[1:] if raw is not None else ascii(arg)
+            byte = f"byte 0x{raw[len(arg[:e.start].encode('utf-8')):][0]:02x}" if raw is not None else "a lone surrogate"
+            return f"argument {k} ({shown}): invalid UTF-8 ({byte} at character {e.start + 1}): give arguments in UTF-8"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    bad = invalid_utf8(argv)
+    if bad:
+        return report(argv[0] if argv and not invalid_utf8(argv[:1]) else "", bad)
     parser = build_parser({name: globals()[f"cmd_{name}"] for name in COMMANDS})  # looked up now: patchable
     if not argv:  # as git: the commands, a line each, and exit status 1
         parser.print_help()
@@ -586,18 +612,20 @@ def main(argv: list[str] | None = None) -> int:
         args = parse(parser, argv)
     except QkvError as e:  # a value checked as it is read (--preset): one line, not the command's usage
         return report(argv[0], e, e.exit_code)
+    status = None
     try:
-        with sigterm_interrupts():  # kill, timeout: as Ctrl-C, at any stage (temporary files removed, status 130)
-            return args.func(args)
+        with interrupts():  # Ctrl-C, kill, timeout: at any stage, status 130 (qkv.startup)
+            status = args.func(args)
     except QkvError as e:
-        return report(args.command, e, e.exit_code)
+        status = None if interrupted() else report(args.command, e, e.exit_code)
     except KeyboardInterrupt:
-        print(f"qkv {args.command}: interrupted", file=sys.stderr)
-        return 130
+        pass
     except BrokenPipeError:  # e.g. `qkv translate ... | head`
-        return 0
+        status = 0
     except OSError as e:  # the last resort: a file the command did not expect to fail (disk full, ...)
-        return report(args.command, os_error_message(e))
+        status = None if interrupted() else report(args.command, os_error_message(e))
+    # interrupted: also where a library swallowed the KeyboardInterrupt or turned it into an error of its own
+    return report_interrupted([args.command]) if status is None or interrupted() else status
 
 
 if __name__ == "__main__":

@@ -10,11 +10,56 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 from collections.abc import Callable, Iterable
 from typing import NoReturn
 
+from qkv.bounds import MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_VOCAB, MAX_WIDTH, Bound, real, whole
 from qkv.config import DecodeConfig, ModelConfig, PRESETS, TrainConfig
 from qkv.errors import ConfigError
+
+
+class Number:
+    """An argparse ``type``: a number within its :class:`~qkv.bounds.Bound`. A value that is no number
+    or is out of bounds is refused as it is read, before any work, in one line naming the flag
+    (a ConfigError, which the CLI reports with exit status 2, not argparse's usage). :func:`build_parser`
+    gives each its flag's name and says the bound in the flag's help."""
+
+    def __init__(self, bound: Bound, flag: str = "the value"):
+        self.bound, self.flag = bound, flag
+
+    def __call__(self, text: str):
+        return self.bound.parse(text, self.flag)
+
+    def __repr__(self) -> str:  # argparse names a type in some messages
+        return self.bound.kind.__name__
+
+
+def count(low: int, high: int, zero: bool = False) -> Number:
+    """A whole number from ``low`` to ``high`` (``zero``: or 0)."""
+    return Number(whole(low, high, zero))
+
+
+def amount(low: float, high: float, zero: bool = False) -> Number:
+    """A real number from ``low`` to ``high`` (``zero``: or 0)."""
+    return Number(real(low, high, zero))
+
+
+def name_bounded_options(parser: argparse.ArgumentParser) -> None:
+    """Give every bounded option of ``parser`` and its subcommands its flag's name, and say its bound in
+    its help. A numeric option without a bound is an error here: every number is bounded."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                name_bounded_options(sub)
+            continue
+        if action.type in (int, float):
+            raise TypeError(f"{parser.prog} {action.option_strings or action.dest}: a number without a bound "
+                            "(use count() or amount())")
+        if isinstance(action.type, Number):
+            action.type.flag = max(action.option_strings, key=len) if action.option_strings else action.dest
+            if action.help and "(allowed:" not in action.help:
+                action.help += f" (allowed: {action.type.bound.text()})"
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
@@ -30,6 +75,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> 
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=helptext)
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            if kind is not str:  # every number has its bound (qkv.config.setting)
+                kind = Number(f.metadata["bound"])
             group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=f.name.upper(), help=helptext)
 
 
@@ -77,7 +124,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if action.default is None or action.default is argparse.SUPPRESS or "(default" in text:
             return text
-        return super()._get_help_string(action)
+        said, allowed, bound = text.partition(" (allowed: ")  # the default before the bound
+        return super()._get_help_string(action) if not allowed else f"{said} (default: %(default)s){allowed}{bound}"
 
 
 class CommandListFormatter(argparse.HelpFormatter):
@@ -103,9 +151,14 @@ class Parser(argparse.ArgumentParser):
     ``--max-steps``), and a mistyped command, choice or flag is answered with the nearest one. Every
     command's parser is one (argparse gives subparsers their parent's class)."""
 
+    # what argparse takes for a negative number (a value) rather than a flag: also -1e300, -inf, -nan,
+    # so that such a value reaches its option's bound and is refused by it (no option looks like one)
+    NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self._negative_number_matcher = self.NEGATIVE_NUMBER
 
     def _check_value(self, action: argparse.Action, value) -> None:  # argparse checks each choice here
         if action.choices is not None and value not in action.choices:
@@ -168,6 +221,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> Pa
                 add_search_parser, add_average_parser, add_info_parser, add_viz_parser, add_bench_parser,
                 add_export_parser, add_serve_parser, add_lab_parser):
         add(sub, handlers)
+    name_bounded_options(p)
     return p
 
 
@@ -193,7 +247,7 @@ def add_train_parser(sub, handlers: dict) -> None:
                                    "({\"text\": ..., \"label\": ...} a line) or TSV with a header; mlm/lm: plain "
                                    "text, one text a line (or JSONL/TSV); plain or gzip")
     t.add_argument("--valid", help="one-sided tasks: validation file, same format as --train")
-    t.add_argument("--valid-fraction", type=float, default=0.0, metavar="F",
+    t.add_argument("--valid-fraction", type=amount(0, 1), default=0.0, metavar="F",
                    help="lm: no --valid file; hold out the last F of the --train text (e.g. 0.1)")
     t.add_argument("--strip-gutenberg", action="store_true",
                    help="lm: keep only the book between the '*** START' and '*** END' lines of a Project "
@@ -234,7 +288,7 @@ def add_translate_parser(sub, handlers: dict) -> None:
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
     tr.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     tr.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    tr.add_argument("--threads", type=int, default=0,
+    tr.add_argument("--threads", type=count(0, MAX_THREADS), default=0,
                     help="CPU threads: torch's (qkv) or CTranslate2's intra_threads (ctranslate2) (default: 0, the "
                          "engine's default)")
     tr.add_argument("--target-prefix", metavar="TEXT",
@@ -286,7 +340,7 @@ def add_evaluate_parser(sub, handlers: dict) -> None:
                                   "model: plain text, scored as perplexity and bits per character")
     ev.add_argument("--strip-gutenberg", action="store_true",
                     help="language model: score only the book between the '*** START' and '*** END' lines")
-    ev.add_argument("--last-fraction", type=float, default=0.0,
+    ev.add_argument("--last-fraction", type=amount(0, 1), default=0.0,
                     help="language model: score only the last F of the text (what --valid-fraction F held out)")
     ev.add_argument("--text-field", default="text", help="classifier: JSONL key / TSV column of the text")
     ev.add_argument("--label-field", default="label", help="classifier: JSONL key / TSV column of the label")
@@ -314,11 +368,11 @@ def add_generate_parser(sub, handlers: dict) -> None:
                               "--temperature 0.8 --top-p 0.95 --seed 1")
     g.add_argument("model", help="checkpoint directory of a --task lm run, e.g. runs/tm/best")
     g.add_argument("--prefix", default="", help="the text to continue (may be empty)")
-    g.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
-    g.add_argument("--temperature", type=float, default=1.0, help="divide the logits by T (> 0)")
-    g.add_argument("--top-k", type=int, default=0, help="sample among the k most probable tokens (0: all)")
-    g.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (1: all)")
-    g.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh draw each run)")
+    g.add_argument("--max-new-tokens", type=count(0, 10**6), default=200, help="tokens to generate")
+    g.add_argument("--temperature", type=amount(1e-6, 100, zero=True), default=1.0, help="divide the logits by T (> 0)")
+    g.add_argument("--top-k", type=count(0, MAX_VOCAB), default=0, help="sample among the k most probable tokens (0: all)")
+    g.add_argument("--top-p", type=amount(0, 1), default=1.0, help="sample from the nucleus of mass p (1: all)")
+    g.add_argument("--seed", type=count(0, MAX_SEED), default=None, help="random seed (default: a fresh draw each run)")
     g.add_argument("--greedy", action="store_true", help="always the most probable token (temperature 0)")
     g.set_defaults(func=handlers["generate"])
 
@@ -345,7 +399,7 @@ def add_fill_parser(sub, handlers: dict) -> None:
                         epilog='example: qkv fill runs/mlm/best "the movie was [MASK]" --top-k 5')
     fl.add_argument("model", help="checkpoint directory of a --task mlm run")
     fl.add_argument("text", nargs="+", help="texts with one or more [MASK]")
-    fl.add_argument("--top-k", type=int, default=5, dest="top_k", help="predictions per mask (default: %(default)s)")
+    fl.add_argument("--top-k", type=count(1, MAX_VOCAB), default=5, dest="top_k", help="predictions per mask (default: %(default)s)")
     fl.set_defaults(func=handlers["fill"])
 
 
@@ -371,7 +425,7 @@ def add_search_parser(sub, handlers: dict) -> None:
     se.add_argument("model", help="checkpoint directory of a --task classify or mlm run")
     se.add_argument("query", nargs="+", help="query texts")
     se.add_argument("--corpus", required=True, help="one text a line (plain or gzip)")
-    se.add_argument("--top-k", type=int, default=5, dest="top_k", help="results per query (default: %(default)s)")
+    se.add_argument("--top-k", type=count(1, 10**9), default=5, dest="top_k", help="results per query (default: %(default)s)")
     se.add_argument("--pooling", choices=["mean", "cls"], help="as for qkv embed")
     se.set_defaults(func=handlers["search"])
 
@@ -383,7 +437,7 @@ def add_average_parser(sub, handlers: dict) -> None:
                                    "directory and --last N to take its newest N step_N/ checkpoints (saved during "
                                    "training with --keep-last N).")
     a.add_argument("inputs", nargs="+", help="checkpoint directories, or one run directory with --last")
-    a.add_argument("--last", type=int, help="average the newest N step_N/ checkpoints of the run directory")
+    a.add_argument("--last", type=count(1, 10**4), help="average the newest N step_N/ checkpoints of the run directory")
     a.add_argument("--out", required=True, help="where to write the averaged checkpoint: a new directory, not one "
                                                 "of the checkpoints averaged nor the run's last/, best/, step_N/")
     a.set_defaults(func=handlers["average"])
@@ -397,9 +451,9 @@ def add_info_parser(sub, handlers: dict) -> None:
     i.add_argument("model", nargs="?", help="checkpoint directory (instead of a preset)")
     i.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR, help="model preset (default: base)")
     i.add_argument("--config", help="TOML file with a [model] table")
-    i.add_argument("--vocab-size", type=int, dest="vocab_size", help="shared vocabulary size (default: the preset's, base 37000)")
-    i.add_argument("--src-len", type=int, default=25, help="source tokens per sentence for the FLOPs")
-    i.add_argument("--tgt-len", type=int, default=25, help="target tokens per sentence for the FLOPs")
+    i.add_argument("--vocab-size", type=count(1, MAX_VOCAB), dest="vocab_size", help="shared vocabulary size (default: the preset's, base 37000)")
+    i.add_argument("--src-len", type=count(1, MAX_WIDTH), default=25, help="source tokens per sentence for the FLOPs")
+    i.add_argument("--tgt-len", type=count(1, MAX_WIDTH), default=25, help="target tokens per sentence for the FLOPs")
     add_config_flags(i, ModelConfig, "model (ModelConfig)")
     i.set_defaults(func=handlers["info"])
 
@@ -420,16 +474,16 @@ def add_viz_parser(sub, handlers: dict) -> None:
     vp = vs.add_parser("positional", help="the sinusoidal positional encoding as a heatmap",
                        description="PE(pos, 2i) = sin(pos/10000^(2i/d)), PE(pos, 2i+1) = cos(...) as a heatmap: "
                                    "positions down, dimensions across; the low dimensions change fastest.")
-    vp.add_argument("--positions", type=int, default=60, help="positions (rows) (default: %(default)s)")
-    vp.add_argument("--dim", type=int, default=32, help="d_model, even (columns) (default: %(default)s)")
+    vp.add_argument("--positions", type=count(1, 4096), default=60, help="positions (rows) (default: %(default)s)")
+    vp.add_argument("--dim", type=count(2, 4096), default=32, help="d_model, even (columns) (default: %(default)s)")
     vp.add_argument("--out", default="positional.png", help="PNG file to write (default: %(default)s)")
     vsch = vs.add_parser("schedule", help="the warmup learning-rate schedule",
                          description="lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) "
                                      "(section 5.3), its peak at step = warmup marked.")
-    vsch.add_argument("--d-model", type=int, default=512, dest="d_model", help="d_model (default: %(default)s)")
-    vsch.add_argument("--warmup", type=int, default=4000, help="warmup steps (default: %(default)s)")
-    vsch.add_argument("--steps", type=int, default=20000, help="steps to plot (default: %(default)s)")
-    vsch.add_argument("--scale", type=float, default=1.0, help="factor on the rate, as --lr-scale (default: %(default)s)")
+    vsch.add_argument("--d-model", type=count(1, MAX_WIDTH), default=512, dest="d_model", help="d_model (default: %(default)s)")
+    vsch.add_argument("--warmup", type=count(1, MAX_STEPS), default=4000, help="warmup steps (default: %(default)s)")
+    vsch.add_argument("--steps", type=count(1, 10**7), default=20000, help="steps to plot (default: %(default)s)")
+    vsch.add_argument("--scale", type=amount(0, 100), default=1.0, help="factor on the rate, as --lr-scale (default: %(default)s)")
     vsch.add_argument("--out", default="schedule.png", help="PNG file to write (default: %(default)s)")
     vt = vs.add_parser("training", help="a run's loss, validation scores and learning rate",
                        description="Training and validation loss, validation BLEU / chrF / exact match "
@@ -484,16 +538,16 @@ def add_preprocess_parser(sub, handlers: dict) -> None:
                                              "SentencePiece .model (else one is trained)")
     pp.add_argument("--tokenizer", choices=["bpe", "unigram", "char"], default="bpe",
                     help="SentencePiece model type (char reads the whole training text into memory)")
-    pp.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
+    pp.add_argument("--vocab-size", type=count(1, MAX_VOCAB), default=8000, help="SentencePiece vocabulary size")
     pp.add_argument("--separate-vocab", action="store_true", help="one vocabulary per side instead of a joint one")
-    pp.add_argument("--sample", type=int, default=1_000_000,
+    pp.add_argument("--sample", type=count(1, 10**9), default=1_000_000,
                     help="sentences SentencePiece learns from, drawn at random from the training text")
-    pp.add_argument("--max-len", type=int, default=256, help="skip training pairs with a side over this many tokens")
-    pp.add_argument("--max-ratio", type=float, default=9.0,
+    pp.add_argument("--max-len", type=count(1, MAX_WIDTH), default=256, help="skip training pairs with a side over this many tokens")
+    pp.add_argument("--max-ratio", type=amount(1, 10**6, zero=True), default=9.0,
                     help="skip training pairs whose longer side has more than this many times the tokens of the "
                          "shorter (0: no such filter)")
     pp.add_argument("--keep-identical", action="store_true", help="keep training pairs whose sides are identical")
-    pp.add_argument("--workers", type=int, default=1, help="encoding processes")
+    pp.add_argument("--workers", type=count(1, MAX_THREADS), default=1, help="encoding processes")
     pp.set_defaults(func=handlers["preprocess"])
 
 
@@ -541,17 +595,17 @@ def add_bench_parser(sub, handlers: dict) -> None:
                                    "locates where attention costs more than recurrence (the paper: n ≈ d). "
                                    "Writes OUT/complexity.{json,md,png}. The full default run took 18 minutes "
                                    "on one thread of a busy 2-core machine.")
-    bl.add_argument("--d", type=int, default=512, help="representation dimension d")
-    bl.add_argument("--n-min", type=int, default=16, dest="n_min", help="shortest sequence length")
-    bl.add_argument("--n-max", type=int, default=4096, dest="n_max", help="longest sequence length")
-    bl.add_argument("--r", type=int, default=64, help="radius of restricted attention: i sees j with |i-j| <= r")
-    bl.add_argument("--k", type=int, default=3, help="convolution kernel width (dilation k^i in layer i)")
-    bl.add_argument("--heads", type=int, default=8, help="attention heads h")
-    bl.add_argument("--batch", type=int, default=1, help="sequences per batch")
-    bl.add_argument("--repeats", type=int, default=3, help="timed runs per point (median), after a warm-up")
+    bl.add_argument("--d", type=count(1, 16384), default=512, help="representation dimension d")
+    bl.add_argument("--n-min", type=count(1, 16384), default=16, dest="n_min", help="shortest sequence length")
+    bl.add_argument("--n-max", type=count(1, 16384), default=4096, dest="n_max", help="longest sequence length")
+    bl.add_argument("--r", type=count(1, 16384), default=64, help="radius of restricted attention: i sees j with |i-j| <= r")
+    bl.add_argument("--k", type=count(1, 64), default=3, help="convolution kernel width (dilation k^i in layer i)")
+    bl.add_argument("--heads", type=count(1, 1024), default=8, help="attention heads h")
+    bl.add_argument("--batch", type=count(1, 4096), default=1, help="sequences per batch")
+    bl.add_argument("--repeats", type=count(1, 1000), default=3, help="timed runs per point (median), after a warm-up")
     bl.add_argument("--layers", default="self-attention,attention-core,restricted,restricted-dense,lstm,rnn,conv,"
                                          "conv-dilated", help="comma-separated layer types to measure")
-    bl.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    bl.add_argument("--threads", type=count(0, MAX_THREADS), default=0, help="torch CPU threads (0: torch's default)")
     bl.add_argument("--out", default="runs/bench", help="output directory")
     bl.add_argument("--quick", action="store_true",
                     help="a smoke run in seconds: d=64, n=16..256, r=8, one timed repeat")
@@ -566,13 +620,13 @@ def add_bench_parser(sub, handlers: dict) -> None:
                                     "OUT/long-range-{accuracy,gradnorm}.png.")
     blr.add_argument("--distances", default="2,5,10,20,50,100,200,500,1000", help="comma-separated distances t")
     blr.add_argument("--models", default="rnn,lstm,transformer", help="comma-separated subset of rnn, lstm, transformer")
-    blr.add_argument("--steps", type=int, default=300, help="training steps per model and distance")
-    blr.add_argument("--hidden", type=int, default=64, help="hidden size (RNN, LSTM) and d_model (Transformer)")
-    blr.add_argument("--symbols", type=int, default=8, help="alphabet size K (chance accuracy 1/K)")
-    blr.add_argument("--batch", type=int, default=32, help="sequences per training step")
-    blr.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
-    blr.add_argument("--seed", type=int, default=0, help="random seed")
-    blr.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    blr.add_argument("--steps", type=count(1, 10**6), default=300, help="training steps per model and distance")
+    blr.add_argument("--hidden", type=count(1, 16384), default=64, help="hidden size (RNN, LSTM) and d_model (Transformer)")
+    blr.add_argument("--symbols", type=count(2, 10**4), default=8, help="alphabet size K (chance accuracy 1/K)")
+    blr.add_argument("--batch", type=count(1, 10**5), default=32, help="sequences per training step")
+    blr.add_argument("--lr", type=amount(0, 10), default=3e-3, help="Adam learning rate")
+    blr.add_argument("--seed", type=count(0, MAX_SEED), default=0, help="random seed")
+    blr.add_argument("--threads", type=count(0, MAX_THREADS), default=0, help="torch CPU threads (0: torch's default)")
     blr.add_argument("--out", default="runs/bench", help="output directory")
     blr.add_argument("--quick", action="store_true", help="a smoke run in seconds: t = 3, 5; 60 steps")
 
@@ -610,10 +664,10 @@ def add_serve_parser(sub, handlers: dict) -> None:
                    help="host names the server answers (the Host header, any port) besides localhost, 127.x.x.x "
                         "and [::1]: comma-separated or the flag repeated; * for any (default: only those on a "
                         "loopback --host, any on another); other names get 400, against DNS rebinding")
-    s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port)")
+    s.add_argument("--port", type=count(0, 65535), default=8000, help="port (default: 8000; 0: any free port)")
     s.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv", help=ENGINE_HELP)
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    s.add_argument("--threads", type=int, default=0, help="CPU threads: torch's (qkv) or CTranslate2's "
+    s.add_argument("--threads", type=count(0, MAX_THREADS), default=0, help="CPU threads: torch's (qkv) or CTranslate2's "
                                                           "intra_threads (ctranslate2) (default: 0, the engine's default)")
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     s.add_argument("--compile", action="store_true", help=COMPILE_HELP)
@@ -621,7 +675,8 @@ def add_serve_parser(sub, handlers: dict) -> None:
     group = s.add_argument_group("bounds and batching")
     defaults = Limits()
     for f in dataclasses.fields(Limits):
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(getattr(defaults, f.name)),
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                           type=Number(Bound(type(getattr(defaults, f.name)), f.metadata["low"], f.metadata["high"])),
                            default=getattr(defaults, f.name), metavar="N",
                            help=f"{f.metadata['help']} (default: {getattr(defaults, f.name)})")
     s.set_defaults(func=handlers["serve"])
@@ -651,7 +706,7 @@ def add_lab_parser(sub, handlers: dict) -> None:
                        description="A web page on 127.0.0.1 (this machine only) that starts training runs,\n"
                                    "draws their curves as they come and shows what the models attend to.")
     s.add_argument("--root", default="lab-runs", help="where the runs go, one directory each (default: lab-runs)")
-    s.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (default: 8001; 0: any free port)")
+    s.add_argument("--port", type=count(0, 65535), default=8001, help="port on 127.0.0.1 (default: 8001; 0: any free port)")
     s.add_argument("--src-train", help="your own task: training source file (one sentence a line)")
     s.add_argument("--tgt-train", help="your own task: training target file (same number of lines)")
     s.add_argument("--src-valid", help="validation source file (default: the last 5%% of the training lines)")
@@ -662,7 +717,8 @@ def add_lab_parser(sub, handlers: dict) -> None:
         if f.name in ("max_texts", "max_beam", "max_nbest", "max_new_tokens", "max_attention", "max_queue",
                       "batch_wait_ms", "max_batch_tokens", "max_tokens") or not hasattr(defaults, f.name):
             continue  # serve's decoding bounds: the lab decodes one text at a time
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(getattr(defaults, f.name)),
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                           type=Number(Bound(type(getattr(defaults, f.name)), f.metadata["low"], f.metadata["high"])),
                            default=getattr(defaults, f.name), metavar="N",
                            help=f"{f.metadata['help']} (default: {getattr(defaults, f.name)})".replace("%", "%%"))
     s.set_defaults(func=handlers["lab"])

@@ -17,6 +17,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from qkv.bounds import (MAX_BEAM, MAX_LAYERS, MAX_LENGTH_PENALTY, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_VOCAB,
+                        MAX_WIDTH, Bound, real, whole)
 from qkv.errors import ConfigError
 
 # Special token ids, fixed across the project (tokenizer, models, batching, decoding).
@@ -38,15 +40,16 @@ SCHEDULES = ("noam", "constant", "inverse_sqrt")
 DEFAULT_LR = 1e-3  # the rate of the constant and inverse_sqrt schedules when TrainConfig.lr = 0
 # Bounds beyond which torch fails outright: a position table of 10**9 rows exhausts memory; thousands
 # of OpenMP threads fail to start (about 31,000 segfaulted a 2-core machine, at its memory-map limit).
+# (MAX_THREADS, MAX_SEED and the other ranges of qkv.bounds)
 MAX_POSITIONS = 65536
-MAX_THREADS = 1024
 MAX_OUTPUT_LEN = 1024  # tokens: the absolute cap on a decoding budget, whatever max_len_a and max_len_b say
-MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; the trainer adds 1_000_003 * rank + step to the seed
 
 
-def setting(default: Any, help: str, hidden: bool = False) -> Any:
-    """A config field with its help text (``--help`` shows it; ``hidden``: filled in by qkv, no flag)."""
-    return dataclasses.field(default=default, metadata={"help": help, "hidden": hidden})
+def setting(default: Any, help: str, hidden: bool = False, bound: Bound | None = None) -> Any:
+    """A config field with its help text (``--help`` shows it; ``hidden``: filled in by qkv, no flag)
+    and, for a number, its :class:`~qkv.bounds.Bound` (its flag refuses a value beyond it as it is
+    read; ``validate()`` refuses one from a file)."""
+    return dataclasses.field(default=default, metadata={"help": help, "hidden": hidden, "bound": bound})
 
 
 def _check(cond: bool, field: str, msg: str) -> None:
@@ -56,10 +59,14 @@ def _check(cond: bool, field: str, msg: str) -> None:
 
 def _check_finite(cfg: Any) -> None:
     """Every float field of a config is a finite number: inf and nan pass every comparison of the
-    checks that follow, or fail them obscurely, and no setting of qkv means anything by them."""
+    checks that follow, or fail them obscurely, and no setting of qkv means anything by them; and
+    every number is within its field's bound (:mod:`qkv.bounds`), wherever it came from."""
     for f in fields(cfg):
         v = getattr(cfg, f.name)
         _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
+        bound = f.metadata.get("bound")
+        problem = bound.problem(v) if bound is not None else None
+        _check(problem is None, f.name, problem or "")
 
 
 @dataclass(frozen=True)
@@ -75,21 +82,24 @@ class ModelConfig:
         "transformer",
         'architecture: transformer | lstm | gru | rnn (a recurrent encoder-decoder, see --attention; with '
         '--task lm a recurrent language model, with --task classify a recurrent classifier)')
-    d_model: int = setting(512, 'model width d_model (recurrent models: embedding and hidden size)')
-    n_encoder_layers: int = setting(6, 'encoder layers N (stacked recurrent layers for lstm/gru/rnn)')
-    n_decoder_layers: int = setting(6, 'decoder layers N (stacked recurrent layers for lstm/gru/rnn)')
+    d_model: int = setting(512, 'model width d_model (recurrent models: embedding and hidden size)',
+        bound=whole(1, MAX_WIDTH))
+    n_encoder_layers: int = setting(6, 'encoder layers N (stacked recurrent layers for lstm/gru/rnn)',
+        bound=whole(1, MAX_LAYERS))
+    n_decoder_layers: int = setting(6, 'decoder layers N (stacked recurrent layers for lstm/gru/rnn)',
+        bound=whole(1, MAX_LAYERS))
     dropout: float = setting(
         0.1,
-        'P_drop on embedding sums and sublayer outputs (recurrent: embeddings, between layers, h~)')
+        'P_drop on embedding sums and sublayer outputs (recurrent: embeddings, between layers, h~)', bound=real(0, 1))
     # the Transformers (arch transformer): attention, FFN, positions, normalisation, shared embeddings
-    n_heads: int = setting(8, 'attention heads h (d_k = d_v = d_model / h)')
-    d_ff: int = setting(2048, 'inner width of the position-wise FFN')
-    attention_dropout: float = setting(0.1, 'dropout on attention weights')
+    n_heads: int = setting(8, 'attention heads h (d_k = d_v = d_model / h)', bound=whole(1, MAX_LAYERS))
+    d_ff: int = setting(2048, 'inner width of the position-wise FFN', bound=whole(1, 16 * MAX_WIDTH))
+    attention_dropout: float = setting(0.1, 'dropout on attention weights', bound=real(0, 1))
     positional: str = setting("sinusoidal", 'sinusoidal | learned')
     max_positions: int = setting(
         1024,
         'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
-        "max_len and the task's special tokens")
+        "max_len and the task's special tokens", bound=whole(1, MAX_POSITIONS))
     norm_first: bool = setting(False, "pre-norm residual blocks instead of the paper's post-norm")
     init: str = setting(
         "xavier",
@@ -190,66 +200,69 @@ class TrainConfig:
         "",
         'reuse the tokenizer of this checkpoint directory (or a SentencePiece .model) instead of training '
         'one, e.g. to compare models on one subword vocabulary')
-    vocab_size: int = setting(8000, 'SentencePiece vocabulary size (a cap for char)')
+    vocab_size: int = setting(8000, 'SentencePiece vocabulary size (a cap for char)', bound=whole(1, MAX_VOCAB))
     joint_vocab: bool = setting(True, 'one vocabulary for source and target')
     max_len: int = setting(
         256,
         'translate: skip (and count) training pairs longer than this many tokens; classify/mlm: keep the '
-        'first max_len tokens of each text')
-    max_tokens: int = setting(4096, "token budget per batch (padded), as fairseq's --max-tokens")
+        'first max_len tokens of each text', bound=whole(1, MAX_WIDTH))
+    max_tokens: int = setting(4096, "token budget per batch (padded), as fairseq's --max-tokens", bound=whole(1, 10**8))
     # optimisation
     schedule: str = setting(
         "noam",
         "learning-rate schedule: noam (the paper's warmup + inverse sqrt, see --lr-scale) | constant (--lr) |"
         ' inverse_sqrt (linear warmup to --lr, then lr·sqrt(warmup/step))')
-    lr: float = setting(0.0, 'rate of the constant and inverse_sqrt schedules (0: 1e-3); noam ignores it')
-    lr_scale: float = setting(1.0, 'factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)')
-    warmup_steps: int = setting(4000, 'linear warmup steps of the schedule')
+    lr: float = setting(0.0, 'rate of the constant and inverse_sqrt schedules (0: 1e-3); noam ignores it',
+        bound=real(0, 1000))  # 1000 diverges at once: what the divergence guard answers
+    lr_scale: float = setting(1.0, 'factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)',
+        bound=real(0, 100))
+    warmup_steps: int = setting(4000, 'linear warmup steps of the schedule', bound=whole(1, MAX_STEPS))
     optimizer: str = setting(
         "adam",
         "adam (the paper's, with adam_beta1/2 and adam_eps) | nag: SGD with Nesterov momentum, fairseq 0.9's "
         "default optimizer (torch.optim.SGD(nesterov=True); the same update as fairseq's NAG)")
-    momentum: float = setting(0.99, "momentum of nag (fairseq's default 0.99)")
-    adam_beta1: float = setting(0.9, 'Adam β1')
-    adam_beta2: float = setting(0.98, 'Adam β2')
-    adam_eps: float = setting(1e-9, 'Adam ε')
-    weight_decay: float = setting(0.0, 'L2 weight decay (the paper uses none)')
-    label_smoothing: float = setting(0.1, 'ε_ls of the label-smoothed cross-entropy')
-    clip_norm: float = setting(1.0, 'clip the gradient norm to this (0: off)')
+    momentum: float = setting(0.99, "momentum of nag (fairseq's default 0.99)", bound=real(0, 1))
+    adam_beta1: float = setting(0.9, 'Adam β1', bound=real(0, 1))
+    adam_beta2: float = setting(0.98, 'Adam β2', bound=real(0, 1))
+    adam_eps: float = setting(1e-9, 'Adam ε', bound=real(0, 1))
+    weight_decay: float = setting(0.0, 'L2 weight decay (the paper uses none)', bound=real(0, 10))
+    label_smoothing: float = setting(0.1, 'ε_ls of the label-smoothed cross-entropy', bound=real(0, 1))
+    clip_norm: float = setting(1.0, 'clip the gradient norm to this (0: off)', bound=real(0, 10**6))
     nonfinite_limit: int = setting(
         10,
         'an update whose loss or gradient norm is not finite (NaN/inf) is skipped with a warning; this many '
-        'in a row stop training with exit status 3 (non-finite weights are never saved)')
-    update_freq: int = setting(1, 'accumulate gradients over this many batches per update')
-    max_steps: int = setting(100_000, 'stop after this many updates')
-    max_epochs: int = setting(0, 'stop after this many epochs (0: no limit)')
-    max_time: float = setting(0.0, 'stop after this many seconds of training (0: no limit)')
+        'in a row stop training with exit status 3 (non-finite weights are never saved)', bound=whole(1, 10**6))
+    update_freq: int = setting(1, 'accumulate gradients over this many batches per update', bound=whole(1, MAX_WIDTH))
+    max_steps: int = setting(100_000, 'stop after this many updates', bound=whole(1, MAX_STEPS))
+    max_epochs: int = setting(0, 'stop after this many epochs (0: no limit)', bound=whole(0, MAX_STEPS))
+    max_time: float = setting(0.0, 'stop after this many seconds of training (0: no limit)', bound=real(0, 10**8))
     patience: int = setting(
         0,
         'early stopping: stop once this many validations in a row bring no new best of the selection metric '
-        '(translation: validation loss; 0: never)')
+        '(translation: validation loss; 0: never)', bound=whole(0, MAX_STEPS))
     lr_shrink: float = setting(
         1.0,
         "reduce on plateau: when patience runs out, multiply the learning rate by this and go on (fairseq's "
-        '--lr-shrink), up to max_lr_shrinks times; then stop')
+        '--lr-shrink), up to max_lr_shrinks times; then stop', bound=real(0, 1))
     max_lr_shrinks: int = setting(
         0,
-        'how many times the rate may shrink before patience stops training (0: stop at once)')
+        'how many times the rate may shrink before patience stops training (0: stop at once)', bound=whole(0, 10**4))
     # evaluation and checkpoints
-    eval_every: int = setting(1000, 'validate and checkpoint every this many updates')
-    eval_bleu_samples: int = setting(200, 'validation sentences decoded greedily for BLEU')
+    eval_every: int = setting(1000, 'validate and checkpoint every this many updates', bound=whole(1, MAX_STEPS))
+    eval_bleu_samples: int = setting(200, 'validation sentences decoded greedily for BLEU', bound=whole(0, 10**8))
     mask_prob: float = setting(
         0.15,
-        'mlm: share of tokens chosen for prediction (of those 80% -> [MASK], 10% random, 10% kept)')
+        'mlm: share of tokens chosen for prediction (of those 80% -> [MASK], 10% random, 10% kept)', bound=real(0, 1))
     init_from: str = setting(
         "",
         "start from this checkpoint's weights where names and shapes match (e.g. a classifier from an mlm "
         "run's encoder; its tokenizer and architecture are used)")
     keep_last: int = setting(
         0,
-        'also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)')
-    seed: int = setting(1, 'random seed')
-    threads: int = setting(0, "torch CPU threads (0: torch's default; at most 1024)")
+        'also keep the newest K numbered step_N/ checkpoints, saved at each validation (for averaging)',
+        bound=whole(0, 10**6))
+    seed: int = setting(1, 'random seed', bound=whole(0, MAX_SEED))
+    threads: int = setting(0, "torch CPU threads (0: torch's default; at most 1024)", bound=whole(0, MAX_THREADS))
     # hardware (any of these may change on --resume; checkpoints are device-independent)
     device: str = setting(
         "auto",
@@ -308,11 +321,11 @@ class TrainConfig:
 class DecodeConfig:
     """Search. Defaults are the paper's: beam 4, length penalty alpha 0.6, max length = input + 50."""
 
-    beam_size: int = setting(4, 'beam size (1: greedy)')
+    beam_size: int = setting(4, 'beam size (1: greedy)', bound=whole(1, MAX_BEAM))
     length_penalty: float = setting(
         0.6,
         'α of the length penalty: beam search ranks log P(Y|x) / lp(Y), lp = ((5+|Y|)/6)^α (gnmt) or |Y|^α '
-        '(length)')
+        '(length)', bound=real(0, MAX_LENGTH_PENALTY))
     length_norm: str = setting(
         "gnmt",
         "gnmt: lp = ((5+|Y|)/6)^α (Wu et al., 2016; the paper) | length: lp = |Y|^α (fairseq's --lenpen, "
@@ -324,14 +337,14 @@ class DecodeConfig:
     max_len_a: float = setting(
         1.0,
         'max output length = a·source length + b, at most 1024 tokens (a and b: at most 1024 each) and what '
-        'learned positions allow')
+        'learned positions allow', bound=real(0, MAX_OUTPUT_LEN))
     max_len_b: int = setting(
         50,
         'max output length = a·source length + b, at most 1024 tokens (a and b: at most 1024 each) and what '
-        'learned positions allow')
-    min_len: int = setting(0, 'no EOS before this many output tokens')
-    nbest: int = setting(1, 'hypotheses to output per sentence')
-    batch_size: int = setting(64, 'sentences per decoding batch')
+        'learned positions allow', bound=whole(0, MAX_OUTPUT_LEN))
+    min_len: int = setting(0, 'no EOS before this many output tokens', bound=whole(0, MAX_OUTPUT_LEN))
+    nbest: int = setting(1, 'hypotheses to output per sentence', bound=whole(1, MAX_BEAM))
+    batch_size: int = setting(64, 'sentences per decoding batch', bound=whole(1, MAX_WIDTH))
 
     def validate(self) -> "DecodeConfig":
         _check_finite(self)

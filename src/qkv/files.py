@@ -23,10 +23,8 @@ import errno
 import os
 import re
 import shutil
-import signal
 import stat
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -260,25 +258,13 @@ def output_stream(path: str | None):
         yield fh
 
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """Within the block SIGTERM (``kill``, ``timeout``, a scheduler or service manager) is a
-    KeyboardInterrupt, as Ctrl-C is, not the signal's default death: temporary files are removed on
-    the way out and the ``qkv`` command exits with status 130. Training and ``qkv serve`` install their
-    own handlers while they run (training first commits ``last/``; uvicorn lets the requests under way
-    finish and raises the signal again when it has stopped)."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
+def sigterm_interrupts():
+    """SIGTERM (``kill``, ``timeout``, a scheduler or service manager) and Ctrl-C raise KeyboardInterrupt
+    within the block, as :func:`qkv.startup.interrupts` describes: temporary files are removed on the
+    way out and the ``qkv`` command exits with status 130."""
+    from qkv.startup import interrupts
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return interrupts()
 
 
 def write_lines(path: str, lines: list[str]) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,7 +26,8 @@ from pathlib import Path
 from qkv.errors import QkvError
 from qkv.export.card import CardInfo, write_card
 from qkv.export.source import Source, read_source
-from qkv.files import check_output_dir
+from qkv.checkpoint import fault_point
+from qkv.files import check_output_dir, remove_stale_temps
 
 FORMATS = ("ctranslate2", "hf")
 QUANTIZATIONS = ("int8", "int8_float32", "float16")
@@ -65,7 +67,9 @@ def export(checkpoint: str | Path, fmt: str, out: str | Path, quantization: str 
     if (card.test_src or card.test_ref) and src.task != "translate":
         raise QkvError(f"--src/--ref score a translation model; {src.path} is a {src.task!r} model")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    # named by pid: what an export killed outright (kill -9) left is removed by the next one to this place
+    remove_stale_temps(out.parent, re.escape(f".{out.name}.tmp-") + r"(?P<pid>\d+)-\w+")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)
         if fmt == "ctranslate2":
@@ -78,6 +82,7 @@ def export(checkpoint: str | Path, fmt: str, out: str | Path, quantization: str 
             info = hf.write(src, tmp)
         info["card"] = write_card(src, fmt, tmp, card, info, location=out)
         (tmp / "qkv_export.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        fault_point(f"export:{out.name}")
         if out.is_dir():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)

@@ -34,7 +34,7 @@ The attention heads' own dimensions are not the residual stream and stay as they
 from __future__ import annotations
 
 import json
-import tempfile
+import shutil
 from pathlib import Path
 
 import torch
@@ -197,8 +197,9 @@ def _write_tokenizer(src: Source, out: Path) -> None:
     from transformers import MarianTokenizer
 
     pieces_src, pieces_tgt = src.vocabulary("src"), src.vocabulary("tgt")
-    with tempfile.TemporaryDirectory() as tmp:
-        t = Path(tmp)
+    t = out / ".tokenizer-inputs"  # inside the export's own temporary: never left in a system temp folder
+    t.mkdir()
+    try:
         (t / "source.spm").write_bytes(src.tokenizer("src").model_bytes)
         (t / "target.spm").write_bytes(src.tokenizer("tgt").model_bytes)
         (t / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces_src)}, ensure_ascii=False))
@@ -210,6 +211,8 @@ def _write_tokenizer(src: Source, out: Path) -> None:
                               separate_vocabs=separate, unk_token=pieces_src[UNK], eos_token=pieces_src[EOS],
                               pad_token=pieces_src[PAD], model_max_length=max(POSITIONS, src.model.max_positions) - 1)
         tok.save_pretrained(str(out))
+    finally:
+        shutil.rmtree(t, ignore_errors=True)
 
 
 def write(src: Source, out: Path) -> dict:

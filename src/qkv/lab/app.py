@@ -86,7 +86,7 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     app = FastAPI(title="qkv lab", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Train, watch and compare Transformers and RNNs. Every error is JSON "
                               "{\"error\": message} with a 4xx status.")
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout)
     app.add_middleware(HostCheck, allowed=allowed_hosts, hint="")  # the outermost: checked first; loopback only
     app.state.limits, app.state.lab = limits, lab
 

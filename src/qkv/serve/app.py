@@ -41,19 +41,39 @@ def error(status: int, message: str, **extra) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status)
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` gets 413 (read to its end first, so that
-    the client sees the answer), one that is not UTF-8 gets 400; others reach the app whole."""
+def closing(response: JSONResponse) -> JSONResponse:
+    """``response`` with ``Connection: close``: the server closes the connection once it is sent (the
+    rest of a body it refused unread is not waited for)."""
+    response.headers["Connection"] = "close"
+    return response
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets 413, at once when its Content-Length says
+    so (nothing of it is read), else once that much has come (read on a little, so that the client
+    sees the answer); a body not whole ``timeout`` seconds after the request's head gets 408 (a client
+    that stalls cannot hold the connection); both close the connection. A body that is not UTF-8 gets
+    400; others reach the app whole."""
+
+    def __init__(self, app, max_bytes: int, timeout: float = 30.0):
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await closing(error(413, f"the request body is {int(declared):,} bytes (its Content-Length); this "
+                                            f"server takes at most {self.max_bytes:,}"))(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
         body, size, more = bytearray(), 0, True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+            except asyncio.TimeoutError:
+                return await closing(error(408, f"the request body did not arrive within {self.timeout:g} s "
+                                                f"({size:,} bytes came); send it whole, at once"))(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
@@ -196,7 +216,7 @@ def create_app(models: list[Served], limits: Limits, allowed_hosts: tuple[str, .
     app = FastAPI(title="qkv", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Translation, scoring, classification and generation with qkv checkpoints. "
                               "Every error is JSON {\"error\": message} with a 4xx status.")
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     app.state.models, app.state.limits = by_name, limits
     add_docs(app)

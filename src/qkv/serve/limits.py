@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from qkv.bounds import Bound
 from qkv.errors import ConfigError
 
 
@@ -40,13 +41,14 @@ class Limits:
                                         "is closed", low=0.1, high=3600)
     keep_alive_timeout: float = bound(30.0, "seconds an idle connection is kept open after an answer, for the "
                                             "client's next request", low=0.1, high=3600)
+    body_timeout: float = bound(30.0, "seconds a client has to send a request's whole body, from the end of its "
+                                      "headers; later: 408 and the connection is closed", low=0.1, high=3600)
 
     def validate(self) -> "Limits":
         for f in fields(self):
-            v = getattr(self, f.name)
-            low, high = f.metadata["low"], f.metadata["high"]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high or v != v:
-                raise ConfigError(f"--{f.name.replace('_', '-')} must be a number in [{low:g}, {high:g}], got {v!r}")
+            problem = Bound(float, f.metadata["low"], f.metadata["high"]).problem(getattr(self, f.name))
+            if problem:
+                raise ConfigError(f"--{f.name.replace('_', '-')} {problem}")
         return self
 
 

@@ -264,7 +264,17 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
                 frontend.decode_cfg = dataclasses.replace(frontend.decode_cfg, **decode).validate()
             except QkvError as e:
                 raise QkvError(f"{path}: {e}") from None
-        served.append(Served(unique, frontend, limits, str(path)))
+        model = Served(unique, frontend, limits, str(path))
+        if "translate" in frontend.offers:  # the beam a request without beam_size gets: refused now, not then
+            beam = frontend.decode_cfg.beam_size
+            try:
+                if beam > limits.max_beam:
+                    raise QkvError(f"its beam size {beam} is more than --max-beam {limits.max_beam}")
+                frontend.check_beam(beam)
+            except QkvError as e:
+                raise QkvError(f"{path}: every request that names no beam_size would be refused: {e} (give "
+                               f"--beam-size, or --max-beam)") from None
+        served.append(model)
     return served
 
 

@@ -59,7 +59,7 @@ from tqdm import tqdm
 from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
 from qkv.data.binarized import is_corpus, tokenizer_of
 from qkv.data.tokenizer import TokenizerPair
-from qkv.errors import QkvError, TrainingDiverged
+from qkv.errors import ConfigError, QkvError, TrainingDiverged
 from qkv.files import os_error_reason
 from qkv.models import build_model
 from qkv.tasks import get_task
@@ -832,6 +832,10 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
         distributed.barrier()
         if not info.is_main and not train_cfg.tokenizer_from:
             tokenizers = TokenizerPair.load(shared_tokenizer)
+    if "translate" in task.offers and decode_cfg.beam_size > tokenizers.tgt.vocab_size:  # before the first update
+        raise ConfigError(f"invalid config field 'beam_size': {decode_cfg.beam_size} is larger than the target "
+                          f"vocabulary ({tokenizers.tgt.vocab_size} tokens), with which validation and the saved "
+                          f"model decode; choose at most {tokenizers.tgt.vocab_size}")
     if train_cfg.init_from and not resume:
         model_cfg = init_model_config(model_cfg, train_cfg.init_from, log)
     train_split = task.encode(train_data, tokenizers, train_cfg, log, train=True)
