@@ -423,21 +423,87 @@ def card_code_blocks(readme: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("fixture,fmt", [("translate-transformer", "hf"), ("translate-transformer", "ctranslate2"),
                                          ("lm-transformer", "ctranslate2"), ("prefix_lm-transformer", "ctranslate2")])
 def test_every_code_block_of_a_model_card_runs_as_written(tmp_path, capsys, fixture, fmt):
-    """Each card's Python runs from another working directory, unchanged; its JSON parses."""
+    """Each card's Python runs unchanged from the folder that holds the export (it names the export's
+    folder, not a path of the exporting machine); its JSON parses; its bash is the install line."""
     rc, err = export(capsys, FIXTURES / fixture, fmt, tmp_path / "export")
     assert rc == 0, err
     blocks = card_code_blocks((tmp_path / "export" / "README.md").read_text(encoding="utf-8"))
-    assert sorted(lang for lang, _ in blocks) == ["json", "python"], blocks
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    assert sorted(lang for lang, _ in blocks) == ["bash", "json", "python"], blocks
     for lang, code in blocks:
         if lang == "json":
             json.loads(code)
             continue
-        result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True,
+        if lang == "bash":
+            assert code.startswith("pip install ") and code.count("\n") == 1, code
+            continue
+        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                                 timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, f"{fixture} {fmt} card:\n{code}\n{result.stderr[-2000:]}"
         assert result.stdout.strip(), f"{fixture} {fmt} card's code printed nothing"
+
+
+# an absolute path in text: a leading separator (or ~/ or a drive) then a name and another separator
+ABSOLUTE_PATH = re.compile(r"(?<![\w.)\]|])(?:/|~/|[A-Za-z]:[\\/])[\w.-]+[\\/]")
+
+
+def installed_packages(code: str) -> set[str]:
+    """The distributions (lower case) that the non-standard-library imports of ``code`` come from."""
+    import ast
+    from importlib.metadata import packages_distributions
+
+    dists = packages_distributions()
+    modules = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            modules |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module.split(".")[0])
+    return {d.lower() for m in modules - set(sys.stdlib_module_names) for d in dists[m]}
+
+
+@pytest.mark.skipif(not (HAS_CT2 and HAS_HF), reason=f"ctranslate2 and transformers are needed: {INSTALL}")
+def test_no_card_carries_a_path_of_the_exporting_machine_and_each_says_what_to_install(trained, lm, data, tmp_path,
+                                                                                        capsys):
+    """Every kind of card (HF and CTranslate2; translation, language model, prefix LM; with a test set, with
+    quantized weights; runs whose data, checkpoint and export lie in the temp folder): no file of the
+    export names the temp folder, the home folder, the working directory, the checkpoint's or the data's
+    folders, nor any absolute path; the training data are named by file name; the card's install line
+    names the packages its code imports (the runtime at the exported version or later) and not qkv."""
+    import tempfile
+    from importlib.metadata import version
+
+    test_src = write(tmp_path / "test.en", SENTENCES[:3])
+    test_ref = write(tmp_path / "test.de", [target(s) for s in SENTENCES[:3]])
+    cases = [(FIXTURES / "translate-transformer", "hf", ()), (FIXTURES / "translate-transformer", "ctranslate2", ()),
+             (FIXTURES / "lm-transformer", "ctranslate2", ()), (FIXTURES / "prefix_lm-transformer", "ctranslate2", ()),
+             (trained("post"), "hf", ("--src", test_src, "--ref", test_ref, "--license", "cc-by-4.0")),
+             (trained("post"), "ctranslate2", ("--src", test_src, "--ref", test_ref, "--quantization", "int8")),
+             (lm, "ctranslate2", ())]
+    private = {str(tmp_path), str(data["dir"]), tempfile.gettempdir() + os.sep, str(Path.home()) + os.sep,
+               os.getcwd() + os.sep}
+    for i, (ckpt, fmt, extra) in enumerate(cases):
+        out = tmp_path / "exports" / f"model-{i}"
+        rc, err = export(capsys, ckpt, fmt, out, *extra)
+        assert rc == 0, err
+        where = private | {str(ckpt.resolve().parent) + os.sep}
+        texts = {f.name: f.read_text(encoding="utf-8") for f in out.iterdir()
+                 if f.suffix in (".md", ".json", ".txt", ".vocab")}
+        assert "README.md" in texts and "qkv_export.json" in texts
+        for name, text in texts.items():
+            assert not [w for w in where if w in text], (ckpt, fmt, name, [w for w in where if w in text])
+            assert not ABSOLUTE_PATH.findall(text), (ckpt, fmt, name, ABSOLUTE_PATH.findall(text))
+        readme = texts["README.md"]
+        config = json.loads(card_code_blocks(readme.split("## Training configuration")[1])[0][1])
+        if ckpt.parent.parent == data["dir"]:  # trained here: data named by their file names alone
+            assert config["data"]["train"] in ("train.en/train.de", "text.txt"), config["data"]
+        blocks = dict(card_code_blocks(readme))
+        install = blocks["bash"].split()
+        assert install[:2] == ["pip", "install"] and len(blocks["bash"].splitlines()) == 1, blocks["bash"]
+        runtime = "transformers" if fmt == "hf" else "ctranslate2"
+        assert f'"{runtime}>={version(runtime)}"' in install, install
+        wanted = {p.strip('"').split(">=")[0].lower() for p in install[2:]}
+        assert installed_packages(blocks["python"]) <= wanted, (installed_packages(blocks["python"]), wanted)
+        assert "qkv" not in wanted and (fmt != "hf" or "torch" in wanted)  # MarianMTModel is a PyTorch model
 
 
 @pytest.fixture(scope="module")

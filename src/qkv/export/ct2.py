@@ -41,6 +41,7 @@ import torch
 from qkv.config import BOS, EOS, PAD, SEP, UNK
 from qkv.decoding.greedy import banned_ids
 from qkv.errors import QkvError
+from qkv.export.card import checkpoint_name
 from qkv.export.source import Source
 from qkv.nn.positional import sinusoidal_table
 
@@ -234,7 +235,7 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
         "format": "ctranslate2",
         "ctranslate2_version": version,
         "qkv_version": src.qkv_version,
-        "checkpoint": str(src.path),
+        "checkpoint": checkpoint_name(src.path),
         "task": src.task,
         "runtime": f"ctranslate2.{SUPPORTED[src.key]}",
         "quantization": quantization or "float32",
