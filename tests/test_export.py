@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -203,10 +204,10 @@ def quantized_log_prob_bound(ckpt: Path, levels: int) -> float:
 
 @needs_ct2
 def test_ctranslate2_beam_is_qkv_beam_with_length_norm_length_and_early_stopping(trained, tmp_path, capsys):
-    """What the export says (its note, printed and in qkv_export.json and the card) holds: CTranslate2's
-    beam search gives qkv's outputs under --length-norm length --early-stopping, given qkv's min_len
-    (0) as min_decoding_length. (Here CTranslate2's default min_decoding_length 1 changes one of the
-    seven outputs, and qkv's default stopping rule another.)"""
+    """On this model CTranslate2's beam search gives qkv's outputs under --length-norm length
+    --early-stopping, given qkv's min_len (0) as min_decoding_length. (Here CTranslate2's default
+    min_decoding_length 1 changes one of the seven outputs, and qkv's default stopping rule another.)
+    The export's note says so for most outputs, not all (the next test: why not all)."""
     import ctranslate2
     import sentencepiece as spm
 
@@ -214,7 +215,7 @@ def test_ctranslate2_beam_is_qkv_beam_with_length_norm_length_and_early_stopping
     rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "ct2")
     assert rc == 0, err
     out = tmp_path / "ct2"
-    note = "beam outputs are qkv's with both --length-norm length and --early-stopping"
+    note = "its beam outputs are mostly, not always, qkv's with --length-norm length --early-stopping"
     assert note in err.splitlines()[-1]
     assert any(note in d for d in json.loads((out / "qkv_export.json").read_text())["decode"]["differences"])
     assert note in (out / "README.md").read_text()
@@ -412,6 +413,66 @@ def test_hf_beam_generate_stops_as_qkv_and_gives_its_outputs(trained, tmp_path, 
                             **({"max_new_tokens": limit} if limit else {}))[0].tolist()
             assert [t for t in y[1:] if t != EOS] == beam[i][0].tokens, SENTENCES[i]
             assert len(steps) < budget(len(ids)) // 2, (SENTENCES[i], len(steps))  # ended long before the limit
+
+
+FIXTURE_SENTENCES = [" ".join(random.Random(i).choices(["red", "blue", "cat", "dog", "sun", "tree", "big", "small"],
+                                                        k=1 + i % 6)) for i in range(50)]
+
+
+@needs_ct2
+def test_ctranslate2_beam_claim_is_what_holds_and_says_why(tmp_path, capsys):
+    """The note (printed, in qkv_export.json and the card) claims beam agreement for most outputs, not all,
+    and names the causes, each checked here on the fixture model, 50 sentences:
+
+    * CTranslate2 ranks by log-probabilities renormalised over the tokens qkv never emits: its reported
+      score of each output ended by </s> is log P' / |Y|^α, P' from the checkpoint's own logits with those
+      columns left out of the softmax and |Y| counting </s>, to 1e-4; qkv's own-log-probability score of
+      the same output differs from it (by more than 1e-3 on some);
+    * with each sentence's qkv limit as max_decoding_length, the outputs are not all qkv's (--length-norm
+      length --early-stopping): the old claim, all of them, fails here."""
+    import ctranslate2
+    import sentencepiece as spm
+    from qkv.decoding import banned_ids
+
+    ckpt = FIXTURES / "translate-transformer"
+    rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "ct2")
+    assert rc == 0, err
+    out = tmp_path / "ct2"
+    note = "its beam outputs are mostly, not always, qkv's with --length-norm length --early-stopping"
+    assert note in err and "renormalised over the tokens qkv never emits" in err
+    assert any(note in d for d in json.loads((out / "qkv_export.json").read_text())["decode"]["differences"])
+    assert note in (out / "README.md").read_text()
+    assert "beam outputs are qkv's with both" not in (out / "README.md").read_text()
+
+    model = qkv.load(ckpt)
+    cfg = dataclasses.replace(model.decode_cfg, length_norm="length", early_stopping=True)
+    alpha, tgt, net = cfg.length_penalty, model.tokenizers.tgt, model.model.eval()
+    ids = model.tokenizers.src.encode(FIXTURE_SENTENCES)
+    want = [h[0].tokens for h in decode_sentences(model.model, ids, cfg)]
+    translator = ctranslate2.Translator(str(out), intra_threads=1)
+    source = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    banned = list(banned_ids(tgt))
+    equal, renorm_gap, checked = 0, 0.0, 0
+    for x, sentence, ours in zip(ids, FIXTURE_SENTENCES, want):
+        limit = budget(len(x))
+        r = translator.translate_batch([source.encode(sentence, out_type=str)], beam_size=cfg.beam_size,
+                                       length_penalty=alpha, max_decoding_length=limit, min_decoding_length=0,
+                                       return_scores=True)[0]
+        y = [tgt.sp.piece_to_id(p) for p in r.hypotheses[0]]
+        equal += y == ours
+        if len(y) >= limit:  # ended by the limit, without </s>
+            continue
+        with torch.no_grad():
+            z = net(torch.tensor([x + [EOS]]), torch.tensor([[BOS] + y]))[0].double()  # (|y|+1, V)
+        gold = torch.tensor(y + [EOS])[:, None]
+        own = float(torch.log_softmax(z, -1).gather(1, gold).sum())
+        z[:, banned] = -math.inf
+        renormalised = float(torch.log_softmax(z, -1).gather(1, gold).sum())
+        assert r.scores[0] == pytest.approx(renormalised / (len(y) + 1) ** alpha, abs=1e-4), sentence
+        renorm_gap = max(renorm_gap, abs(r.scores[0] - own / (len(y) + 1) ** alpha))
+        checked += 1
+    assert checked >= 10 and renorm_gap > 1e-3
+    assert 0 < equal < len(FIXTURE_SENTENCES), equal
 
 
 def card_code_blocks(readme: str) -> list[tuple[str, str]]:
