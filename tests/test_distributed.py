@@ -159,6 +159,20 @@ def test_update_tokens_gives_two_processes_the_update_of_one(runs, tmp_path):
     assert per_process_batch(TrainConfig(update_tokens=384, update_freq=2, max_len=40), 1).max_tokens == 192
 
 
+def test_a_run_with_update_tokens_resumes_with_another_update_freq(tmp_path, capsys):
+    """With update_tokens the update's size is in tokens: a resumed run may split it into more batches
+    (--update-freq 2 after 1), which would be refused without it, and gets the halved share."""
+    data = write_data(tmp_path)
+    out = tmp_path / "run"
+    assert main(["train", *data, *FLAGS, "--update-tokens", "192", "--max-steps", "2", "--out", str(out)]) == 0
+    assert json.loads((out / "last" / "config.json").read_text())["train"]["max_tokens"] == 192
+    capsys.readouterr()
+    assert main(["train", *data, "--resume", "--update-freq", "2", "--max-steps", "3", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "update_tokens 192 is shared out as 96 tokens a batch" in err, err
+    assert json.loads((out / "last" / "config.json").read_text())["train"]["max_tokens"] == 96
+
+
 # --- the helpers without a process group ------------------------------------------------------------
 
 def test_helpers_are_no_ops_for_one_process(monkeypatch):
