@@ -139,6 +139,40 @@ def test_resume_on_more_processes_keeps_the_update_with_a_smaller_update_freq(ru
     assert max_diff(d / "ref" / "step_000006", out / "last") < ATOL
 
 
+def test_update_tokens_gives_two_processes_the_update_of_one(runs, tmp_path):
+    """--update-tokens 384 with --update-freq 2 on two processes: each batch gets 384 / (2 x 2) = 96 tokens
+    a side, so the update is the one-process reference's (--max-tokens 96, --update-freq 4) and so are the
+    weights; the run records the share it computed, and one process would have taken 384 / 2 = 192."""
+    d, _, _ = runs
+    data = write_data(tmp_path)
+    out = tmp_path / "shared"
+    flags = [f for f in FLAGS]
+    flags[flags.index("--max-tokens") + 1] = "4096"  # overridden by the share
+    run = torchrun(tmp_path, *data, *flags, "--update-tokens", "384", "--update-freq", "2", "--max-steps", "3",
+                   "--out", str(out))
+    assert "update_tokens 384: 96 tokens a batch (per side, padded) x 2 x 2 process(es)" in run.stderr
+    saved = json.loads((out / "last" / "config.json").read_text())["train"]
+    assert (saved["update_tokens"], saved["max_tokens"]) == (384, 96)
+    assert max_diff(d / "ref" / "step_000003", out / "last") < ATOL
+    from qkv.config import TrainConfig, per_process_batch
+
+    assert per_process_batch(TrainConfig(update_tokens=384, update_freq=2, max_len=40), 1).max_tokens == 192
+
+
+def test_a_run_with_update_tokens_resumes_with_another_update_freq(tmp_path, capsys):
+    """With update_tokens the update's size is in tokens: a resumed run may split it into more batches
+    (--update-freq 2 after 1), which would be refused without it, and gets the halved share."""
+    data = write_data(tmp_path)
+    out = tmp_path / "run"
+    assert main(["train", *data, *FLAGS, "--update-tokens", "192", "--max-steps", "2", "--out", str(out)]) == 0
+    assert json.loads((out / "last" / "config.json").read_text())["train"]["max_tokens"] == 192
+    capsys.readouterr()
+    assert main(["train", *data, "--resume", "--update-freq", "2", "--max-steps", "3", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "update_tokens 192 is shared out as 96 tokens a batch" in err, err
+    assert json.loads((out / "last" / "config.json").read_text())["train"]["max_tokens"] == 96
+
+
 # --- the helpers without a process group ------------------------------------------------------------
 
 def test_helpers_are_no_ops_for_one_process(monkeypatch):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -203,10 +204,10 @@ def quantized_log_prob_bound(ckpt: Path, levels: int) -> float:
 
 @needs_ct2
 def test_ctranslate2_beam_is_qkv_beam_with_length_norm_length_and_early_stopping(trained, tmp_path, capsys):
-    """What the export says (its note, printed and in qkv_export.json and the card) holds: CTranslate2's
-    beam search gives qkv's outputs under --length-norm length --early-stopping, given qkv's min_len
-    (0) as min_decoding_length. (Here CTranslate2's default min_decoding_length 1 changes one of the
-    seven outputs, and qkv's default stopping rule another.)"""
+    """On this model CTranslate2's beam search gives qkv's outputs under --length-norm length
+    --early-stopping, given qkv's min_len (0) as min_decoding_length. (Here CTranslate2's default
+    min_decoding_length 1 changes one of the seven outputs, and qkv's default stopping rule another.)
+    The export's note says so for most outputs, not all (the next test: why not all)."""
     import ctranslate2
     import sentencepiece as spm
 
@@ -214,7 +215,7 @@ def test_ctranslate2_beam_is_qkv_beam_with_length_norm_length_and_early_stopping
     rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "ct2")
     assert rc == 0, err
     out = tmp_path / "ct2"
-    note = "beam outputs are qkv's with both --length-norm length and --early-stopping"
+    note = "its beam outputs are mostly, not always, qkv's with --length-norm length --early-stopping"
     assert note in err.splitlines()[-1]
     assert any(note in d for d in json.loads((out / "qkv_export.json").read_text())["decode"]["differences"])
     assert note in (out / "README.md").read_text()
@@ -414,6 +415,66 @@ def test_hf_beam_generate_stops_as_qkv_and_gives_its_outputs(trained, tmp_path, 
             assert len(steps) < budget(len(ids)) // 2, (SENTENCES[i], len(steps))  # ended long before the limit
 
 
+FIXTURE_SENTENCES = [" ".join(random.Random(i).choices(["red", "blue", "cat", "dog", "sun", "tree", "big", "small"],
+                                                        k=1 + i % 6)) for i in range(50)]
+
+
+@needs_ct2
+def test_ctranslate2_beam_claim_is_what_holds_and_says_why(tmp_path, capsys):
+    """The note (printed, in qkv_export.json and the card) claims beam agreement for most outputs, not all,
+    and names the causes, each checked here on the fixture model, 50 sentences:
+
+    * CTranslate2 ranks by log-probabilities renormalised over the tokens qkv never emits: its reported
+      score of each output ended by </s> is log P' / |Y|^α, P' from the checkpoint's own logits with those
+      columns left out of the softmax and |Y| counting </s>, to 1e-4; qkv's own-log-probability score of
+      the same output differs from it (by more than 1e-3 on some);
+    * with each sentence's qkv limit as max_decoding_length, the outputs are not all qkv's (--length-norm
+      length --early-stopping): the old claim, all of them, fails here."""
+    import ctranslate2
+    import sentencepiece as spm
+    from qkv.decoding import banned_ids
+
+    ckpt = FIXTURES / "translate-transformer"
+    rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "ct2")
+    assert rc == 0, err
+    out = tmp_path / "ct2"
+    note = "its beam outputs are mostly, not always, qkv's with --length-norm length --early-stopping"
+    assert note in err and "renormalised over the tokens qkv never emits" in err
+    assert any(note in d for d in json.loads((out / "qkv_export.json").read_text())["decode"]["differences"])
+    assert note in (out / "README.md").read_text()
+    assert "beam outputs are qkv's with both" not in (out / "README.md").read_text()
+
+    model = qkv.load(ckpt)
+    cfg = dataclasses.replace(model.decode_cfg, length_norm="length", early_stopping=True)
+    alpha, tgt, net = cfg.length_penalty, model.tokenizers.tgt, model.model.eval()
+    ids = model.tokenizers.src.encode(FIXTURE_SENTENCES)
+    want = [h[0].tokens for h in decode_sentences(model.model, ids, cfg)]
+    translator = ctranslate2.Translator(str(out), intra_threads=1)
+    source = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    banned = list(banned_ids(tgt))
+    equal, renorm_gap, checked = 0, 0.0, 0
+    for x, sentence, ours in zip(ids, FIXTURE_SENTENCES, want):
+        limit = budget(len(x))
+        r = translator.translate_batch([source.encode(sentence, out_type=str)], beam_size=cfg.beam_size,
+                                       length_penalty=alpha, max_decoding_length=limit, min_decoding_length=0,
+                                       return_scores=True)[0]
+        y = [tgt.sp.piece_to_id(p) for p in r.hypotheses[0]]
+        equal += y == ours
+        if len(y) >= limit:  # ended by the limit, without </s>
+            continue
+        with torch.no_grad():
+            z = net(torch.tensor([x + [EOS]]), torch.tensor([[BOS] + y]))[0].double()  # (|y|+1, V)
+        gold = torch.tensor(y + [EOS])[:, None]
+        own = float(torch.log_softmax(z, -1).gather(1, gold).sum())
+        z[:, banned] = -math.inf
+        renormalised = float(torch.log_softmax(z, -1).gather(1, gold).sum())
+        assert r.scores[0] == pytest.approx(renormalised / (len(y) + 1) ** alpha, abs=1e-4), sentence
+        renorm_gap = max(renorm_gap, abs(r.scores[0] - own / (len(y) + 1) ** alpha))
+        checked += 1
+    assert checked >= 10 and renorm_gap > 1e-3
+    assert 0 < equal < len(FIXTURE_SENTENCES), equal
+
+
 def card_code_blocks(readme: str) -> list[tuple[str, str]]:
     """The fenced code blocks of a model card: (language, code)."""
     return re.findall(r"^```(\w*)\n(.*?)^```$", readme, flags=re.M | re.S)
@@ -423,21 +484,87 @@ def card_code_blocks(readme: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("fixture,fmt", [("translate-transformer", "hf"), ("translate-transformer", "ctranslate2"),
                                          ("lm-transformer", "ctranslate2"), ("prefix_lm-transformer", "ctranslate2")])
 def test_every_code_block_of_a_model_card_runs_as_written(tmp_path, capsys, fixture, fmt):
-    """Each card's Python runs from another working directory, unchanged; its JSON parses."""
+    """Each card's Python runs unchanged from the folder that holds the export (it names the export's
+    folder, not a path of the exporting machine); its JSON parses; its bash is the install line."""
     rc, err = export(capsys, FIXTURES / fixture, fmt, tmp_path / "export")
     assert rc == 0, err
     blocks = card_code_blocks((tmp_path / "export" / "README.md").read_text(encoding="utf-8"))
-    assert sorted(lang for lang, _ in blocks) == ["json", "python"], blocks
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    assert sorted(lang for lang, _ in blocks) == ["bash", "json", "python"], blocks
     for lang, code in blocks:
         if lang == "json":
             json.loads(code)
             continue
-        result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True,
+        if lang == "bash":
+            assert code.startswith("pip install ") and code.count("\n") == 1, code
+            continue
+        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                                 timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, f"{fixture} {fmt} card:\n{code}\n{result.stderr[-2000:]}"
         assert result.stdout.strip(), f"{fixture} {fmt} card's code printed nothing"
+
+
+# an absolute path in text: a leading separator (or ~/ or a drive) then a name and another separator
+ABSOLUTE_PATH = re.compile(r"(?<![\w.)\]|])(?:/|~/|[A-Za-z]:[\\/])[\w.-]+[\\/]")
+
+
+def installed_packages(code: str) -> set[str]:
+    """The distributions (lower case) that the non-standard-library imports of ``code`` come from."""
+    import ast
+    from importlib.metadata import packages_distributions
+
+    dists = packages_distributions()
+    modules = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            modules |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module.split(".")[0])
+    return {d.lower() for m in modules - set(sys.stdlib_module_names) for d in dists[m]}
+
+
+@pytest.mark.skipif(not (HAS_CT2 and HAS_HF), reason=f"ctranslate2 and transformers are needed: {INSTALL}")
+def test_no_card_carries_a_path_of_the_exporting_machine_and_each_says_what_to_install(trained, lm, data, tmp_path,
+                                                                                        capsys):
+    """Every kind of card (HF and CTranslate2; translation, language model, prefix LM; with a test set, with
+    quantized weights; runs whose data, checkpoint and export lie in the temp folder): no file of the
+    export names the temp folder, the home folder, the working directory, the checkpoint's or the data's
+    folders, nor any absolute path; the training data are named by file name; the card's install line
+    names the packages its code imports (the runtime at the exported version or later) and not qkv."""
+    import tempfile
+    from importlib.metadata import version
+
+    test_src = write(tmp_path / "test.en", SENTENCES[:3])
+    test_ref = write(tmp_path / "test.de", [target(s) for s in SENTENCES[:3]])
+    cases = [(FIXTURES / "translate-transformer", "hf", ()), (FIXTURES / "translate-transformer", "ctranslate2", ()),
+             (FIXTURES / "lm-transformer", "ctranslate2", ()), (FIXTURES / "prefix_lm-transformer", "ctranslate2", ()),
+             (trained("post"), "hf", ("--src", test_src, "--ref", test_ref, "--license", "cc-by-4.0")),
+             (trained("post"), "ctranslate2", ("--src", test_src, "--ref", test_ref, "--quantization", "int8")),
+             (lm, "ctranslate2", ())]
+    private = {str(tmp_path), str(data["dir"]), tempfile.gettempdir() + os.sep, str(Path.home()) + os.sep,
+               os.getcwd() + os.sep}
+    for i, (ckpt, fmt, extra) in enumerate(cases):
+        out = tmp_path / "exports" / f"model-{i}"
+        rc, err = export(capsys, ckpt, fmt, out, *extra)
+        assert rc == 0, err
+        where = private | {str(ckpt.resolve().parent) + os.sep}
+        texts = {f.name: f.read_text(encoding="utf-8") for f in out.iterdir()
+                 if f.suffix in (".md", ".json", ".txt", ".vocab")}
+        assert "README.md" in texts and "qkv_export.json" in texts
+        for name, text in texts.items():
+            assert not [w for w in where if w in text], (ckpt, fmt, name, [w for w in where if w in text])
+            assert not ABSOLUTE_PATH.findall(text), (ckpt, fmt, name, ABSOLUTE_PATH.findall(text))
+        readme = texts["README.md"]
+        config = json.loads(card_code_blocks(readme.split("## Training configuration")[1])[0][1])
+        if ckpt.parent.parent == data["dir"]:  # trained here: data named by their file names alone
+            assert config["data"]["train"] in ("train.en/train.de", "text.txt"), config["data"]
+        blocks = dict(card_code_blocks(readme))
+        install = blocks["bash"].split()
+        assert install[:2] == ["pip", "install"] and len(blocks["bash"].splitlines()) == 1, blocks["bash"]
+        runtime = "transformers" if fmt == "hf" else "ctranslate2"
+        assert f'"{runtime}>={version(runtime)}"' in install, install
+        wanted = {p.strip('"').split(">=")[0].lower() for p in install[2:]}
+        assert installed_packages(blocks["python"]) <= wanted, (installed_packages(blocks["python"]), wanted)
+        assert "qkv" not in wanted and (fmt != "hf" or "torch" in wanted)  # MarianMTModel is a PyTorch model
 
 
 @pytest.fixture(scope="module")

@@ -168,3 +168,34 @@ def test_tokenizer_specials_and_old_tokenizers(tmp_path):
     assert not old.has_specials
     with pytest.raises(QkvError, match="<cls>, \\[MASK\\], <sep>"):
         old.require_specials("mlm")
+
+
+SPECIAL_NAMES = {"<pad>", "<unk>", "<s>", "</s>", "<cls>", "[MASK]", "<sep>"}
+
+
+@pytest.mark.parametrize("text", ["red [MASK] cat", "[MASK]", "[MASK] [MASK] the [MASK]", "the big dog [MASK]"])
+def test_fill_never_offers_a_special_piece(text):
+    """Asked for every piece, fill offers the ordinary ones only, with the model's own probabilities
+    (softmax over the whole vocabulary, the special ids then left out), best first."""
+    fixture = Path(__file__).parent / "fixtures" / "checkpoints" / "mlm-transformer"
+    enc = qkv.load(fixture)
+    sp = enc.tokenizers.src.sp
+    V = sp.get_piece_size()
+    special = {i for i in range(V) if sp.id_to_piece(i) in SPECIAL_NAMES or sp.is_control(i) or sp.is_unknown(i)}
+    assert len(special) == 7
+    fills = enc.fill(text, k=1000)
+    tokens = enc.input_tokens(text)
+    with torch.no_grad():
+        probs = torch.softmax(enc.model.eval()(tokens)[0, tokens[0] == MASK].double(), dim=-1)  # (M, V)
+    assert len(fills) == text.count("[MASK]") == probs.size(0)
+    for offered, p in zip(fills, probs):
+        ordinary = sorted((i for i in range(V) if i not in special), key=lambda i: -float(p[i]))
+        assert len(offered) == V - len(special)
+        assert [piece for piece, _ in offered] == [sp.decode([i]) or sp.id_to_piece(i) for i in ordinary]
+        assert [v for _, v in offered] == pytest.approx([float(p[i]) for i in ordinary], abs=1e-6)
+        assert not {piece.strip() for piece, _ in offered} & (SPECIAL_NAMES | {"⁇", ""})
+    code, out, _ = cli("fill", str(fixture), text, "--top-k", "100")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == text and len(lines) == 1 + text.count("[MASK]") * (V - len(special))
+    pieces = {line.split(maxsplit=2)[2] if len(line.split()) > 2 else "" for line in lines[1:]}
+    assert not pieces & (SPECIAL_NAMES | {"⁇", ""}), out

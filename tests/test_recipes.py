@@ -340,3 +340,40 @@ def test_wmt14_base_config_is_the_papers_setup():
         (4, 0.6, "gnmt", 1.0, 50)
     text = (ROOT / "recipes" / "wmt14" / "README.md").read_text(encoding="utf-8")
     assert "Ampere" in text and "wmt14/full" in text and "3,003" in text and "##AT##-##AT##" in text
+
+
+def test_wmt14_big_config_and_preset_train_as_the_paper():
+    """recipes/wmt14/big.toml and --preset big against the paper (Table 3, row big; sections 5.2, 5.4, 6.1):
+    d_model 1024, 16 heads, d_ff 4096, residual dropout 0.3 and no attention dropout, no gradient clipping,
+    300,000 steps, the last 20 checkpoints kept for averaging, 25,000 tokens per side an update over all
+    processes (not per process); the recipe checkpoints every 600 updates, 10 minutes at the paper's 1.0 s a
+    step, and the base recipe every 1,500 (0.4 s a step)."""
+    from qkv.config import preset
+
+    model, train, decode = resolve_configs(argparse.Namespace(config=str(ROOT / "recipes" / "wmt14" / "big.toml"),
+                                                              preset=None))
+    for m, t in ((model, train), preset("big")):
+        assert (m.d_model, m.n_heads, m.d_ff, m.n_encoder_layers, m.n_decoder_layers) == (1024, 16, 4096, 6, 6)
+        assert (m.dropout, m.attention_dropout) == (0.3, 0.0)
+        assert (t.clip_norm, t.keep_last, t.update_tokens, t.max_steps, t.warmup_steps, t.label_smoothing) == \
+            (0.0, 20, 25000, 300_000, 4000, 0.1)
+    assert train.eval_every * 1.0 == 600 and (decode.beam_size, decode.length_penalty) == (4, 0.6)
+    _, base, _ = resolve_configs(argparse.Namespace(config=str(ROOT / "recipes" / "wmt14" / "base.toml"), preset=None))
+    assert base.update_tokens == 25000 and base.eval_every * 0.4 == 600 and base.keep_last >= 5
+    text = (ROOT / "recipes" / "wmt14" / "README.md").read_text(encoding="utf-8")
+    assert "big.toml" in text and "--last 20" in text
+
+
+@pytest.mark.parametrize("processes,update_freq,share", [(1, 1, 25000), (2, 1, 12500), (4, 2, 3125), (8, 1, 3125),
+                                                          (8, 2, 1562), (3, 1, 8333)])
+def test_update_tokens_is_shared_out_over_the_processes(processes, update_freq, share):
+    """Each batch's budget is update_tokens // (processes x update_freq), so an update holds at most 25,000
+    tokens a side whatever the process count (within one batch's rounding of it); too small a share is refused."""
+    from qkv.config import ConfigError, TrainConfig, per_process_batch
+
+    cfg = per_process_batch(TrainConfig(update_tokens=25000, update_freq=update_freq, max_tokens=25000), processes)
+    assert cfg.max_tokens == share
+    assert 25000 - processes * update_freq < cfg.max_tokens * processes * update_freq <= 25000
+    assert per_process_batch(TrainConfig(max_tokens=3200), processes).max_tokens == 3200  # update_tokens 0: as given
+    with pytest.raises(ConfigError, match="update_tokens"):
+        per_process_batch(TrainConfig(update_tokens=25000, max_len=256), 128)

@@ -145,6 +145,13 @@ def test_classify_fill_generate_equal_the_front_ends(client, reference):
     assert [[(p["piece"], pytest.approx(p["probability"], abs=1e-6)) for p in m] for m in out["results"][0]["masks"]] \
         == expected
 
+    # every piece asked for: the special ones ([MASK], <cls>, </s>, <sep>, <pad>, <s>, unk) are never offered
+    out = ok(client.post("/fill", json={"texts": ["red [MASK] cat", "[MASK] [MASK]"], "k": 100}))
+    offered = [p["piece"].strip() for r in out["results"] for m in r["masks"] for p in m]
+    V = reference["mlm-transformer"].tokenizers.src.sp.get_piece_size()
+    assert len(offered) == 3 * (V - 7)
+    assert not set(offered) & {"[MASK]", "<cls>", "</s>", "<sep>", "<pad>", "<s>", "<unk>", "⁇", ""}, offered
+
     args = dict(prefix="red cat", max_new_tokens=20, temperature=0.8, top_k=0, top_p=1.0, seed=7)
     expected = "".join(reference["lm-transformer"].generate(**args))
     assert ok(client.post("/generate", json=args))["text"] == expected

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +233,12 @@ class TrainConfig:
         'an update whose loss or gradient norm is not finite (NaN/inf) is skipped with a warning; this many '
         'in a row stop training with exit status 3 (non-finite weights are never saved)', bound=whole(1, 10**6))
     update_freq: int = setting(1, 'accumulate gradients over this many batches per update', bound=whole(1, MAX_WIDTH))
+    update_tokens: int = setting(
+        0,
+        "tokens per side of one update, over all processes and accumulated batches (the paper's 25,000 source "
+        "+ 25,000 target tokens: 25000); when set, each batch's budget max_tokens is computed at start as "
+        "update_tokens / (processes x update_freq), so the update keeps its size on any number of GPUs "
+        "(0: max_tokens as given, per process and batch)", bound=whole(0, 10**8))
     max_steps: int = setting(100_000, 'stop after this many updates', bound=whole(1, MAX_STEPS))
     max_epochs: int = setting(0, 'stop after this many epochs (0: no limit)', bound=whole(0, MAX_STEPS))
     max_time: float = setting(0.0, 'stop after this many seconds of training (0: no limit)', bound=real(0, 10**8))
@@ -308,7 +314,8 @@ class TrainConfig:
                "shrinks the rate by lr_shrink, which is 1.0 (no change): set lr_shrink below 1")
         _check(not (self.max_lr_shrinks and not self.patience), "max_lr_shrinks",
                "the rate shrinks when patience runs out: set patience too")
-        for name in ("max_epochs", "max_time", "patience", "max_lr_shrinks", "eval_bleu_samples", "keep_last", "threads", "weight_decay"):
+        for name in ("max_epochs", "max_time", "patience", "max_lr_shrinks", "eval_bleu_samples", "keep_last", "threads", "weight_decay",
+                     "update_tokens"):
             _check(getattr(self, name) >= 0, name, "must be >= 0")
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
         _check(self.amp in ("none", "bf16", "fp16"), "amp", f"must be none, bf16 or fp16, got {self.amp!r}")
@@ -373,17 +380,32 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         dropout=0.1, attention_dropout=0.1,
     ),
     "base": ModelConfig(),
-    "big": ModelConfig(
-        d_model=1024, n_heads=16, d_ff=4096, dropout=0.3, attention_dropout=0.3,
+    "big": ModelConfig(  # residual dropout 0.3 (Table 3); the paper drops no attention weights
+        d_model=1024, n_heads=16, d_ff=4096, dropout=0.3, attention_dropout=0.0,
     ),
 }
 
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     "tiny": TrainConfig(vocab_size=200, max_tokens=1024, warmup_steps=100, max_steps=200, eval_every=100, label_smoothing=0.1),
     "small": TrainConfig(vocab_size=8000, max_tokens=4096, warmup_steps=4000),
-    "base": TrainConfig(vocab_size=37000, max_tokens=25000, warmup_steps=4000),
-    "big": TrainConfig(vocab_size=37000, max_tokens=25000, warmup_steps=4000, max_steps=300_000),
+    "base": TrainConfig(vocab_size=37000, max_tokens=25000, update_tokens=25000, warmup_steps=4000),
+    # the big model as the paper trains it: no gradient clipping, the last 20 checkpoints kept to average
+    "big": TrainConfig(vocab_size=37000, max_tokens=25000, update_tokens=25000, warmup_steps=4000, max_steps=300_000,
+                       clip_norm=0.0, keep_last=20),
 }
+
+
+def per_process_batch(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """``cfg`` with ``max_tokens`` the per-batch share of ``update_tokens`` for ``world_size`` processes,
+    each accumulating ``update_freq`` batches: ``update_tokens // (world_size * update_freq)`` (25,000
+    on 8 processes: 3,125 each); ``cfg`` itself when ``update_tokens`` is 0."""
+    if not cfg.update_tokens:
+        return cfg
+    share = cfg.update_tokens // (world_size * cfg.update_freq)
+    _check(share >= cfg.max_len + 2, "update_tokens",
+           f"{cfg.update_tokens} over {world_size} process(es) x update_freq {cfg.update_freq} leaves {share} tokens "
+           f"a batch, fewer than one sentence of max_len={cfg.max_len} (+2)")
+    return replace(cfg, max_tokens=share)
 
 PRESETS = tuple(MODEL_PRESETS)
 

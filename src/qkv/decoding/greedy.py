@@ -60,10 +60,11 @@ class IncrementalDecoder(Protocol):
 NEVER_EMITTED = (PAD, UNK, BOS)  # special in every tokenizer (EOS only ends an output)
 
 
-def banned_ids(tokenizer) -> tuple[int, ...]:
+def banned_ids(tokenizer, ends: bool = True) -> tuple[int, ...]:
     """The ids a decoder never emits in ``tokenizer``'s pieces: its special ids
-    (:attr:`qkv.data.tokenizer.Tokenizer.special_ids`) but EOS, which ends an output."""
-    return tuple(i for i in tokenizer.special_ids if i != EOS)
+    (:attr:`qkv.data.tokenizer.Tokenizer.special_ids`) but EOS, which ends an output. ``ends=False``
+    for an output that has no end to mark (a ``[MASK]``'s fill): EOS is banned with the others."""
+    return tuple(i for i in tokenizer.special_ids if i != EOS or not ends)
 
 
 def ban(logits: Tensor, banned: Sequence[int]) -> Tensor:

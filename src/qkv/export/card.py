@@ -48,19 +48,61 @@ class TestScores:
     chrf_signature: str
 
 
+# A path in a string: two or more parts of anything but separators, whitespace and ':' (which ends a
+# binarized corpus' path, "DIR:train"), each ended by one separator, with an optional drive or leading one.
+PATH_RE = re.compile(r"(?:[A-Za-z]:)?[\\/]?(?:[^\\/\s:]+[\\/])+([^\\/\s:]+)")
+
+
+def file_names(text: str) -> str:
+    """``text`` with every path in it cut to its last part: "/home/me/data/train.en/tmp/x/train.de"
+    -> "train.en/train.de", "/data/wmt14-bin:train" -> "wmt14-bin:train". What a card or qkv_export.json
+    says of a file of the exporting machine (they name files, never where they were)."""
+    if text == EMBEDDED:
+        return text
+    halves = split_pair(text)
+    if halves:
+        return "/".join(Path(h).name for h in halves)
+    return PATH_RE.sub(lambda m: m.group(1), text)
+
+
+def split_pair(name: str) -> list[str]:
+    """"SRC/TGT" as training records parallel data, split where both halves name a file with a language
+    suffix (``train.en``); [] where it is not such a pair."""
+    from qkv.metrics import language_of
+
+    for i, c in enumerate(name):
+        if c == "/" and i and language_of(name[:i]) and language_of(name[i + 1:]):
+            return [name[:i], name[i + 1:]]
+    return []
+
+
+def checkpoint_name(path: Path) -> str:
+    """The checkpoint as the card names it: its run's folder and its own name ("wmt14-base/best"), not
+    where it was on the exporting machine."""
+    path = Path(path).resolve()
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def public_config(src: Source) -> dict:
+    """The checkpoint's configuration (model, train, decode, data) with every path cut to its file name."""
+    def scrub(v):
+        if isinstance(v, dict):
+            return {k: scrub(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [scrub(x) for x in v]
+        return file_names(v) if isinstance(v, str) else v
+
+    return {k: scrub(src.config[k]) for k in ("model", "train", "decode", "data") if k in src.config}
+
+
 def training_files(src: Source) -> list[str]:
     """The training data's files as training recorded them: ``[source, target]`` for parallel data
     (recorded as "SRC/TGT", split where both halves name a file), ``[text]`` or ``[]`` (the embedded task)."""
-    from qkv.metrics import language_of
-
     data = src.config.get("data") if isinstance(src.config.get("data"), dict) else {}
     name = str(data.get("train", ""))
     if not name or name == EMBEDDED:
         return []
-    for i, c in enumerate(name):
-        if c == "/" and i and language_of(name[:i]) and language_of(name[i + 1:]):
-            return [name[:i], name[i + 1:]]
-    return [name]
+    return split_pair(name) or [name]
 
 
 def languages(src: Source, info: CardInfo) -> tuple[str | None, str | None]:
@@ -222,9 +264,22 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
     return meta
 
 
+# what the card's code imports, as pip installs it (the runtime at the version that wrote the export, or later)
+INSTALL = {"hf": ("transformers", ["sentencepiece", "torch"]), "ctranslate2": ("ctranslate2", ["sentencepiece"])}
+
+
+def install_line(fmt: str, export_info: dict) -> str:
+    """``pip install ...``: every package the card's code needs; the runtime no older than the one that wrote it."""
+    runtime, others = INSTALL[fmt]
+    version = export_info.get(f"{runtime}_version")
+    return "pip install " + " ".join([f'"{runtime}>={version}"' if version else runtime, *others])
+
+
 def usage(src: Source, fmt: str, location: str) -> str:
-    """The card's code: it runs as written, from any working directory, while the export is at ``location``."""
-    here = f"model_dir = {json.dumps(location)}  # this export (or, uploaded, its name on the Hub)"
+    """The card's code: it runs as written from the folder that holds the export, named ``location``
+    (a folder's name, not a path of the exporting machine)."""
+    here = (f"model_dir = {json.dumps(location)}  # this export's folder: run from the folder that holds it, "
+            "or give its path (uploaded: its name on the Hub)")
     if fmt == "hf":
         dec = src.decode
         return f"""```python
@@ -288,7 +343,7 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
         f"# {src.path.parent.name or src.path.name}: {kind}",
         "",
         f"Trained with qkv {src.qkv_version} (the Transformer of \"Attention Is All You Need\"), exported from "
-        f"`{src.path}` for `{runtime}`: {'pre' if cfg.norm_first else 'post'}-norm, d_model {cfg.d_model}, "
+        f"`{checkpoint_name(src.path)}` for `{runtime}`: {'pre' if cfg.norm_first else 'post'}-norm, d_model {cfg.d_model}, "
         f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, "
         + (f"{cfg.n_encoder_layers} encoder and {cfg.n_decoder_layers} decoder layers"
            if src.task == "translate" else f"{cfg.n_decoder_layers} layers")
@@ -298,7 +353,13 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
         "",
         "## Use",
         "",
-        usage(src, fmt, str(Path(location or out).resolve())),
+        "Install (qkv itself is not needed):",
+        "",
+        "```bash",
+        install_line(fmt, export_info),
+        "```",
+        "",
+        usage(src, fmt, Path(location or out).resolve().name),
         "",
     ]
     if "tokenize" in export_info:
@@ -334,10 +395,9 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
         lines += ["## Checked at export", "", "The exported model and the checkpoint's own network were run on the same "
                   f"probe sequences: {json.dumps(check)}.", ""]
     lines += ["## Training configuration", "", "```json",
-              json.dumps({k: src.config[k] for k in ("model", "train", "decode", "data") if k in src.config},
-                         indent=2, ensure_ascii=False), "```", ""]
+              json.dumps(public_config(src), indent=2, ensure_ascii=False), "```", ""]
     (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
     return meta
 
 
-__all__ = ["CardInfo", "write_card", "to_yaml", "languages"]
+__all__ = ["CardInfo", "write_card", "to_yaml", "languages", "checkpoint_name", "file_names", "install_line"]

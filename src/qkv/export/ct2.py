@@ -23,8 +23,9 @@ What carries over, and how:
   the special tokens qkv's decoders never emit (:func:`qkv.decoding.banned_ids`: PAD, UNK, BOS,
   and ``<cls>``, ``[MASK]``, ``<sep>`` where the tokenizer has them); with this bias CTranslate2
   never emits them either, whatever options it is called with. The other logits are unchanged;
-  CTranslate2's log-probabilities are normalised over the other tokens (qkv's are not, which
-  changes beam scores by log(1 - p(special)), a negligible amount for a trained model);
+  CTranslate2's log-probabilities are normalised over the other tokens (qkv's are not: a beam score
+  differs by the sum of log(1 - p(special)) over its tokens, which may keep another hypothesis in
+  CTranslate2's beam than in qkv's, so beam outputs agree mostly, not always: :data:`BEAM_NOTE`);
 * the source ends with EOS (``add_source_eos``), the decoder starts from BOS ``<s>``
   (``decoder_start_token``), as ``qkv.data.batching.collate`` and qkv's decoders do;
 * the vocabularies: the SentencePiece pieces in the order of their ids, so CTranslate2's token
@@ -41,6 +42,7 @@ import torch
 from qkv.config import BOS, EOS, PAD, SEP, UNK
 from qkv.decoding.greedy import banned_ids
 from qkv.errors import QkvError
+from qkv.export.card import checkpoint_name
 from qkv.export.source import Source
 from qkv.nn.positional import sinusoidal_table
 
@@ -234,7 +236,7 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
         "format": "ctranslate2",
         "ctranslate2_version": version,
         "qkv_version": src.qkv_version,
-        "checkpoint": str(src.path),
+        "checkpoint": checkpoint_name(src.path),
         "task": src.task,
         "runtime": f"ctranslate2.{SUPPORTED[src.key]}",
         "quantization": quantization or "float32",
@@ -293,10 +295,12 @@ def _differences(dec) -> list[str]:
 
 
 BEAM_NOTE = ("beam search: CTranslate2 ends a sentence's search as soon as beam_size hypotheses have finished, "
-             "qkv's --early-stopping rule (qkv's default searches on while a live hypothesis can still win); its "
-             "beam outputs are qkv's with both --length-norm length and --early-stopping, not with "
-             "--length-norm length alone (and with min_decoding_length = qkv's min_len: CTranslate2's default, 1, "
-             "forbids the empty output qkv allows)")
+             "qkv's --early-stopping rule (qkv's default searches on while a live hypothesis can still win); with "
+             "min_decoding_length = qkv's min_len (CTranslate2's default, 1, forbids the empty output qkv allows) "
+             "its beam outputs are mostly, not always, qkv's with --length-norm length --early-stopping: it ranks "
+             "hypotheses by log-probabilities renormalised over the tokens qkv never emits (qkv's are the model's "
+             "own), which can keep another hypothesis in the beam, and one that reaches max_decoding_length ends "
+             "there without </s> (qkv's ends with </s>, its log-probability counted); greedy outputs are qkv's")
 
 
 def verify(src: Source, out: Path, quantization: str | None) -> dict:

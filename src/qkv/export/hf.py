@@ -42,6 +42,7 @@ import torch
 from qkv.config import BOS, EOS, PAD, UNK
 from qkv.decoding import MAX_OUTPUT_LEN, banned_ids, max_output_len
 from qkv.errors import QkvError
+from qkv.export.card import checkpoint_name
 from qkv.export.source import Source
 
 POSITIONS = 2048  # Marian's max_position_embeddings: the sinusoidal rows it builds (sources and outputs)
@@ -253,7 +254,7 @@ def _write(src: Source, out: Path, version: str) -> dict:
     _write_tokenizer(src, out)
     check = verify(src, out)
     return {"format": "hf", "transformers_version": version, "qkv_version": src.qkv_version,
-            "checkpoint": str(src.path), "task": src.task, "runtime": "transformers.MarianMTModel",
+            "checkpoint": checkpoint_name(src.path), "task": src.task, "runtime": "transformers.MarianMTModel",
             "dimension_order": "Marian dimension m = qkv dimension order[m], order = [0, 2, ..., d-2, 1, 3, ..., d-1]",
             "verified": check, "differences": differences(src)}
 

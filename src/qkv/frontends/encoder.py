@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from qkv.config import MASK, TrainConfig
 from qkv.data.labelled import clean_text
 from qkv.data.tokenizer import TokenizerPair
+from qkv.decoding.greedy import banned_ids, log_probs
 from qkv.errors import QkvError
 from qkv.frontends.base import Frontend, TruncationHandler
 from qkv.metrics import accuracy, confusion_matrix, f1_per_class, format_confusion, macro_f1
@@ -135,7 +136,11 @@ class Encoder(Frontend):
 
     @torch.inference_mode()
     def fill(self, text: str, k: int = 5) -> list[list[tuple[str, float]]]:
-        """For each ``[MASK]`` in ``text``, the ``k`` most probable pieces (as text) and their probabilities."""
+        """For each ``[MASK]`` in ``text``, the ``k`` most probable pieces (as text) and their probabilities.
+
+        A special piece (``[MASK]``, ``<cls>``, ``<s>``, ``</s>``, ...) is never offered: the decoders'
+        rule (:func:`qkv.decoding.banned_ids`, EOS included since a fill has no end) sets its
+        probability to 0 after the softmax, so the others keep the model's own probabilities."""
         if "fill" not in self.offers:
             raise QkvError(f"this is a {self.task!r} model: fill needs a masked language model (--task mlm)")
         if "[MASK]" not in text:
@@ -143,8 +148,9 @@ class Encoder(Frontend):
         self.model.eval()
         tokens = self.input_tokens(text)  # (1, T)
         where = (tokens[0] == MASK).nonzero().squeeze(1)
-        probs = torch.softmax(self.model(tokens)[0, where].float(), dim=-1)  # (M, V)
-        top = probs.topk(min(k, probs.size(-1)), dim=-1)
+        banned = banned_ids(self.tokenizers.src, ends=False)
+        probs = log_probs(self.model(tokens)[0, where], banned).exp()  # (M, V), 0 on the banned ids
+        top = probs.topk(min(k, probs.size(-1) - len(banned)), dim=-1)
         out = []
         for values, indices in zip(top.values.tolist(), top.indices.tolist()):
             out.append([(self.tokenizers.src.sp.decode([i]) or self.tokenizers.src.id_to_piece(i), v)

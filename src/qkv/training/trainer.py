@@ -56,7 +56,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, to_dict
+from qkv.config import DEFAULT_LR, DecodeConfig, ModelConfig, TrainConfig, per_process_batch, to_dict
 from qkv.data.binarized import is_corpus, tokenizer_of
 from qkv.data.tokenizer import TokenizerPair
 from qkv.errors import ConfigError, QkvError, TrainingDiverged
@@ -315,6 +315,12 @@ class Trainer:
         freq, world = self.train_cfg.update_freq, self.dist.world_size
         size, saved_size = freq * world, saved_freq * saved_world
         keep = f"--update-freq {saved_size // world}" if saved_size % world == 0 else None
+        if self.train_cfg.update_tokens:  # the batches are the share of update_tokens: the update keeps its size
+            if (freq, world) != (saved_freq, saved_world):
+                self.log(f"note: {path} was written by a run of {saved_world} process(es) x update_freq {saved_freq}; "
+                         f"this one has {world} x {freq}: update_tokens {self.train_cfg.update_tokens:,} is shared "
+                         f"out as {self.train_cfg.max_tokens:,} tokens a batch")
+            return
         if freq != saved_freq and size != saved_size:
             raise QkvError(f"--update-freq {freq} with {world} process(es) makes an update of {size} batches where "
                            f"{path} took {saved_size} ({saved_freq} x {saved_world} process(es)): on --resume "
@@ -744,6 +750,7 @@ def train(
     train_cfg.validate()
     decode_cfg.validate()
     model_cfg.validate()
+    train_cfg = per_process_batch(train_cfg, distributed.env_world_size())  # update_tokens: each batch's share
     out_dir = Path(out_dir)
     if valid_data is not None and len(valid_data) == 0:
         raise QkvError(f"{valid_data.name}: no validation examples (an empty file?); give validation data, "
@@ -872,7 +879,9 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
     c = train_cfg
     log(f"device: {device}" + (f", amp {c.amp}" if c.amp != "none" else "") + (", compiled" if c.compile else "")
         + (f"; {info.world_size} processes ({info.backend}), {c.update_freq} x {info.world_size} batches per update"
-           if info.distributed else ""))
+           if info.distributed else "")
+        + (f"; update_tokens {c.update_tokens:,}: {c.max_tokens:,} tokens a batch (per side, padded) x "
+           f"{c.update_freq} x {info.world_size} process(es)" if c.update_tokens else ""))
     try:
         return trainer.run()
     finally:
