@@ -164,7 +164,7 @@ def test_cli_bench_layers_writes_outputs(tmp_path, capsys):
     assert "| lstm" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags, message", [(["--r", "0"], "r >= 1"), (["--layers", "gru"], "unknown layer type"),
+@pytest.mark.parametrize("flags, message", [(["--r", "0"], "--r must be a whole number from 1"), (["--layers", "gru"], "unknown layer type"),
                                              (["--d", "30"], "multiple of the number of heads")])
 def test_cli_bench_layers_rejects_bad_values(tmp_path, capsys, flags, message):
     rc = main(["bench", "layers", "--n-min", "8", "--n-max", "8", "--out", str(tmp_path), *flags])
