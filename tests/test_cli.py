@@ -320,8 +320,8 @@ def test_help_shows_each_default_once_and_never_none(command, capsys):
     out = " ".join(capsys.readouterr().out.split())  # undo argparse's wrapping
     assert "(default: None)" not in out
     if command == ["train"]:
-        assert "(default: 512, or the preset's) (default" not in out
-        assert "(default: 512, or the preset's)" in out  # --d-model: the help's own wording stays
+        default = "(default: 256 on given data (preset small), 128 on the embedded task)"  # what a run gets
+        assert out.count(default) == 1 and f"{default} (default" not in out  # --d-model, shown once
     if command == ["bench", "layers"]:
         assert "representation dimension d (default: 512)" in out  # plain defaults are still shown
 
