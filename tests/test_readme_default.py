@@ -10,6 +10,7 @@ fixture of tests/test_default_task.py cannot catch a recipe that fails on anothe
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -53,8 +54,11 @@ def trained(tmp_path_factory) -> tuple[Path, str]:
     """The README's first command run in a fresh directory: (that directory, what it printed)."""
     cwd = tmp_path_factory.mktemp("user")
     argv = first_command()
+    # OpenMP's workers sleep while they wait instead of spinning (unless the caller chose): on a machine busy
+    # with other work, spinning workers make a 2-thread run many times slower; the arithmetic is the same
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
     proc = subprocess.run([sys.executable, "-m", "qkv", *argv[1:]], cwd=cwd, capture_output=True, text=True,
-                          timeout=3600)
+                          timeout=3600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cwd, proc.stdout
 
