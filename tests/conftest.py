@@ -14,6 +14,23 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-g
                                                               "(or set QKV_CHROMIUM to its executable)")
 
 
+# Long tests (minutes each, beyond the suite's budget on a 2-core machine) are marked ``@pytest.mark.long`` and
+# skipped unless QKV_LONG_TESTS=1; docs/training.md#tests names them.
+LONG_SKIP = "long test (minutes): QKV_LONG_TESTS=1 python -m pytest -q -m long"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"long: a test of minutes, skipped unless QKV_LONG_TESTS=1 ({LONG_SKIP})")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("QKV_LONG_TESTS") == "1":
+        return
+    for item in items:
+        if item.get_closest_marker("long"):
+            item.add_marker(pytest.mark.skip(reason=LONG_SKIP))
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread for a module's tests: a tiny model gains nothing from more, and OpenMP

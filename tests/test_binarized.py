@@ -357,7 +357,7 @@ def test_translate_streams_a_file(data, files, tmp_path):
 
 
 def test_tensorboard_scalars_equal_metrics(data, tmp_path):
-    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed (pip install 'qkv[tensorboard]')")
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed: pip install -c constraints.txt -e '.[tensorboard]'")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run, tb = tmp_path / "run", tmp_path / "tb"

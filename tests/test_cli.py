@@ -234,12 +234,13 @@ def test_evaluate_model(run, capsys, tmp_path):
     rc, out, err = cli(capsys, "evaluate", run.best, "--src", run.files.src_valid, "--ref", run.files.tgt_valid,
                        "--output", hyps)
     assert rc == 0, err
-    bleu_line, convention_line, chrf_line = out.splitlines()  # no language: one line asks for --lang
+    bleu_line, convention_line, chrf_line, ter_line = out.splitlines()  # no language: one line asks for --lang
     assert bleu_line.startswith("sacreBLEU (cased, detokenized): BLEU = ")
     assert "sacreBLEU signature:" in bleu_line and "tok:13a" in bleu_line
     # the reference file has no language suffix: the lowercased Moses BLEU asks for --lang
     assert "--lang" in convention_line
     assert chrf_line.startswith("chrF2 = ") and "sacreBLEU signature:" in chrf_line
+    assert ter_line.startswith("TER = ") and "tok:tercom" in ter_line
     assert len(hyps.read_text(encoding="utf-8").splitlines()) == len(run.valid)
 
 
@@ -249,7 +250,7 @@ def test_evaluate_identical_files_is_100(capsys, tmp_path):
     ref = write_lines(tmp_path / "ref.txt", lines)
     rc, out, err = cli(capsys, "evaluate", "--hyp", hyp, "--ref", ref, "--lang", "en")
     assert rc == 0, err
-    sacre, moses, wmt, chrf = out.splitlines()
+    sacre, moses, wmt, chrf, ter = out.splitlines()
     assert sacre.startswith("sacreBLEU (cased, detokenized): BLEU = 100.00 ") and "tok:13a" in sacre
     assert moses.startswith("Multi30k convention (lowercased, punctuation-normalized, Moses-tokenized -l en): "
                             "BLEU = 100.00 ")
@@ -257,6 +258,7 @@ def test_evaluate_identical_files_is_100(capsys, tmp_path):
     assert wmt.startswith("WMT convention (cased, Moses-tokenized -l en, compounds split ##AT##-##AT##; the "
                           "Transformer paper's): BLEU = 100.00 ") and "tok:moses-en+compound-split" in wmt
     assert chrf.startswith("chrF2 = 100.00 ")
+    assert ter.startswith("TER = 0.00 ")  # no edit
 
 
 def test_evaluate_names_both_conventions_and_infers_the_language(capsys, tmp_path):
@@ -264,7 +266,7 @@ def test_evaluate_names_both_conventions_and_infers_the_language(capsys, tmp_pat
     ref = write_lines(tmp_path / "ref.de", ["ein mann fährt ein fahrrad ."])
     rc, out, err = cli(capsys, "evaluate", "--hyp", hyp, "--ref", ref)
     assert rc == 0, err
-    sacre, moses, wmt, _ = out.splitlines()
+    sacre, moses, wmt, _, _ = out.splitlines()
     assert "-l de" in moses and "BLEU = 100.00" in moses  # lowercased + tokenized: identical
     assert "-l de" in wmt and "BLEU = 100.00" not in wmt  # cased: not identical
     assert "BLEU = 100.00" not in sacre  # cased, detokenized: not identical
@@ -320,8 +322,8 @@ def test_help_shows_each_default_once_and_never_none(command, capsys):
     out = " ".join(capsys.readouterr().out.split())  # undo argparse's wrapping
     assert "(default: None)" not in out
     if command == ["train"]:
-        assert "(default: 512, or the preset's) (default" not in out
-        assert "(default: 512, or the preset's)" in out  # --d-model: the help's own wording stays
+        default = "(default: 256 on given data (preset small), 128 on the embedded task)"  # what a run gets
+        assert out.count(default) == 1 and f"{default} (default" not in out  # --d-model, shown once
     if command == ["bench", "layers"]:
         assert "representation dimension d (default: 512)" in out  # plain defaults are still shown
 

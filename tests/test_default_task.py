@@ -1,8 +1,8 @@
 """The model the README trains (``qkv train --out runs/default``: the embedded default task,
 English number words -> German), kept as tests/fixtures/default-task by
 tests/fixtures/make_default_task.py: it translates every number example that the README, the docs
-and the closing ``try it:`` line of ``qkv train`` show, and scores >= 97% exact match on the held-out
-test numbers of every magnitude (>= 98% on all of them)."""
+and the closing ``try it:`` line of ``qkv train`` show, scores >= 99% exact match on the held-out
+test numbers of every magnitude, and translates every number of 1-99."""
 
 from __future__ import annotations
 
@@ -109,9 +109,8 @@ def test_shown_german_is_right():
                 assert de == german(value(en)), f"{page.name}: {en!r} → {de!r}"
 
 
-# Measured on this fixture (`qkv train --out DIR --threads 2`, the default seed, 1,000 updates): 98.2%
-# overall; 16/16 one- and two-digit compounds, 195/200 of three digits, 196/200 of four or five, 198/200
-# of six.
+# Measured on this fixture (the README's run, `python benchmarks/embedded_default.py --seed 1 --threads 2`,
+# 900 updates, weights stored as float16): 100.0% overall, every class 100%, every number of 1-99 right.
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +121,16 @@ def held_out(model) -> list[tuple[int, bool]]:
 
 
 def test_held_out_exact_match_overall(held_out):
-    assert sum(r for _, r in held_out) / len(held_out) >= 0.98
+    assert sum(r for _, r in held_out) / len(held_out) >= 0.99
 
 
 @pytest.mark.parametrize("name", [name for name, _, _ in MAGNITUDES])
 def test_held_out_exact_match_per_magnitude(held_out, name):
     right = [r for n, r in held_out if magnitude(n) == name]
-    assert sum(right) / len(right) >= 0.97
+    assert sum(right) / len(right) >= 0.99
+
+
+def test_every_number_of_1_to_99(model):
+    """The one-word numbers are in training, never held out: the held-out classes cannot see them."""
+    got = model.translate([english(n) for n in range(1, 100)])
+    assert [(n, g) for n, g in zip(range(1, 100), got) if g != german(n)] == []

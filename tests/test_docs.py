@@ -263,8 +263,24 @@ def test_the_python_examples_include_translate_scored_and_cross_attention():
     assert "translate_scored(" in code and "cross_attention(" in code and "hypotheses(" in code
 
 
+# the optional packages a docs example may use (by name, e.g. engine="ctranslate2"), and the extra that installs each
+EXAMPLE_EXTRAS = {"ctranslate2": "export", "transformers": "export", "fastapi": "serve", "matplotlib": "viz"}
+
+
+def test_an_example_without_its_optional_package_skips_naming_the_install(monkeypatch):
+    """A docs example that needs an optional package skips, with the command that installs it, where the
+    package is absent (as on a machine with only the core dependencies)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ctranslate2" else real(name, *a))
+    with pytest.raises(pytest.skip.Exception, match=r"pip install -c constraints.txt -e '\.\[export\]'"):
+        test_python_example_runs("docs/x.md", 1, 'qkv.load("runs/default/best", engine="ctranslate2")', None, None, None)
+
+
 @pytest.mark.parametrize("page, number, code", _python_examples(), ids=lambda v: str(v)[:20])
 def test_python_example_runs(page, number, code, tmp_path, monkeypatch, capsys):
+    for module, extra in EXAMPLE_EXTRAS.items():  # an example that decodes with an optional package
+        if module in code and importlib.util.find_spec(module) is None:
+            pytest.skip(f"{page}, python block {number} needs {module}: pip install -c constraints.txt -e '.[{extra}]'")
     (tmp_path / "runs" / "default").mkdir(parents=True)
     (tmp_path / "runs" / "default" / "best").symlink_to(ROOT / "tests" / "fixtures" / "checkpoints" / "translate-transformer")
     monkeypatch.chdir(tmp_path)

@@ -65,3 +65,28 @@ def test_schedule_config_fields_are_checked_by_name():
         TrainConfig(lr=1e-3).validate()  # noam ignores lr: refuse rather than silently ignore
     with pytest.raises(ConfigError, match="'lr_scale'"):
         TrainConfig(schedule="constant", lr_scale=2.0).validate()
+
+
+def test_cooldown_falls_linearly_to_one_over_its_length_at_the_last_update():
+    from qkv.training.schedule import cooldown
+
+    assert cooldown(1, 900, 0) == cooldown(900, 900, 0) == 1.0  # none
+    assert cooldown(600, 900, 300) == 1.0 and cooldown(601, 900, 300) == 1.0  # before it: 300/300
+    assert cooldown(750, 900, 300) == pytest.approx(151 / 300)
+    assert cooldown(900, 900, 300) == pytest.approx(1 / 300)  # the last update still moves
+    assert cooldown(950, 900, 300) == 0.0  # past max_steps (a resumed run given fewer): no update
+
+
+def test_the_trainer_rate_is_the_schedule_times_the_cooldown():
+    from types import SimpleNamespace
+
+    from qkv.config import ConfigError, ModelConfig, TrainConfig
+    from qkv.training.trainer import Trainer
+
+    cfg = TrainConfig(max_steps=900, cooldown_steps=300, warmup_steps=300, lr_scale=0.5)
+    fake = SimpleNamespace(train_cfg=cfg, model_cfg=ModelConfig(d_model=128), lr_shrinks=0)
+    peak = 0.5 * 128 ** -0.5 * 300 ** -0.5
+    assert Trainer.lr(fake, 300) == pytest.approx(peak)
+    assert Trainer.lr(fake, 750) == pytest.approx(peak * (300 / 750) ** 0.5 * 151 / 300)
+    with pytest.raises(ConfigError, match="cooldown_steps"):
+        TrainConfig(max_steps=100, cooldown_steps=101).validate()

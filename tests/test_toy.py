@@ -200,7 +200,7 @@ def test_default_task_holds_out_every_magnitude() -> None:
     held_out = {name: sum(magnitude(n) == name for n in data["test"]) for name, _, _ in MAGNITUDES}
     assert held_out == {"1-2 digits": 16, "3 digits": 200, "4-5 digits": 200, "6 digits": 200}
     assert not set(data["train"]) & set(data["test"]) and not set(data["train"]) & set(data["valid"])
-    assert sum(n < 100 for n in data["train"]) == 6000 and len(data["train"]) == 25_000
+    assert sum(n < 100 for n in data["train"]) == 8000 and len(data["train"]) == 27_000
     assert all(n % 10 and n > 20 for n in data["test"] + data["valid"] if n < 100)  # compounds: "twenty-one"
     # spread over the tens: two of each ten held out for the test, one for validation, six left to train on
     tens = range(2, 10)
@@ -217,29 +217,51 @@ def test_round_robin_takes_one_of_each_key_in_turn() -> None:
     assert _round_robin([5, 6, 7], key=lambda n: 0) == [5, 6, 7]
 
 
-def test_held_out_report_per_magnitude() -> None:
-    """The closing lines of ``qkv train`` on the default: a model right on every held-out number but
-    four six-digit ones scores 612/616 = 99.4% overall, 196/200 = 98.0% on six digits."""
+def _report(wrong: set[int]) -> list[str]:
+    """The closing lines of ``qkv train`` on the default for a model right on every number but ``wrong``."""
     from types import SimpleNamespace
 
     from qkv.data.toy import held_out_report
-
-    wrong = {english(n) for n in [n for n in default_numbers()["test"] if n >= 100_000][:4]}
 
     class Model:
         decode_cfg = SimpleNamespace(beam_size=4)
 
         @staticmethod
         def translate(sources):
-            number = {english(n): n for n in default_numbers()["test"]}
-            return ["falsch" if s in wrong else german(number[s]) for s in sources]
+            number = {english(n): n for n in [*default_numbers()["test"], *range(1, 10_000)]}
+            return ["falsch" if number[s] in wrong else german(number[s]) for s in sources]
 
-    lines = held_out_report(Model(), "runs/default").splitlines()
+    return held_out_report(Model(), "runs/default").splitlines()
+
+
+def test_held_out_report_per_magnitude() -> None:
+    """A model right on every held-out number but four six-digit ones scores 612/616 = 99.4% overall,
+    196/200 = 98.0% on six digits."""
+    lines = _report(set([n for n in default_numbers()["test"] if n >= 100_000][:4]))
     assert lines[0] == "held-out test: 99.4% exact match on 616 numbers never seen in training (beam 4)"
     assert lines[1:5] == ["  1-2 digits 100.0% (16/16)", "  3 digits   100.0% (200/200)",
                           "  4-5 digits 100.0% (200/200)", "  6 digits    98.0% (196/200)"]
-    assert sum(line.startswith("  ok ") for line in lines) + sum(line.startswith("  ERR") for line in lines) == 8
-    assert lines[-1].startswith("try it: qkv translate runs/default/best ")
+    assert sum(line.startswith("  ok ") for line in lines[5:13]) + sum(line.startswith("  ERR") for line in lines[5:13]) == 8
+    assert "every number 1-99: 99/99 right (75 seen in training, among them all 27 one-word numbers; 24 held out)" in lines
+    assert lines[-1] == ('try it: qkv translate runs/default/best "seven" "twenty-one" "three hundred twenty-one" '
+                         '"four thousand three hundred twenty-one"')
+
+
+def test_held_out_report_covers_every_number_of_1_to_99() -> None:
+    """The one-word numbers are always in training, so the held-out classes cannot see a model that gets
+    "seven" wrong: the line on 1-99 does, and names it, as does the line of the numbers to try."""
+    held_out = [n for n in default_numbers()["test"] if n < 100][0]
+    seen = next(n for n in range(22, 100) if n % 10 and n in set(default_numbers()["train"]))  # a compound, not 21
+    errors = {7: "one-word, seen in training", seen: "seen in training", held_out: "held out"}
+    lines = _report(set(errors))
+    small = next(i for i, line in enumerate(lines) if line.startswith("every number 1-99:"))
+    assert lines[small].startswith("every number 1-99: 96/99 right")
+    assert lines[small + 1 : small + 4] == [f"  ERR {english(n):<55} -> falsch   (expected {german(n)}; {where})"
+                                            for n, where in sorted(errors.items())]
+    tried = lines[lines.index("the numbers to try:") + 1 : -1]
+    assert tried[0] == f"  ERR {'seven':<55} -> falsch   (expected sieben)"
+    assert [line[:5] for line in tried[1:]] == ["  ok "] * 3
+    assert lines[1] == "  1-2 digits  93.8% (15/16)"  # the held-out one counts in its class too
 
 
 def test_the_embedded_tokenizer_learns_each_sentence_once() -> None:

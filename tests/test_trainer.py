@@ -162,9 +162,7 @@ def test_compile_wiring_with_dynamo_only(tmp_path, monkeypatch):
     _compiled_run(tmp_path, "eager")
 
 
-@pytest.mark.skipif(os.environ.get("QKV_TEST_INDUCTOR") != "1",
-                    reason="inductor's C++ build of the training graphs takes minutes on 2 CPU cores; "
-                           "set QKV_TEST_INDUCTOR=1 to run it")
+@pytest.mark.long  # inductor's C++ build of the training graphs takes minutes on 2 CPU cores
 def test_compile_with_inductor_trains_two_steps(tmp_path):
     if not (shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")):
         pytest.skip("torch.compile's inductor backend needs a C++ compiler on the CPU, and none was found")

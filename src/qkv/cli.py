@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 
 from qkv.cli_options import build_parser, command_parser
-from qkv.config import SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml, override, preset
+from qkv.config import (DEFAULT_PRESET, SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml, override,
+                        preset)
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
 from qkv.data.corpus import count_lines, input_chunks, read_inputs
@@ -46,7 +47,7 @@ def flags_for(args: argparse.Namespace, cls: type) -> dict:
             if not f.metadata.get("hidden") and getattr(args, f.name, None) is not None}
 
 
-def resolve_configs(args: argparse.Namespace, default_preset: str = "small", resume_from: Path | None = None,
+def resolve_configs(args: argparse.Namespace, default_preset: str = DEFAULT_PRESET, resume_from: Path | None = None,
                     embedded: bool = False) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
     """The preset (``embedded``: the embedded task's recipe; ``resume_from``: the run's own settings)
     < the --config file < flags (:func:`qkv.config.layered`)."""
@@ -445,13 +446,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         model = load(args.model).model
     else:
-        model_cfg, train_cfg, _ = resolve_configs(args, default_preset="base")
+        model_cfg, train_cfg, _ = resolve_configs(args)
         v = args.vocab_size or train_cfg.vocab_size
         with torch.device("meta"):  # shapes only: no memory, no time
             model = build_model(dataclasses.replace(model_cfg, src_vocab_size=v, tgt_vocab_size=v))
     print(describe(model, args.src_len, args.tgt_len))
     if not args.model and (args.preset or not args.config):  # the preset's training values and time
-        print(describe_preset(args.preset or "base", model_cfg, v))
+        print(describe_preset(args.preset or DEFAULT_PRESET, model_cfg, v))
     return 0
 
 

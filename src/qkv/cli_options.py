@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from qkv.bounds import MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_VOCAB, MAX_WIDTH, Bound, real, whole
-from qkv.config import DecodeConfig, ModelConfig, PRESETS, TrainConfig
+from qkv.config import DEFAULT_PRESET, DecodeConfig, ModelConfig, PRESETS, TrainConfig, did_you_mean
 from qkv.errors import ConfigError
 
 
@@ -62,14 +62,24 @@ def name_bounded_options(parser: argparse.ArgumentParser) -> None:
                 action.help += f" (allowed: {action.type.bound.text()})"
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str,
+                     defaults_from: list[tuple[str, object]] | None = None) -> None:
+    """A flag for each field of the config class ``cls``. Its help names the default: the class's, "or the
+    preset's"; with ``defaults_from`` ((where, config) pairs, e.g. the default preset's and the embedded
+    task's), the value each of those gives, once if they agree."""
     group = parser.add_argument_group(title)
     defaults = cls()
     for f in dataclasses.fields(cls):
         if f.metadata.get("hidden"):
             continue
         flag = "--" + f.name.replace("_", "-")
-        helptext = f"{f.metadata.get('help', f.name)} (default: {getattr(defaults, f.name)!r}, or the preset's)"
+        if defaults_from:
+            values = [(where, getattr(config, f.name)) for where, config in defaults_from]
+            shown = (f"{values[0][1]!r}" if len({repr(v) for _, v in values}) == 1 else
+                     ", ".join(f"{v!r} {where}" for where, v in values))
+            helptext = f"{f.metadata.get('help', f.name)} (default: {shown})"
+        else:
+            helptext = f"{f.metadata.get('help', f.name)} (default: {getattr(defaults, f.name)!r}, or the preset's)"
         helptext = helptext.replace("%", "%%")  # argparse formats help with %
         if f.type in (bool, "bool"):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=helptext)
@@ -115,7 +125,17 @@ examples:
 """
 
 
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class KeepLinesFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that a description or epilog written with line breaks (a list of
+    examples, one command a line) keeps them; one without is filled to the terminal's width as usual."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" not in text:
+            return super()._fill_text(text, width, indent)
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+class DefaultsHelpFormatter(KeepLinesFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" to an option's help only where it tells something: not for options whose
     default is None (their help says what happens without them, e.g. "the preset's"), and not where the
     help already names its default."""
@@ -157,6 +177,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", KeepLinesFormatter)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = self.NEGATIVE_NUMBER
 
@@ -187,7 +208,8 @@ def preset_name(name: str) -> str:
     """``--preset``'s type. An unknown name is a one-line error: a ConfigError, which argparse does not
     turn into the command's usage (it does for a ValueError or a ``choices`` miss)."""
     if name not in PRESETS:
-        raise ConfigError(f"--preset: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+        raise ConfigError(f"--preset: unknown preset {name!r}{did_you_mean(name, PRESETS)} (choose from "
+                          f"{', '.join(PRESETS)})")
     return name
 
 
@@ -265,11 +287,16 @@ def add_train_parser(sub, handlers: dict) -> None:
                                                         "event files in DIR (pip install 'qkv[tensorboard]')")
     t.add_argument("--resume", action="store_true", help="continue the run in OUT from OUT/last exactly where it stopped")
     t.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR,
-                   help="model and training preset (default: small, or the embedded task's own recipe when no data "
-                        "is given)")
+                   help=f"model and training preset (default: {DEFAULT_PRESET}, or the embedded task's own recipe when no "
+                        "data is given; the values of both are shown below)")
     t.add_argument("--config", help="TOML file with [model], [train], [decode] tables (and 'preset')")
-    add_config_flags(t, ModelConfig, "model (ModelConfig)")
-    add_config_flags(t, TrainConfig, "training (TrainConfig)")
+    from qkv.config import preset
+    from qkv.data import toy
+
+    given, embedded = f"on given data (preset {DEFAULT_PRESET})", "on the embedded task"
+    model_preset, train_preset = preset(DEFAULT_PRESET)
+    add_config_flags(t, ModelConfig, "model (ModelConfig)", [(given, model_preset), (embedded, toy.MODEL)])
+    add_config_flags(t, TrainConfig, "training (TrainConfig)", [(given, train_preset), (embedded, toy.TRAIN)])
     add_config_flags(t, DecodeConfig, "decoding for validation and the saved model (DecodeConfig)")
     t.set_defaults(func=handlers["train"])
 
@@ -311,7 +338,7 @@ def add_score_parser(sub, handlers: dict) -> None:
                                     "output line is 'total<TAB>per-token log-probabilities'; the total is "
                                     "log p(target | source), what beam search ranks before its length penalty. "
                                     "Use it to rerank n-best lists or filter a corpus.",
-                        epilog="example: qkv score runs/ende/best --src test.en --tgt test.hyp > test.scores")
+                        epilog="example:\n  qkv score runs/ende/best --src test.en --tgt test.hyp > test.scores")
     sc.add_argument("model", help="checkpoint directory of a translate or prefix_lm run")
     sc.add_argument("--src", required=True, help="source sentences, one a line (plain or gzip)")
     sc.add_argument("--tgt", required=True, help="target sentences to score, as many lines as --src")
@@ -325,10 +352,14 @@ def add_score_parser(sub, handlers: dict) -> None:
 
 
 def add_evaluate_parser(sub, handlers: dict) -> None:
-    ev = sub.add_parser("evaluate", help="BLEU and chrF of translations; accuracy, macro-F1 of a classifier",
-                        description="Translation: score detokenized output against raw references with sacreBLEU "
-                                    "(BLEU, cased, 13a tokenization; chrF) and print the signatures. Either score "
-                                    "a hypothesis file (--hyp) or translate --src with MODEL first. "
+    ev = sub.add_parser("evaluate", help="BLEU, chrF and TER of translations; accuracy, macro-F1 of a classifier",
+                        description="Translation: score detokenized output against raw references and print these "
+                                    "scores, each with its sacreBLEU signature: (1) sacreBLEU's BLEU (cased, 13a "
+                                    "tokenization); with --lang (or a --ref name such as test.de) BLEU on "
+                                    "Moses-tokenized text (2) the Multi30k way (lowercased) and (3) the WMT way "
+                                    "(compounds split, the paper's); (4) chrF; (5) TER (edits per reference word, "
+                                    "lower is better). "
+                                    "Either score a hypothesis file (--hyp) or translate --src with MODEL first. "
                                     "Classification: 'qkv evaluate MODEL --test FILE' (labelled JSONL or TSV) "
                                     "prints accuracy, macro-F1 (the mean of the per-class F1) and the confusion "
                                     "matrix.")
@@ -364,7 +395,7 @@ def add_generate_parser(sub, handlers: dict) -> None:
                                    "smallest set with probability mass >= p); --greedy takes the most probable "
                                    "token every time. --seed makes a draw repeatable. The Transformer keeps a "
                                    "key/value cache, the RNNs their state: each new token costs one step.",
-                       epilog='example: qkv generate runs/timemachine/lstm/best --prefix "the time traveller" '
+                       epilog='example:\n  qkv generate runs/timemachine/lstm/best --prefix "the time traveller" '
                               "--temperature 0.8 --top-p 0.95 --seed 1")
     g.add_argument("model", help="checkpoint directory of a --task lm run, e.g. runs/tm/best")
     g.add_argument("--prefix", default="", help="the text to continue (may be empty)")
@@ -383,7 +414,7 @@ def add_classify_parser(sub, handlers: dict) -> None:
                                    "each text given as an argument, in a file (--input) or on stdin, one per "
                                    "line. An empty input line gives an empty output line. Texts are cleaned as "
                                    "in training (<br /> -> space) and truncated to the model's max_len tokens.",
-                       epilog='example: qkv classify runs/imdb/best "this movie is so great"')
+                       epilog='example:\n  qkv classify runs/imdb/best "this movie is so great"')
     c.add_argument("model", help="checkpoint directory of a --task classify run, e.g. runs/imdb/best")
     c.add_argument("text", nargs="*", help="texts to classify (else --input or stdin)")
     c.add_argument("--input", "-i", help="file with one text a line, plain or gzip ('-' = stdin)")
@@ -396,7 +427,7 @@ def add_fill_parser(sub, handlers: dict) -> None:
     fl = sub.add_parser("fill", help="fill in [MASK] with a masked language model",
                         description="Show the most probable pieces for each [MASK] in the text, with their "
                                     "probabilities, from a --task mlm model.",
-                        epilog='example: qkv fill runs/mlm/best "the movie was [MASK]" --top-k 5')
+                        epilog='example:\n  qkv fill runs/mlm/best "the movie was [MASK]" --top-k 5')
     fl.add_argument("model", help="checkpoint directory of a --task mlm run")
     fl.add_argument("text", nargs="+", help="texts with one or more [MASK]")
     fl.add_argument("--top-k", type=count(1, MAX_VOCAB), default=5, dest="top_k", help="predictions per mask (default: %(default)s)")
@@ -408,7 +439,7 @@ def add_embed_parser(sub, handlers: dict) -> None:
                         description="Embed every line of --input with a classify or mlm model: the encoder's "
                                     "states pooled into one vector (mean over the tokens, or the <cls> state). "
                                     "Writes an N x d_model array: .npy (NumPy) or .tsv (one vector a line).",
-                        epilog="example: qkv embed runs/mlm/best --input sentences.txt --output vectors.npy")
+                        epilog="example:\n  qkv embed runs/mlm/best --input sentences.txt --output vectors.npy")
     em.add_argument("model", help="checkpoint directory of a --task classify or mlm run")
     em.add_argument("--input", "-i", required=True, help="one text a line (plain or gzip)")
     em.add_argument("--output", "-o", required=True, help="FILE.npy or FILE.tsv")
@@ -421,7 +452,7 @@ def add_search_parser(sub, handlers: dict) -> None:
     se = sub.add_parser("search", help="rank the lines of a corpus by similarity to a query",
                         description="Embed every line of --corpus and each query (as qkv embed), and print the "
                                     "top-k lines by cosine similarity q.d / (|q| |d|), with their line numbers.",
-                        epilog='example: qkv search runs/mlm/best --corpus reviews.txt "a funny film" --top-k 5')
+                        epilog='example:\n  qkv search runs/mlm/best --corpus reviews.txt "a funny film" --top-k 5')
     se.add_argument("model", help="checkpoint directory of a --task classify or mlm run")
     se.add_argument("query", nargs="+", help="query texts")
     se.add_argument("--corpus", required=True, help="one text a line (plain or gzip)")
@@ -449,9 +480,9 @@ def add_info_parser(sub, handlers: dict) -> None:
                                    "token, for a preset (no weights are allocated) or a trained MODEL; for a "
                                    "preset also its training values and its measured time per 1,000 updates.")
     i.add_argument("model", nargs="?", help="checkpoint directory (instead of a preset)")
-    i.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR, help="model preset (default: base)")
+    i.add_argument("--preset", type=preset_name, metavar=PRESET_METAVAR, help=f"model preset (default: {DEFAULT_PRESET}, as qkv train's on given data)")
     i.add_argument("--config", help="TOML file with a [model] table")
-    i.add_argument("--vocab-size", type=count(1, MAX_VOCAB), dest="vocab_size", help="shared vocabulary size (default: the preset's, base 37000)")
+    i.add_argument("--vocab-size", type=count(1, MAX_VOCAB), dest="vocab_size", help="shared vocabulary size (default: the preset's, e.g. base 37000)")
     i.add_argument("--src-len", type=count(1, MAX_WIDTH), default=25, help="source tokens per sentence for the FLOPs")
     i.add_argument("--tgt-len", type=count(1, MAX_WIDTH), default=25, help="target tokens per sentence for the FLOPs")
     add_config_flags(i, ModelConfig, "model (ModelConfig)")
@@ -517,7 +548,7 @@ examples:
 
 def add_preprocess_parser(sub, handlers: dict) -> None:
     pp = sub.add_parser("preprocess", help="binarize a parallel corpus for qkv train --data",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        formatter_class=DefaultsHelpFormatter,
                         description="Tokenize a parallel corpus once, in worker processes and one streaming pass, "
                                     "into memory-mapped token arrays that 'qkv train --data OUT' reads on demand "
                                     "(fairseq-preprocess's role). Trains a SentencePiece tokenizer on a random "
@@ -526,7 +557,7 @@ def add_preprocess_parser(sub, handlers: dict) -> None:
                                     "identical sides, over --max-len tokens, length ratio over --max-ratio) and "
                                     "counts each in OUT/manifest.json, with the sha256 of every file. Writes a "
                                     "temporary directory renamed to OUT at the end.",
-                        epilog="example:\n  qkv preprocess --src-train train.en --tgt-train train.de --src-valid "
+                        epilog="examples:\n  qkv preprocess --src-train train.en --tgt-train train.de --src-valid "
                                "val.en --tgt-valid val.de --vocab-size 10000 --workers 4 --out data/en-de\n"
                                "  qkv train --data data/en-de --preset base --out runs/en-de")
     pp.add_argument("--src-train", required=True, help="training source file (plain or gzip)")

@@ -57,6 +57,14 @@ def _check(cond: bool, field: str, msg: str) -> None:
         raise ConfigError(f"invalid config field '{field}': {msg}")
 
 
+def did_you_mean(value: Any, choices: Any) -> str:
+    """" (did you mean 'X'?)" for a mistyped ``value`` close to one of ``choices`` (difflib's ratio >= 0.6), else ""."""
+    import difflib
+
+    near = difflib.get_close_matches(value, list(choices), n=1) if isinstance(value, str) else []
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
 def _check_finite(cfg: Any) -> None:
     """Every float field of a config is a finite number: inf and nan pass every comparison of the
     checks that follow, or fail them obscurely, and no setting of qkv means anything by them; and
@@ -139,8 +147,8 @@ class ModelConfig:
         _check_finite(self)
         _check(self.max_positions <= MAX_POSITIONS, "max_positions",
                f"must be at most {MAX_POSITIONS}, got {self.max_positions}")
-        _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}; choose one of {', '.join(ARCHS)}")
-        _check(self.task in TASKS, "task", f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}{did_you_mean(self.arch, ARCHS)}; choose one of {', '.join(ARCHS)}")
+        _check(self.task in TASKS, "task", f"unknown task {self.task!r}{did_you_mean(self.task, TASKS)}; choose one of {', '.join(TASKS)}")
         _check(self.pooling in POOLINGS, "pooling", f"must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         _check(self.n_classes >= 0, "n_classes", f"must be >= 0, got {self.n_classes}")
         if self.task == "classify" and self.n_classes:
@@ -157,7 +165,7 @@ class ModelConfig:
         _check(self.rnn_nonlinearity in ("tanh", "relu"), "rnn_nonlinearity",
                f"must be tanh or relu, got {self.rnn_nonlinearity!r}")
         _check(self.attention in ATTENTION_SCORES, "attention",
-               f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTION_SCORES)}")
+               f"unknown attention {self.attention!r}{did_you_mean(self.attention, ATTENTION_SCORES)}; choose one of {', '.join(ATTENTION_SCORES)}")
         if self.is_recurrent:
             _check(not (self.input_feeding and self.attention == "none"), "input_feeding",
                    "input feeding passes the attentional state on; it needs an attention score, not 'none'")
@@ -217,6 +225,11 @@ class TrainConfig:
     lr_scale: float = setting(1.0, 'factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)',
         bound=real(0, 100))
     warmup_steps: int = setting(4000, 'linear warmup steps of the schedule', bound=whole(1, MAX_STEPS))
+    cooldown_steps: int = setting(
+        0,
+        'the last this many updates before max_steps: the rate of the schedule falls linearly to nearly 0 '
+        '(times (max_steps - step + 1) / cooldown_steps), so that training ends on a quiet model (0: none)',
+        bound=whole(0, MAX_STEPS))
     optimizer: str = setting(
         "adam",
         "adam (the paper's, with adam_beta1/2 and adam_eps) | nag: SGD with Nesterov momentum, fairseq 0.9's "
@@ -295,6 +308,8 @@ class TrainConfig:
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
         _check(self.max_tokens >= self.max_len + 2, "max_tokens", f"must hold one sentence of max_len={self.max_len} (+2)")
         _check(self.lr_scale > 0, "lr_scale", "must be positive")
+        _check(0 <= self.cooldown_steps <= self.max_steps, "cooldown_steps",
+               f"must be in [0, max_steps={self.max_steps}], got {self.cooldown_steps}")
         _check(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         _check(self.lr >= 0, "lr", f"must be >= 0 (0: the default {DEFAULT_LR:g}), got {self.lr}")
         _check(not (self.schedule == "noam" and self.lr > 0), "lr",
@@ -408,11 +423,13 @@ def per_process_batch(cfg: TrainConfig, world_size: int) -> TrainConfig:
     return replace(cfg, max_tokens=share)
 
 PRESETS = tuple(MODEL_PRESETS)
+# what `qkv train` on given data and `qkv info` use without --preset or a config naming one
+DEFAULT_PRESET = "small"
 
 
 def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
     if name not in MODEL_PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}{did_you_mean(name, PRESETS)}; choose one of {', '.join(PRESETS)}")
     return MODEL_PRESETS[name], TRAIN_PRESETS[name]
 
 

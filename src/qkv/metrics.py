@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU, CHRF, TER
 
 from qkv.errors import QkvError
 
@@ -147,6 +147,16 @@ def chrf(hyps: list[str], refs: list[str]) -> Score:
     return Score(result.score, str(metric.get_signature()), str(result))
 
 
+def ter(hyps: list[str], refs: list[str]) -> Score:
+    """Corpus TER (Snover et al., 2006): the edits (insertions, deletions,
+    substitutions and shifts of word sequences) that turn each hypothesis into its reference, over
+    the references' words, in percent (lower is better); case-insensitive, tercom's tokenization (sacreBLEU's defaults)."""
+    _check(hyps, refs)
+    metric = TER()
+    result = metric.corpus_score(list(hyps), [list(refs)])
+    return Score(result.score, str(metric.get_signature()), str(result))
+
+
 def exact_match(hyps: list[str], refs: list[str]) -> float:
     """Fraction (0-1) of hypotheses equal to their reference, ignoring surrounding whitespace."""
     _check(hyps, refs)
@@ -218,8 +228,8 @@ def language_of(path: str) -> str | None:
 
 
 def translation_report(hyps: list[str], refs: list[str], lang: str | None) -> str:
-    """sacreBLEU, the Multi30k convention's BLEU and the WMT convention's (given the target language)
-    and chrF, each with its signature: what ``qkv evaluate`` prints."""
+    """sacreBLEU, the Multi30k convention's BLEU and the WMT convention's (given the target language),
+    chrF and TER, each with its signature: what ``qkv evaluate`` prints."""
     lines = ["sacreBLEU (cased, detokenized): " + bleu(hyps, refs).text()]
     if lang:
         lines.append(f"Multi30k convention (lowercased, punctuation-normalized, Moses-tokenized -l {lang}): "
@@ -229,4 +239,5 @@ def translation_report(hyps: list[str], refs: list[str], lang: str | None) -> st
     else:
         lines.append("(give --lang to also report BLEU on Moses-tokenized text: lowercased, and with compounds split)")
     lines.append(chrf(hyps, refs).text())
+    lines.append(ter(hyps, refs).text())
     return "\n".join(lines)

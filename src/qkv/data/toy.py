@@ -147,7 +147,7 @@ def number_pairs(
 # numbers are compounds ("seventy-six").
 MAGNITUDES = (("1-2 digits", 1, 99), ("3 digits", 100, 999), ("4-5 digits", 1_000, 99_999),
               ("6 digits", 100_000, 999_999))
-DEFAULT_TRAIN = (6_000, 3_000, 7_000, 9_000)  # training pairs per class (25,000; short ones cost few tokens)
+DEFAULT_TRAIN = (8_000, 3_000, 7_000, 9_000)  # training pairs per class (27,000; short ones cost few tokens)
 DEFAULT_VALID = (8, 40, 72, 80)  # validation numbers per class (200)
 DEFAULT_TEST = (16, 200, 200, 200)  # held-out test numbers per class (616)
 
@@ -214,7 +214,7 @@ def _round_robin(numbers: list[int], key) -> list[int]:
 
 
 def default_numbers() -> dict[str, list[int]]:
-    """The embedded default's numbers: 25,000 training pairs, 200 validation, 616 held-out test."""
+    """The embedded default's numbers: 27,000 training pairs, 200 validation, 616 held-out test."""
     return magnitude_numbers()
 
 
@@ -233,7 +233,7 @@ def _recipe():
     train = TrainConfig(
         tokenizer="bpe", vocab_size=300, joint_vocab=True, max_len=64, max_tokens=2048,
         lr_scale=0.5, warmup_steps=300, label_smoothing=0.1, clip_norm=1.0,
-        max_steps=900, eval_every=300, eval_bleu_samples=200, seed=1,
+        max_steps=900, cooldown_steps=300, eval_every=300, eval_bleu_samples=200, seed=1,
     )
     return model, train
 
@@ -245,15 +245,43 @@ MODEL, TRAIN = _recipe()
 RNN_TRAIN = dataclasses.replace(TRAIN, schedule="constant", lr=2e-3)
 
 
+# The numbers the closing line of `qkv train` (and the README) invites a user to try.
+TRY_IT = ("seven", "twenty-one", "three hundred twenty-one", "four thousand three hundred twenty-one")
+
+
+def small_numbers_report(hyps: dict[int, str]) -> list[str]:
+    """The lines of :func:`held_out_report` on every number of 1..99 (``hyps``: number -> translation):
+    how many are right, how many were seen in training (the one-word numbers always are), and each
+    wrong one, marked seen or held out."""
+    numbers = default_numbers()
+    seen, held_out = set(numbers["train"]), set(numbers["valid"]) | set(numbers["test"])
+    small = range(1, 100)
+    right = sum(hyps[n] == german(n) for n in small)
+    n_seen = sum(n in seen for n in small)
+    lines = [f"every number 1-99: {right}/99 right ({n_seen} seen in training, among them all "
+             f"{sum(map(one_word, small))} one-word numbers; {sum(n in held_out for n in small)} held out)"]
+    for n in small:
+        if hyps[n] != german(n):
+            where = "one-word, seen in training" if one_word(n) else "seen in training" if n in seen else "held out"
+            lines.append(f"  ERR {english(n):<55} -> {hyps[n]}   (expected {german(n)}; {where})")
+    return lines
+
+
 def held_out_report(model, out) -> str:
     """After training on the embedded default: exact match on the held-out test numbers, overall and
-    per class of :data:`MAGNITUDES`, and two translations of each class (``model``: the trained
-    translator, e.g. ``qkv.load(out / "best")``)."""
+    per class of :data:`MAGNITUDES`, two translations of each class, every number of 1..99 (one-word
+    numbers are always in training, so the held-out classes cannot show them) and the numbers of the
+    closing ``try it:`` line (``model``: the trained translator, e.g. ``qkv.load(out / "best")``)."""
     from qkv.metrics import exact_match
 
     numbers = default_numbers()["test"]
     src, refs = [english(n) for n in numbers], [german(n) for n in numbers]
-    hyps = model.translate(src)
+    small = list(range(1, 100))
+    tried = [n for n in (_value(p) for p in TRY_IT)]
+    all_hyps = model.translate(src + [english(n) for n in small] + list(TRY_IT))
+    hyps = all_hyps[: len(src)]
+    small_hyps = dict(zip(small, all_hyps[len(src) : len(src) + len(small)]))
+    tried_hyps = all_hyps[len(src) + len(small) :]
     lines = [f"held-out test: {100 * exact_match(hyps, refs):.1f}% exact match on {len(src)} numbers never seen "
              f"in training (beam {model.decode_cfg.beam_size})"]
     examples = []
@@ -263,7 +291,18 @@ def held_out_report(model, out) -> str:
         lines.append(f"  {name:<10} {100 * right / len(rows):5.1f}% ({right}/{len(rows)})" if rows else
                      f"  {name:<10} none held out")
         examples += rows[:2]
-    lines += [f"  {'ok ' if hyps[i] == refs[i] else 'ERR'} {src[i]:<55} -> {hyps[i]}"
-              + ("" if hyps[i] == refs[i] else f"   (expected {refs[i]})") for i in examples]
-    lines.append(f"try it: qkv translate {out}/best \"seven\" \"twenty-one\" \"four thousand three hundred twenty-one\"")
+    lines += [_example_line(src[i], hyps[i], refs[i]) for i in examples]
+    lines += small_numbers_report(small_hyps)
+    lines.append("the numbers to try:")
+    lines += [_example_line(p, h, german(n)) for p, h, n in zip(TRY_IT, tried_hyps, tried)]
+    lines.append(f"try it: qkv translate {out}/best " + " ".join(f'"{p}"' for p in TRY_IT))
     return "\n".join(lines)
+
+
+def _example_line(src: str, hyp: str, ref: str) -> str:
+    return f"  {'ok ' if hyp == ref else 'ERR'} {src:<55} -> {hyp}" + ("" if hyp == ref else f"   (expected {ref})")
+
+
+def _value(phrase: str) -> int:
+    """The number of an English phrase of :data:`TRY_IT` (by search: they are few and small)."""
+    return next(n for n in range(1, 10_000) if english(n) == phrase)

@@ -103,7 +103,7 @@ class DecoderOnlyTransformer(nn.Module):
     def forward(self, tokens: torch.Tensor, need_weights: bool = False, features: bool = False):
         """``tokens (B, T)`` (right-padded) -> next-token logits ``(B, T, V)``: position t predicts x_{t+1}.
         With ``features``: the final (normalised) states ``(B, T, d)`` before the output projection
-        (:attr:`output_weight`), for :func:`qkv.training.loss.linear_label_smoothed_nll_loss`.
+        (:attr:`output_weight`), for :func:`qkv.losses.linear_label_smoothed_nll_loss`.
 
         With right padding the causal mask alone suffices: a real position never sees a pad
         (pads come after it), and outputs at pad positions are ignored by the loss.

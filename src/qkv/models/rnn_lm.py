@@ -4,7 +4,7 @@
     h_t, s_t = Recurrent(e_t, s_{t-1})           (N stacked layers, dropout between them)
     p(x_{t+1} | x_<=t) = softmax(W · Dropout(h_t))   (W tied to E when ``tie_output``; Press & Wolf, 2017)
 
-Training runs truncated backpropagation through time (:mod:`qkv.training.bptt`): the state
+Training runs truncated backpropagation through time (:mod:`qkv.bptt`): the state
 after one window is the (detached) initial state of the next, so the model sees the whole
 stream while gradients flow through ``bptt`` steps only.
 

@@ -167,7 +167,7 @@ class Transformer(nn.Module):
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, features: bool = False) -> torch.Tensor:
         """``src (B, S)``, ``tgt_in (B, T)`` -> logits ``(B, T, V)``; with ``features`` the decoder's
         final states ``(B, T, d)`` instead, for a loss that applies :attr:`output_weight` itself
-        (:func:`qkv.training.loss.linear_label_smoothed_nll_loss`)."""
+        (:func:`qkv.losses.linear_label_smoothed_nll_loss`)."""
         memory, mask, _ = self.encode(src)
         out, _ = self.decode(tgt_in, memory, mask, features=features)
         return out

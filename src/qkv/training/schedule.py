@@ -67,3 +67,12 @@ def learning_rate(schedule: str, step: int, *, d_model: int, warmup: int, scale:
     if schedule == "inverse_sqrt":
         return inverse_sqrt(step, rate, warmup)
     raise ValueError(f"unknown schedule {schedule!r}; choose noam, constant or inverse_sqrt")
+
+
+def cooldown(step: int, max_steps: int, cooldown_steps: int) -> float:
+    """The factor on the rate over the last ``cooldown_steps`` updates of ``max_steps``: 1 before them, then
+    falling linearly, (max_steps - step + 1) / cooldown_steps, to 1 / cooldown_steps at the last update
+    (``cooldown_steps = 0``: always 1)."""
+    if cooldown_steps <= 0:
+        return 1.0
+    return min(1.0, max(0, max_steps - step + 1) / cooldown_steps)

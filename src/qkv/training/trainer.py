@@ -71,7 +71,7 @@ from qkv.checkpoint import (MANIFEST, fault_point, list_checkpoints, load_into, 
 from qkv.training.distributed import DistInfo
 from qkv.training.progress import clock_fields
 from qkv.training.rundir import RunLock, holds_checkpoints, missing_last_message, recover, truncate_metrics
-from qkv.training.schedule import learning_rate
+from qkv.training.schedule import cooldown, learning_rate
 
 
 # the metrics.jsonl field of the training rate, by what the task's batches count (Task.unit)
@@ -350,8 +350,9 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         c = self.train_cfg
-        return learning_rate(c.schedule, step, d_model=self.model_cfg.d_model, warmup=c.warmup_steps,
-                             scale=c.lr_scale, lr=c.lr, default_lr=DEFAULT_LR) * c.lr_shrink**self.lr_shrinks
+        return (learning_rate(c.schedule, step, d_model=self.model_cfg.d_model, warmup=c.warmup_steps,
+                              scale=c.lr_scale, lr=c.lr, default_lr=DEFAULT_LR) * c.lr_shrink**self.lr_shrinks
+                * cooldown(step, c.max_steps, c.cooldown_steps))
 
     def loss(self, batch, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss_sum, nll_sum) of ``batch`` (on the device), by the task; ``train``: through the

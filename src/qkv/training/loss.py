@@ -1,8 +1,0 @@
-"""Moved to :mod:`qkv.losses` (inference reads checkpoints without the training package); this name
-is the same module, kept so that code written against it still imports."""
-
-import sys
-
-from qkv import losses as _module
-
-sys.modules[__name__] = _module
