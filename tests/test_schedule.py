@@ -89,4 +89,12 @@ def test_the_trainer_rate_is_the_schedule_times_the_cooldown():
     assert Trainer.lr(fake, 300) == pytest.approx(peak)
     assert Trainer.lr(fake, 750) == pytest.approx(peak * (300 / 750) ** 0.5 * 151 / 300)
     with pytest.raises(ConfigError, match="cooldown_steps"):
-        TrainConfig(max_steps=100, cooldown_steps=101).validate()
+        TrainConfig(max_steps=100, cooldown_steps=-1).validate()
+    TrainConfig(max_steps=3, cooldown_steps=300).validate()  # a quick --max-steps on a recipe with a cooldown
+
+
+def test_a_run_shorter_than_its_cooldown_cools_down_over_all_its_updates():
+    from qkv.training.schedule import cooldown
+
+    assert [cooldown(s, 3, 300) for s in (1, 2, 3)] == pytest.approx([1.0, 2 / 3, 1 / 3])
+    assert cooldown(900, 900, 300) == pytest.approx(1 / 300)  # a run as long as its recipe: unchanged

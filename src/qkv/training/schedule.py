@@ -72,7 +72,9 @@ def learning_rate(schedule: str, step: int, *, d_model: int, warmup: int, scale:
 def cooldown(step: int, max_steps: int, cooldown_steps: int) -> float:
     """The factor on the rate over the last ``cooldown_steps`` updates of ``max_steps``: 1 before them, then
     falling linearly, (max_steps - step + 1) / cooldown_steps, to 1 / cooldown_steps at the last update
-    (``cooldown_steps = 0``: always 1)."""
+    (``cooldown_steps = 0``: always 1). A run shorter than its cooldown (a quick ``--max-steps`` on a
+    recipe that sets one) cools down over all of its ``max_steps`` updates."""
     if cooldown_steps <= 0:
         return 1.0
-    return min(1.0, max(0, max_steps - step + 1) / cooldown_steps)
+    n = min(cooldown_steps, max_steps) if max_steps > 0 else cooldown_steps
+    return min(1.0, max(0, max_steps - step + 1) / n)
