@@ -119,8 +119,13 @@ def test_nbest_as_wide_as_the_beam_agrees_on_the_best_and_on_shared_scores(pair)
     kw = dict(beam_size=4, nbest=4, length_norm="length", early_stopping=True)
     for a, b in zip(ours.translate_scored(NUMBERS, **kw), theirs.translate_scored(NUMBERS, **kw)):
         assert a[0][0] == b[0][0]
-        shared = dict(a).keys() & dict(b).keys()
-        assert [dict(a)[t] for t in shared] == pytest.approx([dict(b)[t] for t in shared], abs=0.01)
+        # two token sequences may detokenize to one text ("zwölf" whole or in pieces): each text's best
+        best_a, best_b = ({}, {})
+        for hyps, best in ((a, best_a), (b, best_b)):
+            for text, score in hyps:
+                best.setdefault(text, score)
+        shared = best_a.keys() & best_b.keys()
+        assert [best_a[t] for t in shared] == pytest.approx([best_b[t] for t in shared], abs=0.01)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -133,13 +138,24 @@ def test_rich_output_prefix_scores_and_alignments_agree(pair, beam):
         kw = dict(kw, beam_size=beam, nbest=min(beam, 2), length_norm="length", early_stopping=True)
         a, b = ours.translate_rich(NUMBERS, target_prefix=prefix, **kw), theirs.translate_rich(NUMBERS, target_prefix=prefix, **kw)
         for x, y in zip(a, b):
-            for h, g in zip(x, y, strict=True):
+            assert len(x) == len(y)
+            # below the best the two searches may keep different candidates (CTranslate2 ranks by
+            # probabilities renormalised over the ids qkv never emits): qkv's k-th is at least as good,
+            # and what both found agrees in every field
+            for h, g in zip(x, y):  # (within 0.01 a token, as the log-probabilities below)
+                assert h["score"] >= g["score"] - 0.01 * len(g["token_logprobs"])
+            found = {tuple(h["tokens"]): h for h in x}
+            assert tuple(y[0]["tokens"]) == tuple(x[0]["tokens"])
+            for g in y:
+                h = found.get(tuple(g["tokens"]))
+                if h is None:
+                    continue
                 assert (g["text"], g["tokens"], g["alignment"]) == (h["text"], h["tokens"], h["alignment"])
                 assert g["token_logprobs"] == pytest.approx(h["token_logprobs"], abs=0.01)
                 assert g["score"] == pytest.approx(h["score"], abs=0.01)
                 assert g["logprob"] == pytest.approx(h["logprob"], abs=0.01 * len(h["token_logprobs"]))
-                if prefix:
-                    assert g["text"].startswith("drei")
+            if prefix:
+                assert all(g["text"].startswith("drei") for g in y)
 
 
 def test_scores_of_given_targets_and_alignments_agree(pair):
