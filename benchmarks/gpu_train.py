@@ -493,8 +493,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12, help="timed updates per setting (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed updates first (compiled settings: +3)")
     ap.add_argument("--max-tokens", type=int, help="padded tokens per side of a batch (default: 25,000, the "
-                    "base preset's; about 35,000 gives the paper's 25,000 real target tokens an update)")
-    ap.add_argument("--pairs", type=int, default=60_000, help="synthetic sentence pairs batched (default: %(default)s)")
+                    "base preset's)")
+    ap.add_argument("--pairs", type=int, default=1_000_000,
+                    help="synthetic sentence pairs batched: the more, the fuller each length pair's bucket and the "
+                         "less padding, as in a corpus of millions (default: %(default)s; the H100 run of "
+                         "2026-11-27 used 60,000)")
     ap.add_argument("--lengths-from", type=Path, help="a `qkv preprocess` directory whose length table to draw from")
     ap.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak (default: known for H100/H200)")
     ap.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True, help="the decoding section")
