@@ -60,8 +60,8 @@ budget of 25,000 padded tokens a side holds fewer real ones.
 **Decoding** (``--decode``): the base model (random weights: the speed of a step does not depend on
 what the weights learned) decodes 64 sources of the same length distribution at batch 64, greedy and
 beam 4, every output exactly ``--decode-len`` tokens long (``min_len`` = the length limit), qkv eager
-and qkv ``--compile``; and CTranslate2 on the GPU (the model exported by ``qkv export``) where its
-wheel runs there. Output tokens/s, median of ``--decode-rounds`` calls after a first.
+and qkv ``--compile``; and CTranslate2 on the GPU (the model converted by the converter of ``qkv export
+--format ctranslate2``, with placeholder pieces for its vocabulary) where its wheel runs there. Output tokens/s, median of ``--decode-rounds`` calls after a first.
 
 Writes ``--json`` (every figure and the per-step times) and prints a Markdown table.
 """
