@@ -37,11 +37,8 @@ class FetchError(Exception):
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def download(url: str, dest: Path, sha256: str | None, timeout: float = 60.0) -> Path:

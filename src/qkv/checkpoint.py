@@ -19,7 +19,6 @@ has a manifest that matches its files, or it is the previous checkpoint, untouch
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -36,6 +35,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from qkv.errors import CheckpointError
+from qkv.files import sha256_file
 
 FORMAT = 1
 CONFIG, MODEL, TRAINER_STATE, MANIFEST = "config.json", "model.safetensors", "trainer_state.pt", "manifest.json"
@@ -207,15 +207,7 @@ def _check_loadable(obj: Any, where: str) -> None:
 
 
 def _describe(p: Path) -> dict[str, Any]:
-    return {"size": p.stat().st_size, "sha256": _sha256(p)}
-
-
-def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with p.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return {"size": p.stat().st_size, "sha256": sha256_file(p)}
 
 
 def _fsync(p: Path) -> None:
@@ -401,7 +393,7 @@ def _verify(path: Path) -> list[str]:
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"incomplete checkpoint {path}: {name} is missing")
-        if f.stat().st_size != size or _sha256(f) != sha256:
+        if f.stat().st_size != size or sha256_file(f) != sha256:
             raise CheckpointError(f"corrupt checkpoint {path}: {name} does not match its checksum")
     return [name for name, _, _ in entries]
 

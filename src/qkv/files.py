@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -275,3 +276,11 @@ def write_lines(path: str, lines: list[str]) -> None:
 
 __all__ = ["output_stream", "write_lines", "atomic_output", "check_output_file", "check_output_dir", "check_not_input", "is_special",
            "os_error_message", "os_error_reason", "pid_alive", "remove_stale_temps", "sigterm_interrupts"]
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, as hex (read in blocks; the hash releases the GIL, so threads may
+    digest several files at once)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+

@@ -61,7 +61,7 @@ from qkv.data.buckets import LengthIndex, index_dtype
 from qkv.data.corpus import decode_line, stream_lines
 from qkv.data.tokenizer import Tokenizer, TokenizerPair
 from qkv.errors import CorpusError, QkvError
-from qkv.files import remove_stale_temps
+from qkv.files import remove_stale_temps, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "qkv-binarized"
@@ -390,17 +390,9 @@ def train_tokenizers(src: Path, tgt: Path, vocab_size: int, model_type: str, joi
     return TokenizerPair(train("src"), train("tgt"))
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _file_entries(directory: Path, names: Sequence[str], workers: int = 2) -> dict[str, dict]:
     with ThreadPoolExecutor(max(1, workers)) as pool:  # hashlib releases the GIL on large blocks
-        digests = list(pool.map(lambda n: _sha256(directory / n), names))
+        digests = list(pool.map(lambda n: sha256_file(directory / n), names))
     return {n: {"size": (directory / n).stat().st_size, "sha256": d} for n, d in zip(names, digests)}
 
 
@@ -670,7 +662,7 @@ class BinarizedCorpus:
         if checksums:
             names = list(self.manifest["files"])
             with ThreadPoolExecutor(2) as pool:
-                digests = list(pool.map(lambda n: _sha256(self.path / n), names))
+                digests = list(pool.map(lambda n: sha256_file(self.path / n), names))
             for name, digest in zip(names, digests):
                 if digest != self.manifest["files"][name]["sha256"]:
                     raise CorpusError(f"{self.path / name}: sha256 checksum mismatch (manifest "

@@ -44,6 +44,7 @@ from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding.beam_search import Hypothesis
 from qkv.decoding.greedy import max_output_len
 from qkv.errors import CheckpointError, ConfigError, QkvError
+from qkv.files import sha256_file
 from qkv.frontends.translator import Prefixed, Translator, pharaoh
 from qkv.models import build_model
 
@@ -88,14 +89,6 @@ def user_cache() -> Path:
     return Path(root) / "ct2"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def is_complete(directory: Path, key: str) -> bool:
     """Whether ``directory`` is a whole conversion for ``key``: its marker names the key and every file
     it lists is there with its size and checksum."""
@@ -103,7 +96,7 @@ def is_complete(directory: Path, key: str) -> bool:
         marker = json.loads((directory / MARKER).read_text(encoding="utf-8"))
         if marker["key"] != key or "model.bin" not in marker["files"]:
             return False
-        return all((directory / name).stat().st_size == e["size"] and _sha256(directory / name) == e["sha256"]
+        return all((directory / name).stat().st_size == e["size"] and sha256_file(directory / name) == e["sha256"]
                    for name, e in marker["files"].items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
@@ -139,7 +132,7 @@ def convert(checkpoint: Path, tmp: Path, key: str) -> None:
     src = read_source(checkpoint)
     ct2.check(src)
     ct2.write(src, tmp)
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
     (tmp / MARKER).write_text(json.dumps({"key": key, "checkpoint": str(checkpoint), "files": files}, indent=2) + "\n",
                               encoding="utf-8")
 
