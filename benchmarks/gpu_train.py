@@ -440,10 +440,10 @@ def _ct2_time(model, model_cfg, src, out_len, rounds, device):
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        converter_class()(_VocabSource(model, model_cfg)).convert(str(Path(tmp) / "ct2"), force=True)
+        source = _VocabSource(model, model_cfg)
+        converter_class()(source).convert(str(Path(tmp) / "ct2"), force=True)
         tr = ctranslate2.Translator(str(Path(tmp) / "ct2"), device="cuda" if device.startswith("cuda") else "cpu")
-        vocab = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, model_cfg.tgt_vocab_size)]
-        tokens = [[vocab[t] for t in s] for s in src]
+        tokens = [[source.pieces[t] for t in s] for s in src]
         for beam in (1, 4):
             kw = dict(beam_size=beam, max_batch_size=64, min_decoding_length=out_len, max_decoding_length=out_len,
                       length_penalty=0.0, return_scores=False)
