@@ -16,11 +16,15 @@ those both engines are held to the same output length: ``--forced-length`` token
 EOS step qkv takes).
 
 Every model is exported to CTranslate2 (float32 and ``--quantization int8``) into a temporary
-directory. Two worker processes stay up for the whole run, one per engine (the CTranslate2 one never
-imports torch), each holding its models loaded; the parent sends them the cells in turn, so qkv and
-CTranslate2 alternate cell by cell, the order swapped every round, for ``--rounds`` rounds; each
-cell's figure is the median over rounds (after one untimed warm-up). A pause between calls lets
-the other engine's OpenMP threads stop spinning. qkv runs what ``qkv translate`` runs
+directory. Each engine runs alone in its process: for each model, weights and thread count, one
+worker process per engine (the CTranslate2 one never imports torch) holds that one model loaded
+(one ``ctranslate2.Translator`` per process: two 2-thread translators in one process make
+CTranslate2's OpenMP threads sleep between parallel regions, 14-17 times slower on 2 cores); the
+parent sends them the cells in turn, so qkv and CTranslate2 alternate cell by cell, the order
+swapped every round, for ``--rounds`` rounds; each cell's figure is the median over rounds (after
+one untimed warm-up). A pause between calls lets the other engine's OpenMP threads stop spinning.
+The check that CTranslate2 at 2 threads is not slower than at 1 (per cell, when both are measured)
+is printed and kept in the JSON (``checks``). qkv runs what ``qkv translate`` runs
 (``Translator.translate``: sorted by length, ``batch`` sentences a batch; ``--int8``: dynamic int8
 quantisation); CTranslate2 ``translate_batch(max_batch_size=batch)``, compute_type float32 or int8.
 Beam cells rank hypotheses as CTranslate2 does (``length_norm="length"``, alpha 0.6), so both search
@@ -104,7 +108,7 @@ def ct2_engine():
                   if cell["forced"] else {"max_decoding_length": cell["limit"]})
         results = translators[key].translate_batch(pieces, beam_size=cell["beam"], max_batch_size=cell["batch"],
                                                    length_penalty=LENGTH_PENALTY, **limits)
-        return {"tokens": sum(len(r.hypotheses[0]) for r in results)}
+        return {"tokens": sum(len(r.hypotheses[0]) for r in results), "translators": len(translators)}
     return run
 
 
@@ -256,10 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         times: dict = {c["label"]: {e: [] for e in engines} for c in todo}
         tokens: dict = {c["label"]: {} for c in todo}
         workers = {}
+        groups = list(dict.fromkeys((c["threads"], c["name"], c["dtype"]) for c in todo))
         try:
-            for threads in args.threads:  # one set of workers per thread count: the env sets OpenMP's pool
-                workers = {e: Worker("ct2" if e == "ct2" else "qkv", threads, path) for e, path in engines.items()}
-                mine = [c for c in todo if c["threads"] == threads]
+            for group in groups:  # one model, one weight type, one thread count per worker process
+                workers = {e: Worker("ct2" if e == "ct2" else "qkv", group[0], path) for e, path in engines.items()}
+                mine = [c for c in todo if (c["threads"], c["name"], c["dtype"]) == group]
                 for r in range(args.rounds):
                     for i, cell in enumerate(mine):
                         order = list(engines)
@@ -268,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                             got = workers[e].run(cell)
                             times[cell["label"]][e].append(got["seconds"])
                             tokens[cell["label"]][e] = got["tokens"]
+                            if "translators" in got:  # translators alive in that CTranslate2 process
+                                tokens[cell["label"]]["ct2_translators"] = got["translators"]
                             time.sleep(PAUSE)
                         print(f"round {r + 1} {cell['label']}: " + ", ".join(
                             f"{e} {times[cell['label']][e][-1]:.2f} s" for e in engines), file=sys.stderr)
@@ -298,18 +305,32 @@ def summarise(args, models, todo, times, tokens, engines) -> dict:
             s = statistics.median(times[c["label"]][e])
             row[e] = {"seconds": s, "seconds_per_round": times[c["label"]][e], "sent_per_s": n / s,
                       "tok_per_s": tokens[c["label"]][e] / s, "output_tokens": tokens[c["label"]][e]}
+        row["ct2"]["translators_in_process"] = tokens[c["label"]]["ct2_translators"]
         row["qkv_vs_ct2"] = row["ct2"]["seconds"] / row["qkv"]["seconds"]
         if "before" in engines:
             row["before_vs_ct2"] = row["ct2"]["seconds"] / row["before"]["seconds"]
         rows.append(row)
     return {
         "models": [{k: m[k] for k in ("name", "path", "shapes", "preset", "forced", "limit")} for m in models],
-        "src": args.src, "rounds": args.rounds, "before": args.before, "rows": rows,
+        "src": args.src, "rounds": args.rounds, "before": args.before, "rows": rows, "checks": thread_checks(rows),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
                     "load_average": os.getloadavg()},
         "commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H%MZ", time.gmtime()),
     }
+
+
+def thread_checks(rows: list[dict]) -> list[dict]:
+    """Per cell measured at 1 and 2 threads: CTranslate2's seconds at each, and whether 2 threads were
+    not slower than 1 (``ok``)."""
+    by = {(r["name"], r["beam"], r["batch"], r["dtype"], r["threads"]): r for r in rows}
+    out = []
+    for (name, beam, batch, dtype, threads), r in by.items():
+        one = by.get((name, beam, batch, dtype, 1))
+        if threads == 2 and one is not None:
+            out.append({"cell": f"{name} beam{beam} b{batch} {dtype}", "ct2_1_thread_s": one["ct2"]["seconds"],
+                        "ct2_2_threads_s": r["ct2"]["seconds"], "ok": r["ct2"]["seconds"] <= one["ct2"]["seconds"]})
+    return out
 
 
 def table(result: dict) -> str:
@@ -333,6 +354,11 @@ def table(result: dict) -> str:
         if before:
             line += f" {r['before_vs_ct2']:.2f} |"
         lines.append(line)
+    checks = result.get("checks") or []
+    if checks:
+        slower = [c["cell"] for c in checks if not c["ok"]]
+        lines += ["", f"check, CTranslate2 at 2 threads not slower than at 1: {len(checks) - len(slower)} of "
+                      f"{len(checks)} cells" + (f"; slower: {', '.join(slower)}" if slower else "")]
     return "\n".join(lines)
 
 

@@ -293,19 +293,6 @@ def test_a_read_only_checkpoint_is_converted_into_the_user_cache(tmp_path, monke
         ckpt.chmod(0o755)
 
 
-@pytest.mark.parametrize("given,want", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_threads_wait_passively_unless_told_otherwise(given, want):
-    """Spinning OpenMP threads (the default) made CTranslate2 decode 5-40x slower on shared cores."""
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env.update({"PYTHONPATH": str(Path(__file__).parents[1] / "src")}, **({"OMP_WAIT_POLICY": given} if given else {}))
-    code = "import os; from qkv.export.engine import require_ctranslate2; require_ctranslate2(); " \
-           "print(os.environ['OMP_WAIT_POLICY'])"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == want
-
-
 def test_a_checkpoint_without_its_manifest_is_refused_by_name(tmp_path, capsys):
     (tmp_path / "ckpt").mkdir()
     shutil.copy(TRAINED / "config.json", tmp_path / "ckpt")

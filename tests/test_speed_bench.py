@@ -72,3 +72,19 @@ def test_decode_speed_quick(tmp_path):
     for r in res["rows"]:
         assert r["qkv"]["output_tokens"] > 0 and r["ct2"]["output_tokens"] > 0
         assert r["qkv_vs_ct2"] == pytest.approx(r["ct2"]["seconds"] / r["qkv"]["seconds"])
+        assert r["ct2"]["translators_in_process"] == 1  # each CTranslate2 translator alone in its process
+    assert res["checks"] == []  # one thread only: nothing to compare
+
+
+def test_decode_speed_checks_that_two_threads_are_not_slower_than_one():
+    sys.path.insert(0, str(SPEED.parent))
+    try:
+        from decode_speed import thread_checks
+    finally:
+        sys.path.remove(str(SPEED.parent))
+
+    def row(threads, seconds, beam=1):
+        return {"name": "m", "beam": beam, "batch": 1, "dtype": "float32", "threads": threads,
+                "ct2": {"seconds": seconds}}
+    checks = thread_checks([row(1, 1.0), row(2, 0.6), row(1, 1.0, 5), row(2, 1.2, 5), row(2, 9.0, 4)])
+    assert [(c["cell"], c["ok"]) for c in checks] == [("m beam1 b1 float32", True), ("m beam5 b1 float32", False)]

@@ -44,6 +44,7 @@ from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding.beam_search import Hypothesis
 from qkv.decoding.greedy import max_output_len
 from qkv.errors import CheckpointError, ConfigError, QkvError
+from qkv.export.ct2_worker import TranslatorProcess
 from qkv.files import sha256_file
 from qkv.frontends.translator import Prefixed, Translator, pharaoh
 from qkv.models import build_model
@@ -61,12 +62,9 @@ def stderr(msg: str) -> None:
 
 
 def require_ctranslate2(what: str = "--engine ctranslate2"):
-    """The ctranslate2 package. Its OpenMP threads wait passively between parallel regions unless
-    ``OMP_WAIT_POLICY`` says otherwise: spinning, OpenMP's default, made decoding 5 to 40 times slower
-    wherever the cores are shared (with the server's own thread, with other processes)."""
+    """The ctranslate2 package (its translators run in worker processes: :mod:`qkv.export.ct2_worker`)."""
     from qkv.export.optional import require
 
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when CTranslate2's OpenMP library loads
     return require("ctranslate2", what)
 
 
@@ -363,7 +361,9 @@ def load(path: str | Path, device: str = "cpu", quantize: str | None = None, thr
          log: Log = stderr) -> CT2Translator:
     """The translation checkpoint ``path`` as a :class:`CT2Translator`: converted once into the cache
     (:func:`converted`), run by ``ctranslate2.Translator`` on ``device`` with ``threads`` intra-op
-    threads (0: CTranslate2's default); ``quantize="int8"``: compute_type int8."""
+    threads (0: CTranslate2's default); ``quantize="int8"``: compute_type int8. The translator lives
+    in a worker process of its own (:class:`~qkv.export.ct2_worker.TranslatorProcess`), so that
+    translators loaded side by side (``qkv serve a=RUN b=RUN``) never slow each other."""
     from qkv.frontends.quantize import QUANTIZE_CHOICES
 
     ctranslate2 = require_ctranslate2()
@@ -383,8 +383,8 @@ def load(path: str | Path, device: str = "cpu", quantize: str | None = None, thr
     tokenizers = TokenizerPair.load(path, listed_files(path))
     with torch.device("meta"):  # the configuration and length rules; the weights live in CTranslate2
         model = build_model(model_cfg)
-    translator = ctranslate2.Translator(str(directory), device=name, device_index=index,
-                                        compute_type="int8" if quantize else "default", intra_threads=threads)
+    translator = TranslatorProcess(str(path), model_path=str(directory), device=name, device_index=index,
+                                   compute_type="int8" if quantize else "default", intra_threads=threads)
     return CT2Translator(model.eval(), tokenizers, decode_cfg, train_cfg, translator, directory)
 
 

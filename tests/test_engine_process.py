@@ -1,0 +1,148 @@
+"""The CTranslate2 engine runs each translator in a worker process of its own (qkv.export.ct2_worker).
+
+Why: CTranslate2's OpenMP library (libgomp) makes every idle thread of a process sleep at once, not
+spin briefly, while the process holds more OpenMP threads than the machine has cores; two 2-thread
+translators in one process then decoded 14-17x slower than one. The probe below reads that rule
+directly, without timing: the CPU time a translator's process burns while it sleeps after a call
+(its threads' spinning) stays the same when a second translator is loaded beside it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import qkv
+from qkv.export import engine
+from qkv.export.ct2_worker import TranslatorProcess, WorkerError
+from qkv.export.optional import INSTALL
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                                reason=f"ctranslate2 is not installed: {INSTALL}")
+
+TRAINED = Path(__file__).parent / "fixtures" / "default-task"  # number words -> German
+NUMBERS = ["three hundred twenty-one", "seven", "forty-two", "eleven hundred", "six hundred six", "twelve"]
+SRC = str(Path(__file__).parents[1] / "src")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine-process")
+    shutil.copytree(TRAINED, root / "trained")
+    engine.converted(root / "trained", log=lambda _: None)
+    return root / "trained"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (ended, not yet reaped by its parent) counts as ended
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_each_translator_runs_in_its_own_process_with_the_outputs_of_ctranslate2_itself(ckpt):
+    import ctranslate2
+
+    a = qkv.load(ckpt, engine="ctranslate2", threads=1)
+    b = qkv.load(ckpt, engine="ctranslate2", threads=1)
+    assert len({a.ct2.pid, b.ct2.pid, os.getpid()}) == 3
+    assert a.ct2.alive and b.ct2.alive
+    pieces = [a.pieces(ids) for ids in a.tokenizers.src.encode(NUMBERS)]
+    raw = ctranslate2.Translator(str(engine.converted(ckpt)), intra_threads=1)
+    for options in ({"beam_size": 1}, {"beam_size": 4, "num_hypotheses": 2, "return_scores": True},
+                    {"beam_size": 1, "return_attention": True}):
+        want = raw.translate_batch(pieces, max_decoding_length=40, **options)
+        got = a.ct2.translate_batch(pieces, max_decoding_length=40, **options)
+        assert [r.hypotheses for r in got] == [r.hypotheses for r in want]
+        assert [r.scores for r in got] == [r.scores for r in want]
+        assert [r.attention for r in got] == [r.attention for r in want]
+    targets = [h[0] for h in (r.hypotheses for r in raw.translate_batch(pieces, beam_size=1))]
+    want = raw.score_batch(pieces, targets)
+    got = b.ct2.score_batch(pieces, targets)
+    assert [r.log_probs for r in got] == [r.log_probs for r in want]
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert a.translate(NUMBERS, beam_size=1) == b.translate(NUMBERS, beam_size=1)
+    a.ct2.close(), b.ct2.close()
+    assert not a.ct2.alive and not b.ct2.alive
+
+
+def test_a_second_translator_leaves_the_first_ones_threads_waiting_as_they_did_alone(ckpt):
+    """The probe of the module's docstring. Two threads each: on a machine with more than 3 cores
+    libgomp never changes how threads wait, and the test holds trivially."""
+    first = qkv.load(ckpt, engine="ctranslate2", threads=2)
+
+    def spin() -> float:
+        runs = []
+        for _ in range(3):
+            first.translate(NUMBERS, beam_size=1)
+            runs.append(first.ct2.idle_cpu(0.3))
+        return max(runs)
+
+    alone = spin()
+    if alone < 0.0005:
+        pytest.skip(f"this machine's OpenMP threads do not spin after a call ({alone * 1000:.2f} ms): nothing to compare")
+    second = qkv.load(ckpt, engine="ctranslate2", threads=2)
+    second.translate(NUMBERS, beam_size=1)
+    beside = spin()
+    assert beside > alone / 4, (alone, beside)  # in one process: 0 (every idle thread asleep at once)
+
+
+def test_the_engine_sets_no_openmp_wait_policy():
+    """Setting OMP_WAIT_POLICY from Python never reached CTranslate2's OpenMP once torch was imported,
+    and where it did (from the shell), PASSIVE made 2-thread decoding about 20x slower."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = SRC
+    code = ("import os; from qkv.export.engine import require_ctranslate2; require_ctranslate2(); "
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "None"
+
+
+def test_a_worker_that_died_is_named_in_the_error(ckpt):
+    model = qkv.load(ckpt, engine="ctranslate2", threads=1)
+    os.kill(model.ct2.pid, signal.SIGKILL)
+    model.ct2.proc.wait(timeout=10)
+    with pytest.raises(WorkerError, match=rf"the CTranslate2 worker process of {ckpt} ended \(exit status -9\)"):
+        model.translate(NUMBERS, beam_size=1)
+
+
+def test_errors_of_ctranslate2_come_back_as_their_type(ckpt):
+    worker = TranslatorProcess("model", model_path=str(engine.converted(ckpt)), intra_threads=1)
+    with pytest.raises(TypeError):
+        worker.translate_batch([["seven"]], beam_size="four")
+    assert worker.translate_batch([["▁seven"]], beam_size=1)  # the worker goes on after an error
+    with pytest.raises(RuntimeError, match="failed to load|Unable to open|No such file|model"):
+        TranslatorProcess("nowhere", model_path="/nonexistent/model")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_workers_end_with_the_program_that_started_them(ckpt, how):
+    code = (f"import qkv, sys\nm = qkv.load({str(ckpt)!r}, engine='ctranslate2', threads=1)\n"
+            "m.translate(['seven'], beam_size=1)\nprint(m.ct2.pid, flush=True)\nimport time; time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": SRC}, start_new_session=True)
+    try:
+        worker = int(proc.stdout.readline())
+        assert alive(worker)
+        os.killpg(proc.pid, how) if how == signal.SIGINT else os.kill(proc.pid, how)  # ^C reaches the group
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(worker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
