@@ -88,3 +88,21 @@ def test_decode_speed_checks_that_two_threads_are_not_slower_than_one():
                 "ct2": {"seconds": seconds}}
     checks = thread_checks([row(1, 1.0), row(2, 0.6), row(1, 1.0, 5), row(2, 1.2, 5), row(2, 9.0, 4)])
     assert [(c["cell"], c["ok"]) for c in checks] == [("m beam1 b1 float32", True), ("m beam5 b1 float32", False)]
+
+
+def test_serve_models_quick(tmp_path):
+    """benchmarks/serve_models.py: one model, then two, behind qkv serve --engine ctranslate2."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 not installed: pip install -c constraints.txt -e '.[export]'")
+    model = Path(__file__).resolve().parent / "fixtures" / "default-task"
+    src = tmp_path / "src.txt"
+    src.write_text("seven\nforty-two\nthree hundred twelve\n", encoding="utf-8")
+    out = tmp_path / "serve.json"
+    proc = subprocess.run([sys.executable, str(SPEED.parent / "serve_models.py"), "--model", str(model), "--src", str(src),
+                           "--threads", "1", "--rounds", "1", "--requests", "16", "--concurrency", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| threads | one model |" in proc.stdout
+    row = json.loads(out.read_text())["rows"][0]
+    assert set(row["rps"]) == {"one", "a_loaded", "b_loaded", "a_at_once", "b_at_once"}
+    assert all(v > 0 for v in row["rps"].values())
+    assert row["a_loaded_vs_one"] == pytest.approx(row["rps"]["a_loaded"] / row["rps"]["one"])
