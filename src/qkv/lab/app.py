@@ -9,7 +9,8 @@
     POST /api/runs/NAME/inside      {"text"}: the newest checkpoint's output, attention, hidden-state norms
     GET  /api/panels/...            the concept panels (qkv.lab.panels)
 
-The Host-header check and the body bound are ``qkv serve``'s; every error is JSON ``{"error": message}``.
+The Host-header check and the body bound are ``qkv serve``'s; every error is JSON ``{"error": message}``
+(a fault of the lab's own too: 500).
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     @app.exception_handler(QkvError)
     async def refused(request, e: QkvError):
         return error(getattr(e, "status", 422), str(e))
+
+    @app.exception_handler(Exception)
+    async def broken(request, e: Exception):  # a fault of the lab's own: JSON too, never a plain-text page
+        return error(500, f"the lab failed: {type(e).__name__}: {e}")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():

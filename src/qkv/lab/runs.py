@@ -15,6 +15,8 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +157,13 @@ class Lab:
         self.tasks = {**TASKS, **({"files": files} if files else {})}
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping: set[str] = set()
+        # one lock around "is there room, is the name free" and the spawn: concurrent starts cannot
+        # both pass the check, nor write the same data files
+        self.lock = threading.Lock()
+        # the lifeline: every run holds the read end of this pipe; the lab alone holds the write end,
+        # which the kernel closes when the lab's process ends however it ends (kill -9 included), and
+        # the run then stops (qkv.lab.child). No thread of the lab owns it, so none can end a run.
+        self._lifeline: tuple[int, int] | None = None
 
     # --- data --------------------------------------------------------------------------------------
 
@@ -172,9 +181,15 @@ class Lab:
                 for n, path in zip(names, paths):
                     side, split = n.split(".")
                     lines = [s if side == "src" else t for s, t in splits[split]]
-                    tmp = Path(path + ".tmp")
-                    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-                    os.replace(tmp, path)
+                    # a temporary file of its own (another lab may share the root), renamed into place
+                    fd, tmp = tempfile.mkstemp(prefix=n + ".", suffix=".tmp", dir=folder)
+                    try:
+                        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                            fh.write("".join(line + "\n" for line in lines))
+                        os.replace(tmp, path)
+                    except BaseException:
+                        Path(tmp).unlink(missing_ok=True)
+                        raise
         return [x for flag, p in zip(("--src-train", "--tgt-train", "--src-valid", "--tgt-valid"), paths)
                 for x in (flag, p)]
 
@@ -195,20 +210,28 @@ class Lab:
     def running(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is None]
 
+    def lifeline(self) -> int:
+        """The read end of the lab's lifeline pipe, which each run inherits (see ``__init__``)."""
+        if self._lifeline is None:
+            self._lifeline = os.pipe()  # neither end inheritable: a run gets the read end by pass_fds only
+        return self._lifeline[0]
+
+    def close(self) -> None:
+        """Close the lifeline: every run still holding it stops (SIGTERM)."""
+        if self._lifeline is not None:
+            for fd in self._lifeline:
+                os.close(fd)
+            self._lifeline = None
+
     def start(self, name: str, task: str, preset: str, model: dict | None = None, train: dict | None = None,
               threads: int | None = None) -> dict:
-        """Start ``qkv train`` for a new run ``name``; what :meth:`describe` says of it."""
+        """Start ``qkv train`` for a new run ``name``; what :meth:`describe` says of it. Every field is
+        checked before the lab's room (a 429 means the request was valid)."""
         if not NAME.fullmatch(name or ""):
             raise LabError(422, f"name: {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 40, "
                                 f"not beginning with '.' or '-')")
         if task not in self.tasks:
             raise LabError(422, f"task: unknown {task!r}; this lab has {', '.join(self.tasks)}")
-        out = self.root / name
-        if out.exists():
-            raise LabError(409, f"a run named {name!r} exists already ({out}); choose another name")
-        if len(self.running()) >= self.limits.max_runs:
-            raise LabError(429, f"{self.limits.max_runs} runs are training already (the lab's bound, --max-runs); "
-                                f"stop one or wait for one to end")
         threads = threads or self.limits.run_threads
         if not 1 <= threads <= self.limits.run_threads:
             raise LabError(422, f"threads must be in [1, {self.limits.run_threads}] (--run-threads), got {threads}")
@@ -222,18 +245,27 @@ class Lab:
         t["max_time"] = t.get("max_time") or self.limits.max_time
         spec = self.tasks[task]
         t.update(tokenizer=spec.tokenizer, vocab_size=spec.vocab_size, threads=threads)
-        argv = [sys.executable, "-m", "qkv.lab.child", str(os.getpid()), "train", *self.data(spec), "--out", str(out),
-                "--preset", "tiny", *flags(m), *flags(t)]
-        out.mkdir(parents=True)
-        record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "started": time.time()}
-        (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "PYTHONUNBUFFERED": "1"}
-        src = str(Path(__file__).resolve().parents[2])  # this qkv, wherever the child's path would find another
-        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-        with open(out / "train.log", "wb") as log:
-            self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+        out = self.root / name
+        with self.lock:  # the check and the spawn as one: concurrent starts see each other
+            if out.exists():
+                raise LabError(409, f"a run named {name!r} exists already ({out}); choose another name")
+            if len(self.running()) >= self.limits.max_runs:
+                raise LabError(429, f"{self.limits.max_runs} runs are training already (the lab's bound, "
+                                    f"--max-runs); stop one or wait for one to end")
+            fd = self.lifeline()
+            argv = [sys.executable, "-m", "qkv.lab.child", str(fd), "train", *self.data(spec), "--out", str(out),
+                    "--preset", "tiny", *flags(m), *flags(t)]
+            out.mkdir(parents=True)
+            record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "started": time.time()}
+            (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                   "PYTHONUNBUFFERED": "1"}
+            src = str(Path(__file__).resolve().parents[2])  # this qkv, wherever the child's path would find another
+            env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+            with open(out / "train.log", "wb") as log:
+                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                                    pass_fds=(fd,))
         return self.describe(name)
 
     def stop(self, name: str) -> dict:
@@ -258,6 +290,7 @@ class Lab:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self.close()
 
     # --- reading back ----------------------------------------------------------------------------------
 
