@@ -125,7 +125,7 @@ def test_host_header_and_body_bound_of_serve(client):
 @pytest.mark.parametrize("body,status,message", [
     ({"name": "../up", "task": "copy"}, 422, "not a run name"),
     ({"name": "a", "task": "rot13"}, 422, "unknown 'rot13'"),
-    ({"name": "a", "task": "copy", "preset": "lstm", "model": {"d_model": -4}}, 422, "'d_model'"),
+    ({"name": "a", "task": "copy", "preset": "lstm", "model": {"d_model": -4}}, 422, "model.d_model: this lab takes 2 to 1024"),
     ({"name": "a", "task": "copy", "threads": 5}, 422, "threads must be in [1, 1]"),
     ({"name": "a", "task": "copy", "colour": "red"}, 422, "colour"),
     ({"name": "a", "task": "copy", "train": {"max_time": 9999}}, 422, "more than this lab allows (--max-time 600)"),

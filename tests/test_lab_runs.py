@@ -43,6 +43,7 @@ class Waiter(subprocess.Popen):
 
     def __init__(self, argv, **kwargs):
         super().__init__([sys.executable, "-c", "import time; time.sleep(120)"], **kwargs)
+        self.lab_argv = argv  # what the lab would have run
 
 
 @pytest.fixture
@@ -291,3 +292,121 @@ def test_a_fault_of_the_lab_is_json(tmp_path, monkeypatch):
     with TestClient(create_app(lab, panels=None), base_url=LOCAL, raise_server_exceptions=False) as c:
         r = c.post("/api/runs", json={"name": "x", "task": "copy"})
     assert r.status_code == 500 and "PermissionError" in r.json()["error"]
+
+
+# --- the form: lists of legal values, numbers that parse and fit -------------------------------------------
+
+def test_choices_are_qkvs_own_lists(tmp_path):
+    from qkv import config
+
+    lab = Lab(tmp_path / "runs")
+    about = TestClient(create_app(lab, panels=None), base_url=LOCAL).get("/api/lab").json()
+    assert about["choices"]["arch"] == list(config.ARCHS)
+    assert about["choices"]["attention"] == list(config.ATTENTION_SCORES)
+    assert set(about["choices"]["attention"]) >= {"dot", "scaled_dot", "general", "additive", "cosine", "location"}
+    assert about["choices"]["positional"] == list(config.POSITIONALS) and "none" in config.POSITIONALS
+    assert about["choices"]["schedule"] == list(config.SCHEDULES)
+    assert about["choices"]["norm_first"] == [False, True]
+    assert about["bounds"]["d_model"] == {"low": 2, "high": 1024, "text": "2 to 1024"}
+    assert about["max_parameters"] == lab_runs.MAX_PARAMETERS
+    for preset in about["presets"].values():  # every value a preset sets is one of the choices
+        for field, value in {**preset["model"], **preset["train"]}.items():
+            if field in about["choices"]:
+                assert value in about["choices"][field], (field, value)
+    copy = next(t for t in about["tasks"] if t["name"] == "copy")
+    assert copy["metrics"] == ["valid_exact"]  # no BLEU where outputs are one word
+
+
+@pytest.mark.parametrize("model,train,message", [
+    ({"d_model": "abc"}, {}, "'d_model' must be of type int, got 'abc'"),
+    ({"d_model": ""}, {}, "'d_model' must be of type int, got ''"),
+    ({"d_model": None}, {}, "'d_model' must be of type int, got None"),
+    ({"d_model": 64.5}, {}, "'d_model' must be of type int"),
+    ({"d_model": 1e9}, {}, "model.d_model: this lab takes 2 to 1024 (so that a run fits this machine), got 1,000,000,000"),
+    ({"n_encoder_layers": 100}, {}, "model.n_encoder_layers: this lab takes 1 to 8"),
+    ({"d_model": 1024, "d_ff": 4096, "n_heads": 16, "n_encoder_layers": 8, "n_decoder_layers": 8}, {},
+     "parameters; this lab trains at most 20,000,000"),
+    ({"positional": "rotary"}, {}, "positional"),
+    ({"attention": "dotty"}, {}, "did you mean 'dot'"),
+    ({}, {"lr": "fast"}, "'lr' must be of type float"),
+    ({}, {"schedule": "cosine"}, "schedule"),
+])
+def test_numbers_and_choices_refused_by_name(tmp_path, waiting, model, train, message):
+    lab = Lab(tmp_path / "runs")
+    with TestClient(create_app(lab, panels=None), base_url=LOCAL) as c:
+        r = c.post("/api/runs", json={"name": "x", "task": "copy", "model": model, "train": train})
+        assert r.status_code == 422 and message in r.json()["error"], r.json()
+        assert not lab.procs
+
+
+def test_noam_pre_norm_no_positions_start(tmp_path, waiting):
+    """The noam schedule needs no field the form lacks (the preset's lr gives way); pre-norm and no
+    positions reach the run's flags."""
+    lab = Lab(tmp_path / "runs")
+    with TestClient(create_app(lab, panels=None), base_url=LOCAL) as c:
+        r = c.post("/api/runs", json={"name": "x", "task": "reverse", "model": {"positional": "none", "norm_first": True},
+                                      "train": {"schedule": "noam", "lr_scale": 2}})
+        assert r.status_code == 201, r.json()
+        info = r.json()
+        assert info["train"]["schedule"] == "noam" and info["train"]["lr"] == 0 and info["train"]["lr_scale"] == 2.0
+        assert info["model"]["positional"] == "none" and info["model"]["norm_first"] is True
+        assert info["parameters"] == lab_runs.parameters(info["model"], 64)
+        argv = lab.procs["x"].lab_argv
+        assert "--norm-first" in argv and argv[argv.index("--positional") + 1] == "none"
+        r = c.post("/api/runs", json={"name": "y", "task": "copy", "train": {"schedule": "noam", "lr": 0.01}})
+        assert r.status_code == 422 and "noam schedule sets its own rate" in r.json()["error"]
+
+
+def test_parameter_count_against_the_formula():
+    """The count the bound uses equals the Transformer's by hand: shared embedding V·d, per encoder layer
+    4(d² + d) + 2·d·d_ff + d_ff + d + 2·2d (two LayerNorms), per decoder layer one attention and norm more."""
+    d, f, v = 16, 32, 64
+    attn, ffn, norm = 4 * (d * d + d), 2 * d * f + f + d, 2 * d
+    expected = v * d + 2 * (attn + ffn + 2 * norm) + 2 * (2 * attn + ffn + 3 * norm)
+    model = {"arch": "transformer", "d_model": d, "n_heads": 2, "d_ff": f, "n_encoder_layers": 2, "n_decoder_layers": 2}
+    assert lab_runs.parameters(model, v) == expected
+
+
+def test_without_positions_a_transformer_cannot_tell_an_input_from_its_reversal():
+    """Self-attention without positions is permutation-equivariant, so the encoder's memory for "abcd" is that
+    of "dcba" permuted and cross-attention, a weighted sum over the memory, gives the decoder the same
+    inputs for both: equal output distributions, so at most one of the two reversals is right. With
+    sinusoidal positions the two differ."""
+    import torch
+
+    from qkv.config import ModelConfig
+    from qkv.models import build_model
+
+    src = torch.tensor([[7, 8, 9, 10, 3]])  # "abcd" </s>
+    rev = torch.tensor([[10, 9, 8, 7, 3]])  # "dcba" </s>
+    tgt_in = torch.tensor([[2, 11, 12]])  # <s> and two target tokens
+    logits = {}
+    for positional in ("none", "sinusoidal"):
+        torch.manual_seed(0)
+        cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
+                          attention_dropout=0.0, positional=positional, src_vocab_size=20, tgt_vocab_size=20)
+        model = build_model(cfg).eval()
+        with torch.no_grad():
+            logits[positional] = (model(src, tgt_in), model(rev, tgt_in))
+    a, b = logits["none"]
+    assert torch.allclose(a, b, atol=1e-5)
+    a, b = logits["sinusoidal"]
+    assert (a - b).abs().max() > 1e-3
+
+
+def test_a_run_stops_itself_once_solved(tmp_path, waiting):
+    """At its first validation exact match >= 99%, a run that asked for it is stopped (status solved); a run
+    that did not ask goes on."""
+    lab = Lab(tmp_path / "runs")
+    lab.start("a", "copy", "transformer")
+    lab.start("b", "copy", "transformer", stop_when_solved=False)
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text(
+            '{"step": 100, "valid_exact": 0.5}\n{"step": 200, "valid_exact": 0.995}\n')
+    deadline = time.monotonic() + 30
+    while lab.status("a") != "solved":
+        assert time.monotonic() < deadline, lab.status("a")
+        time.sleep(0.2)
+    assert lab.status("b") == "training"
+    assert lab.describe("a")["stop_when_solved"] is True and lab.describe("b")["stop_when_solved"] is False
+    lab.stop_all()

@@ -1,7 +1,8 @@
 """The web application of ``qkv lab`` (FastAPI): the page, and the API it calls.
 
     GET  /                          the page (page.html, with the concept panels inlined at <!-- PANELS -->)
-    GET  /api/lab                   the tasks, the architecture presets, the fields set by hand, the bounds
+    GET  /api/lab                   the tasks, the architecture presets, the fields set by hand, their legal
+                                    values (choices) and bounds
     GET  /api/runs                  every run: its settings and status
     POST /api/runs                  start a run: {"name", "task", "preset", "model": {...}, "train": {...}}
     POST /api/runs/NAME/stop        stop it (SIGTERM: last/ is committed, then the process exits)
@@ -30,7 +31,8 @@ from starlette.exceptions import HTTPException
 from qkv import __version__
 from qkv.errors import QkvError
 from qkv.lab.inside import Checkpoints
-from qkv.lab.runs import MODEL_FIELDS, PRESETS, TRAIN, TRAIN_FIELDS, Lab, LabError
+from qkv.lab.runs import (CHOICES, MAX_PARAMETERS, MODEL_FIELDS, PRESETS, SIZE_BOUNDS, SOLVED, TRAIN, TRAIN_FIELDS, Lab,
+                          LabError)
 from qkv.serve.app import BodyLimit, HostCheck, error, validation_message
 
 MARKER = "<!-- PANELS -->"
@@ -45,6 +47,7 @@ class StartRequest(BaseModel):
     model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields over the preset's")
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields over the preset's")
     threads: int | None = Field(None, ge=1, description="torch threads of the run (at most --run-threads)")
+    stop_when_solved: bool = Field(True, description="stop the run at its first validation exact match >= 99%")
 
 
 class InsideRequest(BaseModel):
@@ -120,7 +123,9 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     async def about():
         return {"tasks": [t.describe() for t in lab.tasks.values()],
                 "presets": {name: {"model": m, "train": {**TRAIN, **t}} for name, (m, t) in PRESETS.items()},
-                "model_fields": MODEL_FIELDS, "train_fields": TRAIN_FIELDS,
+                "model_fields": MODEL_FIELDS, "train_fields": TRAIN_FIELDS, "choices": CHOICES,
+                "bounds": {name: {"low": b.low, "high": b.high, "text": b.text()} for name, b in SIZE_BOUNDS.items()},
+                "max_parameters": MAX_PARAMETERS, "solved": SOLVED,
                 "limits": {"max_runs": limits.max_runs, "run_threads": limits.run_threads,
                            "max_time": limits.max_time, "max_chars": limits.max_chars},
                 "root": str(lab.root)}
@@ -131,7 +136,8 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
 
     @app.post("/api/runs", status_code=201, summary="start a run (qkv train in a child process)")
     async def start(req: StartRequest):
-        return await run_in_threadpool(lab.start, req.name, req.task, req.preset, req.model, req.train, req.threads)
+        return await run_in_threadpool(lab.start, req.name, req.task, req.preset, req.model, req.train, req.threads,
+                                       req.stop_when_solved)
 
     @app.post("/api/runs/{name}/stop", summary="stop a run: it saves last/ and exits")
     async def stop(name: str):

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkv.config import ModelConfig, TrainConfig, override
+from qkv.bounds import whole
+from qkv.config import ARCHS, ATTENTION_SCORES, POSITIONALS, SCHEDULES, ModelConfig, TrainConfig, override
 from qkv.data import synthetic, toy
 from qkv.errors import ConfigError, QkvError
 from qkv.serve.limits import Limits, bound
@@ -57,8 +58,14 @@ class Task:
     vocab_size: int = 64
     files: tuple[str, str, str, str] | None = None  # given on the command line: src/tgt train, src/tgt valid
 
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The validation scores that mean something here: BLEU only on your own sentences (the generated
+        tasks' outputs are one word each, where BLEU's 4-grams of words find nothing: it stays 0)."""
+        return ("valid_exact", "valid_bleu") if self.files else ("valid_exact",)
+
     def describe(self) -> dict:
-        return {"name": self.name, "title": self.title, "example": self.example}
+        return {"name": self.name, "title": self.title, "example": self.example, "metrics": list(self.metrics)}
 
 
 TASKS = {t.name: t for t in (
@@ -103,7 +110,8 @@ TRAIN = dict(max_len=64, max_tokens=1024, label_smoothing=0.0, eval_every=100, e
 RECURRENT = dict(d_model=128, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, bidirectional=True)
 PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainConfig fields)
     "transformer": (dict(arch="transformer", d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
-                         dropout=0.0, attention_dropout=0.0, positional="sinusoidal", max_positions=256),
+                         dropout=0.0, attention_dropout=0.0, positional="sinusoidal", max_positions=256,
+                         norm_first=False),
                     dict(lr=2e-3)),
     "lstm+attention": (dict(arch="lstm", attention="additive", **RECURRENT), dict(lr=3e-3)),
     "lstm": (dict(arch="lstm", attention="none", **RECURRENT), dict(lr=3e-3)),
@@ -114,8 +122,17 @@ PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainC
 }
 # the fields the page may set by hand, over the preset's
 MODEL_FIELDS = ("arch", "attention", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
-                "positional", "dropout", "bidirectional")
-TRAIN_FIELDS = ("schedule", "lr", "warmup_steps", "max_steps", "max_time", "seed", "eval_every")
+                "positional", "norm_first", "dropout", "bidirectional")
+TRAIN_FIELDS = ("schedule", "lr", "lr_scale", "warmup_steps", "max_steps", "max_time", "seed", "eval_every")
+# the fields chosen from a list: qkv's own lists of legal values (norm_first: post-norm, the paper's, or pre-norm)
+CHOICES: dict[str, tuple] = {"arch": ARCHS, "attention": ATTENTION_SCORES, "positional": POSITIONALS,
+                             "schedule": SCHEDULES, "norm_first": (False, True)}
+# The lab's bounds on a model's size, tighter than qkv's own (qkv.bounds): a run must fit beside the lab on
+# a laptop. d_model = 10**9 passes qkv's checks only to die allocating tens of GB in the child.
+SIZE_BOUNDS = {"d_model": whole(2, 1024), "n_heads": whole(1, 16), "d_ff": whole(1, 4096),
+               "n_encoder_layers": whole(1, 8), "n_decoder_layers": whole(1, 8)}
+MAX_PARAMETERS = 20_000_000  # about 320 MB with Adam's two moments, in float32
+SOLVED = 0.99  # validation exact match at which a run that stops once solved stops
 
 
 def settings(preset: str, model: dict | None = None, train: dict | None = None) -> tuple[dict, dict]:
@@ -129,9 +146,35 @@ def settings(preset: str, model: dict | None = None, train: dict | None = None) 
         if wrong:
             raise ConfigError(f"{what}: {', '.join(wrong)} cannot be set here; the lab sets {', '.join(allowed)}")
     m, t = {**PRESETS[preset][0], **model}, {**TRAIN, **PRESETS[preset][1], **train}
-    override(ModelConfig(), m, "model").validate()
-    override(TrainConfig(), t, "train").validate()
+    if t.get("schedule") == "noam" and "lr" not in train:
+        t["lr"] = 0.0  # noam sets its own rate (d_model^-0.5 ... times lr_scale): not the preset's lr
+    mc = override(ModelConfig(), m, "model")
+    tc = override(TrainConfig(), t, "train")
+    # the values as the configs read them ("64" -> 64, 1e9 -> 1000000000): what the run gets
+    m = {k: getattr(mc, k) for k in m}
+    t = {k: getattr(tc, k) for k in t}
+    for name, bound in SIZE_BOUNDS.items():
+        value = getattr(mc, name)
+        if bound.problem(value):
+            raise ConfigError(f"model.{name}: this lab takes {bound.text()} (so that a run fits this machine), "
+                              f"got {value:,}")
+    mc.validate()
+    tc.validate()
     return m, t
+
+
+def parameters(model: dict, vocab_size: int) -> int:
+    """The parameters of the model of ``model``'s fields with a vocabulary of ``vocab_size`` (counted on
+    the meta device: nothing is allocated)."""
+    import torch
+
+    from qkv.info import parameter_breakdown
+    from qkv.models import build_model
+
+    cfg = dataclasses.replace(override(ModelConfig(), model, "model"), src_vocab_size=vocab_size,
+                              tgt_vocab_size=vocab_size)
+    with torch.device("meta"):
+        return parameter_breakdown(build_model(cfg))["total"]
 
 
 def flags(fields: dict) -> list[str]:
@@ -164,6 +207,9 @@ class Lab:
         # which the kernel closes when the lab's process ends however it ends (kill -9 included), and
         # the run then stops (qkv.lab.child). No thread of the lab owns it, so none can end a run.
         self._lifeline: tuple[int, int] | None = None
+        self.to_solve: set[str] = set()  # runs to stop at their first validation exact match >= SOLVED
+        self.solved: set[str] = set()  # runs so stopped
+        self._watcher: threading.Thread | None = None
 
     # --- data --------------------------------------------------------------------------------------
 
@@ -224,9 +270,10 @@ class Lab:
             self._lifeline = None
 
     def start(self, name: str, task: str, preset: str, model: dict | None = None, train: dict | None = None,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, stop_when_solved: bool = True) -> dict:
         """Start ``qkv train`` for a new run ``name``; what :meth:`describe` says of it. Every field is
-        checked before the lab's room (a 429 means the request was valid)."""
+        checked before the lab's room (a 429 means the request was valid). ``stop_when_solved``: the lab
+        stops the run at its first validation with an exact match of :data:`SOLVED` or more."""
         if not NAME.fullmatch(name or ""):
             raise LabError(422, f"name: {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 40, "
                                 f"not beginning with '.' or '-')")
@@ -244,6 +291,10 @@ class Lab:
                                 f"{self.limits.max_time:g})")
         t["max_time"] = t.get("max_time") or self.limits.max_time
         spec = self.tasks[task]
+        n = parameters(m, spec.vocab_size)
+        if n > MAX_PARAMETERS:
+            raise LabError(422, f"model: {n:,} parameters; this lab trains at most {MAX_PARAMETERS:,} (so that a "
+                                f"run fits this machine): make d_model, d_ff or the layers smaller")
         t.update(tokenizer=spec.tokenizer, vocab_size=spec.vocab_size, threads=threads)
         out = self.root / name
         with self.lock:  # the check and the spawn as one: concurrent starts see each other
@@ -256,7 +307,8 @@ class Lab:
             argv = [sys.executable, "-m", "qkv.lab.child", str(fd), "train", *self.data(spec), "--out", str(out),
                     "--preset", "tiny", *flags(m), *flags(t)]
             out.mkdir(parents=True)
-            record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "started": time.time()}
+            record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "parameters": n,
+                      "stop_when_solved": bool(stop_when_solved), "started": time.time()}
             (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                    "PYTHONUNBUFFERED": "1"}
@@ -266,7 +318,31 @@ class Lab:
                 self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                     stdin=subprocess.DEVNULL, start_new_session=True,
                                                     pass_fds=(fd,))
+            if stop_when_solved and "valid_exact" in spec.metrics:
+                self.to_solve.add(name)
+                self._watch()
         return self.describe(name)
+
+    def _watch(self) -> None:
+        """The thread that stops runs once solved (one, started with the first run that asks for it)."""
+        if self._watcher is None or not self._watcher.is_alive():
+            self._watcher = threading.Thread(target=self._watch_loop, name="lab-solved", daemon=True)
+            self._watcher.start()
+
+    def _watch_loop(self, every: float = 0.5) -> None:
+        while True:
+            time.sleep(every)
+            for name in list(self.to_solve):
+                proc = self.procs.get(name)
+                if proc is None or proc.poll() is not None:
+                    self.to_solve.discard(name)
+                    continue
+                scores = [r["valid_exact"] for r in self.metrics(name)["records"] if "valid_exact" in r]
+                if scores and scores[-1] >= SOLVED:
+                    self.to_solve.discard(name)
+                    self.solved.add(name)
+                    self.stopping.add(name)
+                    proc.send_signal(signal.SIGTERM)
 
     def stop(self, name: str) -> dict:
         """Ask a training run to stop (SIGTERM: it commits ``last/`` at the next update and exits)."""
@@ -309,14 +385,16 @@ class Lab:
         return [p.name for p in sorted(found, key=lambda p: (p / "lab.json").stat().st_mtime)]
 
     def status(self, name: str) -> str:
-        """training | stopping | finished | stopped | failed (runs this lab started); saved | empty (runs an
-        earlier lab left)."""
+        """training | stopping | finished | solved | stopped | failed (runs this lab started); saved | empty
+        (runs an earlier lab left). solved: stopped by the lab at an exact match of SOLVED or more."""
         proc = self.procs.get(name)
         if proc is None:
             return "saved" if (self.root / name / "last").is_dir() else "empty"
         rc = proc.poll()
         if rc is None:
             return "stopping" if name in self.stopping else "training"
+        if name in self.solved:
+            return "solved"
         if rc == 0:
             return "finished"
         return "stopped" if name in self.stopping else "failed"
@@ -359,5 +437,5 @@ def limits_from(args) -> LabLimits:
                         if hasattr(args, f.name)}).validate()
 
 
-__all__ = ["Lab", "LabLimits", "LabError", "Task", "TASKS", "PRESETS", "files_task", "settings", "flags",
-           "pairs_of"]
+__all__ = ["Lab", "LabLimits", "LabError", "Task", "TASKS", "PRESETS", "CHOICES", "SIZE_BOUNDS", "MAX_PARAMETERS",
+           "SOLVED", "files_task", "settings", "parameters", "flags", "pairs_of"]
