@@ -410,3 +410,24 @@ def test_a_run_stops_itself_once_solved(tmp_path, waiting):
     assert lab.status("b") == "training"
     assert lab.describe("a")["stop_when_solved"] is True and lab.describe("b")["stop_when_solved"] is False
     lab.stop_all()
+
+
+def test_inside_names_the_checkpoints_own_step(tmp_path):
+    """The page says the update of the checkpoint it looked at: 1318 for a stop at update 1318, not the
+    last validation's 1300 (read from the checkpoint's trainer state)."""
+    import shutil
+
+    import torch
+
+    run = tmp_path / "runs" / "tr"
+    run.mkdir(parents=True)
+    shutil.copytree(Path(__file__).parent / "fixtures" / "checkpoints" / "translate-transformer", run / "last")
+    (run / "lab.json").write_text(json.dumps({"name": "tr", "task": "copy", "preset": "transformer"}))
+    (run / "metrics.jsonl").write_text('{"step": 1300, "valid_loss": 0.1}\n')
+    torch.save({"step": 1318, "epoch": 3}, run / "last" / "trainer_state.pt")
+    lab = Lab(tmp_path / "runs")
+    with TestClient(create_app(lab, panels=None), base_url=LOCAL) as c:
+        r = c.post("/api/runs/tr/inside", json={"text": "red cat"})
+        assert r.status_code == 200 and r.json()["step"] == 1318, r.json()
+        (run / "last" / "trainer_state.pt").unlink()
+        assert c.post("/api/runs/tr/inside", json={"text": "red cat"}).json()["step"] is None

@@ -7,7 +7,7 @@
     POST /api/runs                  start a run: {"name", "task", "preset", "model": {...}, "train": {...}}
     POST /api/runs/NAME/stop        stop it (SIGTERM: last/ is committed, then the process exits)
     GET  /api/runs/NAME/metrics     its metrics.jsonl records from ?since=N on, and the next N
-    POST /api/runs/NAME/inside      {"text"}: the newest checkpoint's output, attention, hidden-state norms
+    POST /api/runs/NAME/inside      {"text"}: the newest checkpoint's step, output, attention, hidden-state norms
     GET  /api/panels/...            the concept panels (qkv.lab.panels)
 
 The Host-header check and the body bound are ``qkv serve``'s; every error is JSON ``{"error": message}``
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from qkv import __version__
+from qkv.config import TrainConfig
 from qkv.errors import QkvError
 from qkv.lab.inside import Checkpoints
 from qkv.lab.runs import (CHOICES, MAX_PARAMETERS, MODEL_FIELDS, PRESETS, SIZE_BOUNDS, SOLVED, TRAIN, TRAIN_FIELDS, Lab,
@@ -126,6 +127,7 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
                 "model_fields": MODEL_FIELDS, "train_fields": TRAIN_FIELDS, "choices": CHOICES,
                 "bounds": {name: {"low": b.low, "high": b.high, "text": b.text()} for name, b in SIZE_BOUNDS.items()},
                 "max_parameters": MAX_PARAMETERS, "solved": SOLVED,
+                "train_defaults": {**{f: getattr(TrainConfig(), f) for f in TRAIN_FIELDS}, "max_time": limits.max_time},
                 "limits": {"max_runs": limits.max_runs, "run_threads": limits.run_threads,
                            "max_time": limits.max_time, "max_chars": limits.max_chars},
                 "root": str(lab.root)}
@@ -155,7 +157,8 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
         run_dir = lab.run_dir(name)
         if len(req.text) > limits.max_chars:
             raise LabError(413, f"the text has {len(req.text)} characters; this lab takes at most {limits.max_chars}")
-        return {"run": name, **await run_in_threadpool(checkpoints.look, run_dir, req.text)}
+        step = await run_in_threadpool(lab.checkpoint_step, name)  # last/'s update, as the look starts
+        return {"run": name, "step": step, **await run_in_threadpool(checkpoints.look, run_dir, req.text)}
 
     add_panels(app)
     return app

@@ -210,6 +210,7 @@ class Lab:
         self.to_solve: set[str] = set()  # runs to stop at their first validation exact match >= SOLVED
         self.solved: set[str] = set()  # runs so stopped
         self._watcher: threading.Thread | None = None
+        self._steps: dict[str, tuple[int, int]] = {}  # run -> (trainer_state.pt's mtime, its step)
 
     # --- data --------------------------------------------------------------------------------------
 
@@ -407,6 +408,26 @@ class Lab:
         if status == "failed":
             record["error"] = self.log_tail(name)
         return record
+
+    def checkpoint_step(self, name: str) -> int | None:
+        """The update at which the run's newest checkpoint (``last/``) was saved: a validation's, or the one
+        at which a stop committed it (read from its trainer state; None where it has none)."""
+        import torch
+
+        path = self.run_dir(name) / "last" / "trainer_state.pt"
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return None
+        cached = self._steps.get(name)
+        if cached and cached[0] == stamp:
+            return cached[1]
+        try:
+            step = int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+        except Exception:  # noqa: BLE001 - being replaced as we read, or unreadable: say nothing
+            return None
+        self._steps[name] = (stamp, step)
+        return step
 
     def log_tail(self, name: str, lines: int = 5) -> str:
         try:
