@@ -32,7 +32,7 @@ from qkv.serve.limits import Limits, bound
 class LabLimits(Limits):
     """The bounds of ``qkv serve`` (request size, Host header, timeouts) and those of the lab's runs."""
 
-    max_runs: int = bound(2, "runs training at once (another start is refused until one ends)", high=64)
+    max_runs: int = bound(3, "runs training at once (another start is refused until one ends)", high=64)
     run_threads: int = bound(1, "torch threads of each run", high=1024)
     max_time: float = bound(600.0, "seconds of training a run may take at most (its --max-time)", high=7 * 86400)
 
