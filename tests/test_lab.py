@@ -107,7 +107,8 @@ def client(tmp_path):
 
 def test_about_lists_tasks_and_presets(client):
     about = client.get("/api/lab").json()
-    assert [t["name"] for t in about["tasks"]] == ["copy", "reverse", "sort", "long_range", "numbers"]
+    assert [t["name"] for t in about["tasks"]] == ["copy", "reverse", "sort", "long_range", "numbers",
+                                                   "long_range_label", "mirror_mlm", "mirror_lm"]
     assert {"transformer", "lstm", "lstm+attention", "gru", "rnn"} <= set(about["presets"])
     assert about["presets"]["transformer"]["model"]["n_heads"] == 4
     assert about["limits"]["max_runs"] == 2

@@ -431,3 +431,44 @@ def test_inside_names_the_checkpoints_own_step(tmp_path):
         assert r.status_code == 200 and r.json()["step"] == 1318, r.json()
         (run / "last" / "trainer_state.pt").unlink()
         assert c.post("/api/runs/tr/inside", json={"text": "red cat"}).json()["step"] is None
+
+
+# --- encoder-only and decoder-only runs ----------------------------------------------------------------
+
+def test_one_sided_tasks_data_and_settings(tmp_path):
+    """The classifier's data is JSONL text and label, by the long-range rule; the language models' data
+    are a string and its reversal; the model's task follows the lab's task."""
+    lab = Lab(tmp_path / "runs")
+    flags_ = lab.data(TASKS["long_range_label"])
+    assert flags_[0] == "--train" and flags_[2] == "--valid"
+    for line in Path(flags_[1]).read_text().splitlines()[:50]:
+        row = json.loads(line)
+        assert row["label"] == row["text"][len(row["text"]) - 1 - 16]
+    for line in Path(lab.data(TASKS["mirror_lm"])[3]).read_text().splitlines():
+        s, t = line.split(" ")
+        assert t == s[::-1]
+    assert lab_runs.settings("transformer", kind="lm")[0]["task"] == "lm"
+    assert lab_runs.settings("gru", kind="classify")[0]["pooling"] == "mean"
+    assert "task" not in lab_runs.settings("transformer")[0]
+
+
+def test_encoder_only_and_decoder_only_runs_train(tmp_path):
+    """A classifier, a masked LM (encoder-only) and a language model (decoder-only) train in the lab,
+    each logging its own validation score; a recurrent masked LM is refused by name."""
+    lab = Lab(tmp_path / "runs", LabLimits(max_runs=3))
+    short = {"max_steps": 20, "eval_every": 10}
+    tiny = {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_encoder_layers": 1, "n_decoder_layers": 1}
+    with TestClient(create_app(lab, panels=None), base_url=LOCAL) as c:
+        r = c.post("/api/runs", json={"name": "bad", "task": "mirror_mlm", "preset": "lstm"})
+        assert r.status_code == 422 and "no 'lstm' model for task 'mlm'" in r.json()["error"]
+        for name, task in (("cls", "long_range_label"), ("mlm", "mirror_mlm"), ("lm", "mirror_lm")):
+            r = c.post("/api/runs", json={"name": name, "task": task, "model": tiny, "train": short})
+            assert r.status_code == 201, r.json()
+        for name in ("cls", "mlm", "lm"):
+            lab.procs[name].wait(240)
+        for name, key in (("cls", "valid_accuracy"), ("mlm", "valid_ppl"), ("lm", "valid_ppl")):
+            assert lab.status(name) == "finished", lab.log_tail(name, 20)
+            records = c.get(f"/api/runs/{name}/metrics").json()["records"]
+            assert any(key in r for r in records), records
+        about = {t["name"]: t for t in c.get("/api/lab").json()["tasks"]}
+        assert about["long_range_label"]["solved_by"] == "valid_accuracy" and about["mirror_lm"]["solved_by"] is None

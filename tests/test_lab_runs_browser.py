@@ -246,3 +246,23 @@ def test_the_set_up_round_trips_through_the_address(lab_page):
     assert again.input_value('#fields [data-field="d_model"]') == "32"
     assert not again.is_checked("#stop-solved")
     assert again.input_value("#x-axis") == "time"
+
+
+def test_a_classifier_and_a_language_model_in_the_table_and_chart(lab_page):
+    root, open_page, _ = lab_page
+    records = [{"step": 50, "train_loss": 2.0, "time": T0 + 5},
+               {"step": 100, "valid_loss": 1.0, "valid_accuracy": 0.5, "valid_ppl": 2.7, "time": T0 + 10},
+               {"step": 200, "valid_loss": 0.1, "valid_accuracy": 0.995, "valid_ppl": 1.1, "time": T0 + 20}]
+    write_run(root, "cls", records, task="long_range_label")
+    write_run(root, "lm", [{k: v for k, v in r.items() if k != "valid_accuracy"} for r in records], task="mirror_lm")
+    page = open_page()
+    page.wait_for_selector('#runs tr[data-run="lm"]')
+    cls, lm = page.locator('#runs tr[data-run="cls"]'), page.locator('#runs tr[data-run="lm"]')
+    assert cls.locator("td.exact").inner_text() == "99.5%" and cls.locator("td.best").inner_text() == "99.5%"
+    assert cls.locator("td.solved").inner_text() == "20 s (update 200)"
+    assert lm.locator("td.exact").inner_text() == "1.10 ppl" and lm.locator("td.solved").inner_text() == ""
+    options = page.eval_on_selector_all("#metric option", "(os) => os.map((o) => o.value)")
+    assert "valid_accuracy" in options and "valid_ppl" in options
+    assert "valid_exact" not in options and "valid_bleu" not in options
+    page.select_option("#metric", "valid_accuracy")
+    assert page.text_content("#y-title") == "validation accuracy (%)"

@@ -57,15 +57,28 @@ class Task:
     tokenizer: str = "char"  # one symbol one token
     vocab_size: int = 64
     files: tuple[str, str, str, str] | None = None  # given on the command line: src/tgt train, src/tgt valid
+    kind: str = "translate"  # qkv's task (ModelConfig.task): translate (encoder-decoder), classify, mlm
+    # (encoder-only), lm (decoder-only)
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        """The validation scores that mean something here: BLEU only on your own sentences (the generated
-        tasks' outputs are one word each, where BLEU's 4-grams of words find nothing: it stays 0)."""
+        """The validation scores that mean something here besides the loss: BLEU only on your own
+        sentences (the generated tasks' outputs are one word each, where BLEU's 4-grams of words find
+        nothing: it stays 0); a classifier's accuracy; a language model's perplexity."""
+        if self.kind == "classify":
+            return ("valid_accuracy",)
+        if self.kind in ("mlm", "lm"):
+            return ("valid_ppl",)
         return ("valid_exact", "valid_bleu") if self.files else ("valid_exact",)
 
+    @property
+    def solved_by(self) -> str | None:
+        """The score whose 99% is "solved": exact match, or a classifier's accuracy; None for a language model."""
+        return {"translate": "valid_exact", "classify": "valid_accuracy"}.get(self.kind)
+
     def describe(self) -> dict:
-        return {"name": self.name, "title": self.title, "example": self.example, "metrics": list(self.metrics)}
+        return {"name": self.name, "title": self.title, "example": self.example, "kind": self.kind,
+                "metrics": list(self.metrics), "solved_by": self.solved_by}
 
 
 TASKS = {t.name: t for t in (
@@ -76,14 +89,25 @@ TASKS = {t.name: t for t in (
                        f"task)", "abcdefghijabcdefghija"),
     Task("numbers", "number words: English -> German (the embedded default task)", "three hundred twenty-one",
          tokenizer="bpe", vocab_size=300),
+    Task("long_range_label", "encoder-only: 21 letters -> the one 16 places before the last, as a class label "
+                             "(qkv train --task classify)", "abcdefghijabcdefghija", kind="classify"),
+    Task("mirror_mlm", "encoder-only: masked letters of 'abcd dcba', a string and its reversal; a masked "
+                       "letter is the one mirrored across the middle (qkv train --task mlm)", "abcd dcba", kind="mlm"),
+    Task("mirror_lm", "decoder-only: next letter of 'abcd dcba'; after the space each letter is the one "
+                      "mirrored before it (qkv train --task lm)", "abcd dcba", kind="lm"),
 )}
 
 
 def pairs_of(task: str) -> dict[str, list[tuple[str, str]]]:
-    """The training and validation pairs of a built-in task."""
+    """The training and validation pairs of a built-in task: (source, target), (text, label), or for a
+    language model and a masked one (text, "")."""
     if task == "numbers":
         splits = toy.default_splits()
         return {"train": splits["train"], "valid": splits["valid"]}
+    if task == "long_range_label":
+        return synthetic.splits("long_range")  # (the letters, the letter 16 places before the last)
+    if task in ("mirror_mlm", "mirror_lm"):
+        return {k: [(f"{s} {t}", "") for s, t in pairs] for k, pairs in synthetic.splits("reverse").items()}
     return synthetic.splits(task)
 
 
@@ -135,9 +159,11 @@ MAX_PARAMETERS = 20_000_000  # about 320 MB with Adam's two moments, in float32
 SOLVED = 0.99  # validation exact match at which a run that stops once solved stops
 
 
-def settings(preset: str, model: dict | None = None, train: dict | None = None) -> tuple[dict, dict]:
-    """The model and training fields of a run: ``preset``'s, then those set by hand, checked by the
-    configs' own validation (a ConfigError names the field)."""
+def settings(preset: str, model: dict | None = None, train: dict | None = None,
+             kind: str = "translate") -> tuple[dict, dict]:
+    """The model and training fields of a run of a ``kind`` of task (translate, classify, mlm, lm):
+    ``preset``'s, then those set by hand, checked by the configs' own validation (a ConfigError names
+    the field)."""
     if preset not in PRESETS:
         raise ConfigError(f"preset: unknown {preset!r}; choose one of {', '.join(PRESETS)}")
     model, train = dict(model or {}), dict(train or {})
@@ -146,6 +172,10 @@ def settings(preset: str, model: dict | None = None, train: dict | None = None) 
         if wrong:
             raise ConfigError(f"{what}: {', '.join(wrong)} cannot be set here; the lab sets {', '.join(allowed)}")
     m, t = {**PRESETS[preset][0], **model}, {**TRAIN, **PRESETS[preset][1], **train}
+    if kind != "translate":
+        m["task"] = kind
+        if kind == "classify" and m.get("arch", "transformer") != "transformer":
+            m["pooling"] = "mean"  # a recurrent classifier has no <cls> state: the mean over the positions
     if t.get("schedule") == "noam" and "lr" not in train:
         t["lr"] = 0.0  # noam sets its own rate (d_model^-0.5 ... times lr_scale): not the preset's lr
     mc = override(ModelConfig(), m, "model")
@@ -163,16 +193,16 @@ def settings(preset: str, model: dict | None = None, train: dict | None = None) 
     return m, t
 
 
-def parameters(model: dict, vocab_size: int) -> int:
-    """The parameters of the model of ``model``'s fields with a vocabulary of ``vocab_size`` (counted on
-    the meta device: nothing is allocated)."""
+def parameters(model: dict, vocab_size: int, n_classes: int = 0) -> int:
+    """The parameters of the model of ``model``'s fields with a vocabulary of ``vocab_size`` (and a
+    classifier's ``n_classes``), counted on the meta device: nothing is allocated."""
     import torch
 
     from qkv.info import parameter_breakdown
     from qkv.models import build_model
 
     cfg = dataclasses.replace(override(ModelConfig(), model, "model"), src_vocab_size=vocab_size,
-                              tgt_vocab_size=vocab_size)
+                              tgt_vocab_size=vocab_size, n_classes=n_classes)
     with torch.device("meta"):
         return parameter_breakdown(build_model(cfg))["total"]
 
@@ -187,6 +217,19 @@ def flags(fields: dict) -> list[str]:
 
 
 # --- the runs ----------------------------------------------------------------------------------------
+
+def write_whole(folder: Path, path: str, lines: list[str]) -> None:
+    """``lines`` to ``path`` through a temporary file of its own in ``folder`` (another start, or another
+    lab on the same root, may be writing the same file), renamed into place: never half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=Path(path).name + ".", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
@@ -207,7 +250,7 @@ class Lab:
         # which the kernel closes when the lab's process ends however it ends (kill -9 included), and
         # the run then stops (qkv.lab.child). No thread of the lab owns it, so none can end a run.
         self._lifeline: tuple[int, int] | None = None
-        self.to_solve: set[str] = set()  # runs to stop at their first validation exact match >= SOLVED
+        self.to_solve: dict[str, str] = {}  # runs to stop at their first validation score >= SOLVED: the score
         self.solved: set[str] = set()  # runs so stopped
         self._watcher: threading.Thread | None = None
         self._steps: dict[str, tuple[int, int]] = {}  # run -> (trainer_state.pt's mtime, its step)
@@ -217,6 +260,8 @@ class Lab:
     def data(self, task: Task) -> list[str]:
         """``qkv train``'s data flags for ``task``: its files, written once under ``root/.data``."""
         folder = self.root / ".data" / task.name
+        if task.kind != "translate":
+            return self._one_sided(task, folder)
         names = ["src.train", "tgt.train", "src.valid", "tgt.valid"]
         if task.files and task.files[2]:
             paths = list(task.files)
@@ -229,16 +274,23 @@ class Lab:
                     side, split = n.split(".")
                     lines = [s if side == "src" else t for s, t in splits[split]]
                     # a temporary file of its own (another lab may share the root), renamed into place
-                    fd, tmp = tempfile.mkstemp(prefix=n + ".", suffix=".tmp", dir=folder)
-                    try:
-                        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                            fh.write("".join(line + "\n" for line in lines))
-                        os.replace(tmp, path)
-                    except BaseException:
-                        Path(tmp).unlink(missing_ok=True)
-                        raise
+                    write_whole(folder, path, lines)
         return [x for flag, p in zip(("--src-train", "--tgt-train", "--src-valid", "--tgt-valid"), paths)
                 for x in (flag, p)]
+
+    def _one_sided(self, task: Task, folder: Path) -> list[str]:
+        """An encoder-only or decoder-only task's files: JSONL ``{"text", "label"}`` for a classifier,
+        one text a line for a (masked) language model."""
+        ext = "jsonl" if task.kind == "classify" else "txt"
+        paths = [str((folder / f"{split}.{ext}").absolute()) for split in ("train", "valid")]
+        if not all(Path(p).is_file() for p in paths):
+            splits = pairs_of(task.name)
+            folder.mkdir(parents=True, exist_ok=True)
+            for split, path in zip(("train", "valid"), paths):
+                lines = [json.dumps({"text": s, "label": t}) if task.kind == "classify" else s
+                         for s, t in splits[split]]
+                write_whole(folder, path, lines)
+        return ["--train", paths[0], "--valid", paths[1]]
 
     @staticmethod
     def _split_files(task: Task) -> dict[str, list[tuple[str, str]]]:
@@ -283,16 +335,20 @@ class Lab:
         threads = threads or self.limits.run_threads
         if not 1 <= threads <= self.limits.run_threads:
             raise LabError(422, f"threads must be in [1, {self.limits.run_threads}] (--run-threads), got {threads}")
+        spec = self.tasks[task]
         try:
-            m, t = settings(preset, model, train)
+            m, t = settings(preset, model, train, spec.kind)
         except ConfigError as e:
             raise LabError(422, str(e)) from None
         if t.get("max_time", 0) > self.limits.max_time:
             raise LabError(422, f"train.max_time {t['max_time']:g} is more than this lab allows (--max-time "
                                 f"{self.limits.max_time:g})")
         t["max_time"] = t.get("max_time") or self.limits.max_time
-        spec = self.tasks[task]
-        n = parameters(m, spec.vocab_size)
+        labels = len({label for _, label in pairs_of(task)["train"]}) if spec.kind == "classify" else 0
+        try:
+            n = parameters(m, spec.vocab_size, labels)
+        except ConfigError as e:  # no such model for the task (e.g. a recurrent masked LM)
+            raise LabError(422, str(e)) from None
         if n > MAX_PARAMETERS:
             raise LabError(422, f"model: {n:,} parameters; this lab trains at most {MAX_PARAMETERS:,} (so that a "
                                 f"run fits this machine): make d_model, d_ff or the layers smaller")
@@ -319,8 +375,8 @@ class Lab:
                 self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                     stdin=subprocess.DEVNULL, start_new_session=True,
                                                     pass_fds=(fd,))
-            if stop_when_solved and "valid_exact" in spec.metrics:
-                self.to_solve.add(name)
+            if stop_when_solved and spec.solved_by:
+                self.to_solve[name] = spec.solved_by
                 self._watch()
         return self.describe(name)
 
@@ -333,14 +389,14 @@ class Lab:
     def _watch_loop(self, every: float = 0.5) -> None:
         while True:
             time.sleep(every)
-            for name in list(self.to_solve):
+            for name, key in list(self.to_solve.items()):
                 proc = self.procs.get(name)
                 if proc is None or proc.poll() is not None:
-                    self.to_solve.discard(name)
+                    self.to_solve.pop(name, None)
                     continue
-                scores = [r["valid_exact"] for r in self.metrics(name)["records"] if "valid_exact" in r]
+                scores = [r[key] for r in self.metrics(name)["records"] if key in r]
                 if scores and scores[-1] >= SOLVED:
-                    self.to_solve.discard(name)
+                    self.to_solve.pop(name, None)
                     self.solved.add(name)
                     self.stopping.add(name)
                     proc.send_signal(signal.SIGTERM)
