@@ -479,7 +479,7 @@ class Lab:
         if cached and cached[0] == stamp:
             return cached[1]
         try:
-            step = int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+            step = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])  # tensors unread
         except Exception:  # noqa: BLE001 - being replaced as we read, or unreadable: say nothing
             return None
         self._steps[name] = (stamp, step)
