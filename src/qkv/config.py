@@ -31,6 +31,9 @@ CLS_PIECE, MASK_PIECE, SEP_PIECE = "<cls>", "[MASK]", "<sep>"
 # What a model is trained to do (see qkv.tasks): the structure of the model depends on it.
 TASKS = ("translate", "classify", "mlm", "lm", "prefix_lm")
 POOLINGS = ("cls", "mean", "last")
+# ModelConfig.activation: the FFN's function between W_1 and W_2 (qkv.nn.feed_forward): the paper's
+# ReLU, GELU exact (BERT) or tanh-approximated (GPT-2), SiLU/swish (Marian)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 INITS = ("xavier", "fairseq")  # ModelConfig.init: how the Transformer layers' linear maps start
 
 RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq2seq.py)
@@ -109,6 +112,13 @@ class ModelConfig:
         'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
         "max_len and the task's special tokens", bound=whole(1, MAX_POSITIONS))
     norm_first: bool = setting(False, "pre-norm residual blocks instead of the paper's post-norm")
+    activation: str = setting(
+        "relu",
+        "the position-wise FFN's activation: relu (the paper's max(0, x)) | gelu (exact, as BERT) | gelu_tanh "
+        "(GELU's tanh approximation, as GPT-2) | silu (x·sigmoid(x), swish, as Marian)")
+    layer_norm_eps: float = setting(
+        1e-5, "ε of every LayerNorm (added to the variance); torch's default 1e-5, BERT's 1e-12",
+        bound=real(1e-30, 1.0))
     init: str = setting(
         "xavier",
         "initialisation of the Transformer layers' linear maps: xavier (Xavier-uniform weights, zero biases) | "
@@ -161,6 +171,9 @@ class ModelConfig:
                    "pools 'mean' (over valid positions) or 'last' (the final states)")
         for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(self.activation in ACTIVATIONS, "activation",
+               f"unknown activation {self.activation!r}{did_you_mean(self.activation, ACTIVATIONS)}; choose one of "
+               f"{', '.join(ACTIVATIONS)}")
         _check(self.init in INITS, "init", f"must be one of {', '.join(INITS)}, got {self.init!r}")
         _check(self.rnn_nonlinearity in ("tanh", "relu"), "rnn_nonlinearity",
                f"must be tanh or relu, got {self.rnn_nonlinearity!r}")
