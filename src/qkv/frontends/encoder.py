@@ -77,7 +77,7 @@ class Encoder(Frontend):
         if not cleaned:
             raise QkvError("the text is empty")
         ids = self.tokenizers.src.encode([cleaned])[0]
-        if "fill" in self.offers:
+        if "fill" in self.offers and hasattr(self.tokenizers.src, "sp"):
             # SentencePiece splits " [MASK]" into a lone "▁" and [MASK]; in training a mask replaces a
             # whole piece such as "▁great", so the lone "▁" goes.
             lone = self.tokenizers.src.sp.piece_to_id("▁")
@@ -153,7 +153,7 @@ class Encoder(Frontend):
         top = probs.topk(min(k, probs.size(-1) - len(banned)), dim=-1)
         out = []
         for values, indices in zip(top.values.tolist(), top.indices.tolist()):
-            out.append([(self.tokenizers.src.sp.decode([i]) or self.tokenizers.src.id_to_piece(i), v)
+            out.append([(self.tokenizers.src.piece_text(i), v)
                         for i, v in zip(indices, values)])
         return out
 
