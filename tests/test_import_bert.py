@@ -199,3 +199,39 @@ def test_minilm_long_text_keeps_its_sep_like_sentence_transformers(minilm):
     want = tok([long], truncation=True, max_length=256)["input_ids"][0]
     assert loaded.tokenizers.src.to_model_ids(tokens[0].tolist()) == want
     assert tokens[0, 0] == CLS
+
+
+def test_the_commands_take_an_imported_model(tmp_path):
+    """classify and fill through qkv serve's API, viz attention's maps over [CLS] .. [SEP]; serve and classify
+    refuse a headless encoder by name."""
+    pytest.importorskip("fastapi", reason='pip install -c constraints.txt -e ".[serve]"')
+    from fastapi.testclient import TestClient
+
+    from qkv.frontends.loading import check_serves
+    from qkv.serve import Limits
+    from qkv.serve.app import create_app
+    from qkv.serve.service import load_models
+    from qkv.viz import attention_data
+
+    clf, _, _ = bert_folder(tmp_path / "clf", "BertForSequenceClassification", num_labels=2)
+    mlm, _, _ = bert_folder(tmp_path / "mlm", "BertForMaskedLM")
+    bare, _, _ = bert_folder(tmp_path / "bare")
+    for name in ("clf", "mlm", "bare"):
+        import_model(tmp_path / name, tmp_path / f"q-{name}", log=lambda s: None)
+    limits = Limits()
+    models = load_models([f"clf={tmp_path / 'q-clf'}", f"mlm={tmp_path / 'q-mlm'}"], limits)
+    with TestClient(create_app(models, limits), base_url="http://127.0.0.1") as client:
+        r = client.post("/classify", json={"model": "clf", "texts": TEXTS[:2]})
+        assert r.status_code == 200, r.text
+        want = qkv.load(tmp_path / "q-clf").classify(TEXTS[:2])
+        assert [row["label"] for row in r.json()["results"]] == [label for label, _ in want]
+        r = client.post("/fill", json={"model": "mlm", "texts": ["the quick [MASK] fox"], "k": 2})
+        assert r.status_code == 200, r.text
+    with pytest.raises(QkvError, match="qkv serve has no endpoint .* use qkv embed and qkv search"):
+        load_models([str(tmp_path / "q-bare")], limits)
+    with pytest.raises(QkvError, match="imported without its masked-LM head"):
+        check_serves(tmp_path / "q-bare", "fill")
+    data = attention_data(qkv.load(tmp_path / "q-bare"), "the quick fox")
+    tokens = data["tokens"]
+    pieces = next(iter(tokens.values()))
+    assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]"
