@@ -235,3 +235,35 @@ def test_the_commands_take_an_imported_model(tmp_path):
     tokens = data["tokens"]
     pieces = next(iter(tokens.values()))
     assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]"
+
+
+@pytest.mark.parametrize("arch,task", [("BertModel", "classify"), ("BertForMaskedLM", "mlm")])
+def test_train_init_from_an_import_continues_from_its_weights_and_tokenizer(tmp_path, arch, task):
+    """qkv train --init-from CKPT on the user's data: the architecture, the tokenizer and every weight of the
+    import; only a classifier's head is new. With a vanishing rate the trained encoder is still the import's."""
+    from safetensors.torch import load_file
+
+    folder, _, _ = bert_folder(tmp_path / "hf", arch)
+    import_model(folder, tmp_path / "q", log=lambda s: None)
+    rows = [{"text": t, "label": "long" if len(t) > 20 else "short"} for t in TEXTS * 4]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "qkv", "train", "--task", task, "--init-from", str(tmp_path / "q"),
+                        "--train", str(data), "--valid", str(data), "--out", str(tmp_path / "run"), "--max-steps", "2",
+                        "--eval-every", "2", "--schedule", "constant", "--lr", "1e-12", "--threads", "1",
+                        "--pooling", "mean", "--max-len", "32"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert f"tokenizer: the one of {tmp_path / 'q'} (init_from)" in r.stderr + r.stdout
+    new = "classifier.weight, classifier.bias" if task == "classify" else "none"
+    assert f"; new: {new}" in r.stderr + r.stdout
+    for name in ("tokenizer.json", "tokenizer_ids.json"):
+        assert (tmp_path / "run" / "last" / name).read_bytes() == (tmp_path / "q" / name).read_bytes()
+    before, after = load_file(str(tmp_path / "q" / "model.safetensors")), \
+        load_file(str(tmp_path / "run" / "last" / "model.safetensors"))
+    for name in ("src_embed.weight", "encoder_layers.1.ffn.w_2.weight", "embed_norm.bias"):
+        torch.testing.assert_close(after[name], before[name], atol=1e-6, rtol=0)
+    loaded = qkv.load(tmp_path / "run" / "best")
+    if task == "classify":
+        assert {label for label, _ in loaded.classify(TEXTS)} <= {"long", "short"}
+    else:
+        assert len(loaded.fill("the quick [MASK] fox", k=2)[0]) == 2
