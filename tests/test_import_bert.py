@@ -296,3 +296,10 @@ def test_a_sentence_transformers_folder_with_cls_pooling_equals_its_encode(tmp_p
     dense.save(str(tmp_path / "dense"))
     with pytest.raises(ImportRefused, match=r"modules.json: module '.*Dense' is not supported"):
         convert(tmp_path / "dense")
+
+
+def test_qkv_load_converts_a_folder_in_memory(minilm):
+    folder, out, _ = minilm
+    direct = qkv.load(folder)
+    assert torch.equal(direct.embed(MINILM_TEXTS), qkv.load(out).embed(MINILM_TEXTS))
+    assert not (folder / "manifest.json").exists()  # nothing written into the folder
