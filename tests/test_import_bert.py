@@ -99,6 +99,14 @@ def test_masked_lm_logits_equal_transformers(tmp_path):
     assert (got - want)[real].abs().max() < 1e-4
     fills = loaded.fill("the quick [MASK] fox", k=3)
     assert len(fills) == 1 and len(fills[0]) == 3
+    enc = tok(["the quick [MASK] fox"], return_tensors="pt")
+    with torch.no_grad():
+        p = ref(**enc).logits[0, enc["input_ids"][0].tolist().index(tok.mask_token_id)].softmax(-1)
+    special = set(tok.all_special_ids)
+    top = [(i, float(p[i])) for i in p.argsort(descending=True).tolist() if i not in special][:3]
+    assert [word for word, _ in fills[0]] == [tok.decode([i]) for i, _ in top]
+    for (_, got), (_, want) in zip(fills[0], top):  # transformers' own probabilities: no mass on qkv's extra rows
+        assert abs(got - want) < 1e-5
 
 
 def test_sequence_classification_logits_equal_transformers(tmp_path):

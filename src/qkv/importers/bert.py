@@ -40,6 +40,7 @@ import torch
 from qkv.config import CLS, ModelConfig, TrainConfig
 from qkv.errors import QkvError
 
+ADDED_ROW_LOGIT = -1e4  # exp(-1e4) is 0 in float32; finite, so that a label-smoothed loss stays finite
 ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 MODEL_TYPES = ("bert",)
 DEFAULT_ARCHITECTURE = "BertModel"
@@ -253,5 +254,6 @@ def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path) -> di
             get(p + "transform.dense.bias")
         s["mlm_head.norm.weight"], s["mlm_head.norm.bias"] = get(p + "transform.LayerNorm.weight"), \
             get(p + "transform.LayerNorm.bias")
-        s["mlm_head.bias"] = ids.rows(get(p + "bias"))
+        # a row BERT lacks (qkv's BOS, EOS) gets no probability: every other token keeps BERT's own
+        s["mlm_head.bias"] = ids.rows(get(p + "bias"), fill=ADDED_ROW_LOGIT)
     return s
