@@ -31,6 +31,9 @@ CLS_PIECE, MASK_PIECE, SEP_PIECE = "<cls>", "[MASK]", "<sep>"
 # What a model is trained to do (see qkv.tasks): the structure of the model depends on it.
 TASKS = ("translate", "classify", "mlm", "lm", "prefix_lm")
 POOLINGS = ("cls", "mean", "last")
+# ModelConfig.activation: the FFN's function between W_1 and W_2 (qkv.nn.feed_forward): the paper's
+# ReLU, GELU exact (BERT) or tanh-approximated (GPT-2), SiLU/swish (Marian)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 INITS = ("xavier", "fairseq")  # ModelConfig.init: how the Transformer layers' linear maps start
 
 RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq2seq.py)
@@ -110,6 +113,21 @@ class ModelConfig:
         'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
         "max_len and the task's special tokens", bound=whole(1, MAX_POSITIONS))
     norm_first: bool = setting(False, "pre-norm residual blocks instead of the paper's post-norm")
+    activation: str = setting(
+        "relu",
+        "the position-wise FFN's activation: relu (the paper's max(0, x)) | gelu (exact, as BERT) | gelu_tanh "
+        "(GELU's tanh approximation, as GPT-2) | silu (x·sigmoid(x), swish, as Marian)")
+    scale_embeddings: bool = setting(
+        True, "multiply the token embeddings by √d_model (the paper's; BERT and GPT-2 do not)")
+    type_vocab_size: int = setting(
+        0,
+        "classify/mlm: a learned token-type (segment) embedding table of this many rows, row 0 added at every "
+        "position (BERT's; qkv's inputs are one text, segment 0); 0: none", bound=whole(0, 1024))
+    embedding_norm: bool = setting(
+        False, "classify/mlm: a LayerNorm on embeddings + positions (+ token types) before the first layer (BERT's)")
+    layer_norm_eps: float = setting(
+        1e-5, "ε of every LayerNorm (added to the variance); torch's default 1e-5, BERT's 1e-12",
+        bound=real(1e-30, 1.0))
     init: str = setting(
         "xavier",
         "initialisation of the Transformer layers' linear maps: xavier (Xavier-uniform weights, zero biases) | "
@@ -135,6 +153,12 @@ class ModelConfig:
         "cls",
         "classify: cls (the <cls> token's state) | mean (over non-padding positions) | last (RNN final "
         'states)')
+    pooler: bool = setting(
+        False, "classify: BERT's pooler, tanh(W h + b), on the pooled state before the classifier")
+    mlm_head: bool = setting(
+        True,
+        'mlm: the masked-LM head (false: an encoder imported without one, e.g. BertModel or a sentence-transformers '
+        'model, for embed and search; fill and mlm training need the head)')
     n_classes: int = setting(0, 'classify: filled in from the training labels', hidden=True)
     # filled in from the tokenizer
     src_vocab_size: int = setting(0, 'filled in from the tokenizer', hidden=True)
@@ -154,6 +178,10 @@ class ModelConfig:
         _check(self.n_classes >= 0, "n_classes", f"must be >= 0, got {self.n_classes}")
         if self.task == "classify" and self.n_classes:
             _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
+        if self.task not in ("classify", "mlm") or self.is_recurrent:
+            for name in ("type_vocab_size", "embedding_norm", "pooler"):
+                _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
+        _check(self.task == "classify" or not self.pooler, "pooler", "only a classifier has it")
         if self.task == "classify" and self.arch == "transformer":
             _check(self.pooling != "last", "pooling", "'last' (the last RNN state) needs a recurrent arch; "
                    "a Transformer encoder pools 'cls' or 'mean'")
@@ -162,6 +190,9 @@ class ModelConfig:
                    "pools 'mean' (over valid positions) or 'last' (the final states)")
         for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(self.activation in ACTIVATIONS, "activation",
+               f"unknown activation {self.activation!r}{did_you_mean(self.activation, ACTIVATIONS)}; choose one of "
+               f"{', '.join(ACTIVATIONS)}")
         _check(self.init in INITS, "init", f"must be one of {', '.join(INITS)}, got {self.init!r}")
         _check(self.rnn_nonlinearity in ("tanh", "relu"), "rnn_nonlinearity",
                f"must be tanh or relu, got {self.rnn_nonlinearity!r}")

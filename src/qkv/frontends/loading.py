@@ -47,10 +47,19 @@ def check_serves(path: str | Path, command: str) -> None:
     (:attr:`qkv.tasks.base.Task.offers`), naming what it is and what it serves."""
     from qkv.tasks import TASKS, get_task
 
-    task = checkpoint_task(path)
-    if task is None or task not in TASKS:
+    try:
+        cfg = read_config(path, "model")
+    except QkvError:
+        return
+    task = cfg.task
+    if task not in TASKS:
         return
     offered = get_task(task).offers
+    if not cfg.mlm_head:  # an encoder imported without its masked-LM head
+        offered = offered - {"fill"}
+        if command == "fill":
+            raise QkvError(f"{path} is an encoder imported without its masked-LM head (BertModel or "
+                           "sentence-transformers): it embeds and searches; fill needs a BertForMaskedLM")
     if command in offered:
         return
     kinds = list(dict.fromkeys(get_task(t).kind for t in TASKS if command in get_task(t).offers))
@@ -77,6 +86,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     :class:`Translator` (translate, prefix_lm), an :class:`Encoder` (classify, mlm) or a
     :class:`LanguageModel` (lm). ``device``: cpu, cuda, cuda:N or auto (the GPU when torch sees one).
 
+    A Hugging Face model folder (``config.json``, no qkv manifest; see :mod:`qkv.importers`) is converted
+    in memory, as ``qkv import`` converts it.
+
     Only data is read: JSON, safetensors, SentencePiece models; never pickled code.
     ``quantize="int8"``: dynamic int8 quantisation for faster CPU decoding (:func:`quantize_int8`;
     CPU only). ``compile=True``: translation Transformers search with their step compiled
@@ -89,6 +101,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     if quantize and str(device) != "cpu":
         raise QkvError(f"quantize='int8' runs on the CPU only, not on device {str(device)!r}")
     device = inference_device(device)
+    if is_pretrained_folder(path):  # a Hugging Face folder: converted in memory, as qkv import converts it
+        return _load_pretrained(Path(path), device, quantize, compile)
     ckpt = read_checkpoint(Path(path))
     model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
     try:
@@ -108,6 +122,38 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
                            f"a {model_cfg.task!r} model ({model_cfg.arch})")
         frontend.compile_decoding()
     return frontend
+
+
+def is_pretrained_folder(path: str | Path) -> bool:
+    """A Hugging Face model folder, which :func:`load` converts: no qkv manifest, and a sentence-transformers
+    modules.json or a config.json of Hugging Face's (``model_type`` or ``architectures``, none of qkv's sections)."""
+    import json
+
+    p = Path(path)
+    if not p.is_dir() or (p / "manifest.json").exists():
+        return False
+    if (p / "modules.json").is_file():
+        return True
+    try:
+        config = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and ("model_type" in config or "architectures" in config) and "model" not in config
+
+
+def _load_pretrained(path: Path, device, quantize: str | None, compile: bool):
+    from qkv.config import DecodeConfig
+    from qkv.importers import convert
+
+    if compile:
+        raise QkvError(f"{path}: compiled decoding (--compile) is for translation Transformers; convert the folder "
+                       "with qkv import first")
+    imported = convert(path)
+    model = imported.model.to(device).eval()
+    if quantize == "int8":
+        quantize_int8(model)
+    return frontend_for(imported.model_cfg.task).from_checkpoint(model, imported.tokenizers, dict(imported.extra),
+                                                                 DecodeConfig(), imported.train_cfg)
 
 
 def load_ensemble(paths: list[str | Path], device: str | torch.device = "cpu", quantize: str | None = None) -> Translator:

@@ -7,6 +7,7 @@ The left half of Figure 1 with a head on top (as BERT, Devlin et al., 2019):
     pooling "cls":  h = H[:, 0]                                       (the <cls> position)
     pooling "mean": h = Σ_t m_t H[:, t] / Σ_t m_t,  m_t = [token t is not PAD]
     classification: logits = W_c · Dropout(h) + b_c                  (B, C)
+                    (with ``pooler``, BERT's: h -> tanh(W_p h + b_p) first)
     MLM:            logits = LayerNorm(GELU(W_m H + b_m)) Eᵀ + b_v    (B, T, V), E the tied embedding
 
 Padding is masked in self-attention (:func:`qkv.masks.padding_mask`) and in the mean, so
@@ -20,10 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import ModelConfig
+from qkv.errors import QkvError
 from qkv.masks import padding_mask, real_tokens
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
-from qkv.nn.stack import TransformerStack, stack_modules
+from qkv.nn.stack import TransformerStack, input_modules, stack_modules
 
 
 def mean_pool(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -35,10 +37,10 @@ def mean_pool(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 class MLMHead(nn.Module):
     """``LayerNorm(GELU(W H + b)) Eᵀ + b_v``: the output projection is the (tied) embedding matrix."""
 
-    def __init__(self, d_model: int, embed: ScaledEmbedding):
+    def __init__(self, d_model: int, embed: ScaledEmbedding, eps: float = 1e-5):
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.embed = embed  # shared, not a copy
         self.bias = nn.Parameter(torch.zeros(embed.weight.size(0)))
 
@@ -58,17 +60,21 @@ class EncoderOnly(nn.Module):
             raise ValueError("ModelConfig.n_classes must be set (from the training labels)")
         self.cfg = cfg
         d = cfg.d_model
-        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d)
+        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d, scale=cfg.scale_embeddings)
         self.src_pos, self.encoder_layers, self.encoder_norm = stack_modules(cfg, cfg.n_encoder_layers, EncoderLayer)
+        self.src_types, self.embed_norm = input_modules(cfg)  # None, None for the paper's model
         if cfg.task == "classify":
+            if cfg.pooler:  # BERT's: tanh(W h + b)
+                self.pooler = nn.Linear(d, d)
             self.classifier = nn.Linear(d, cfg.n_classes)
-        else:
-            self.mlm_head = MLMHead(d, self.src_embed)
+        elif cfg.mlm_head:
+            self.mlm_head = MLMHead(d, self.src_embed, cfg.layer_norm_eps)
 
     @property
     def encoder(self) -> TransformerStack:
         """The encoder: token embedding, positions, N encoder layers."""
-        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout)
+        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout,
+                                self.src_types, self.embed_norm)
 
     def encode(self, tokens: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
         """``tokens (B, T)`` -> states ``H (B, T, d)``, padding mask ``(B, 1, 1, T)``, attention weights."""
@@ -103,7 +109,11 @@ class EncoderOnly(nn.Module):
         h, _, _ = self.encode(tokens)
         if self.cfg.task == "classify":
             pooled = self.pool(h, tokens)
+            if self.cfg.pooler:
+                pooled = torch.tanh(self.pooler(pooled))
             return self.classifier(F.dropout(pooled, self.cfg.dropout, self.training))  # (B, C)
+        if not self.cfg.mlm_head:
+            raise QkvError("this encoder has no masked-LM head (imported without one): it embeds, it does not fill")
         if predict is not None:
             h = h[predict]  # (N, d)
         return self.mlm_head(h)  # (B, T, V) or (N, V)

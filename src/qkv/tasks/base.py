@@ -134,7 +134,8 @@ def require_positions(model_cfg: ModelConfig, train_cfg: TrainConfig, need: int,
 # --- starting from another checkpoint ------------------------------------------------------------------
 
 ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "positional",
-               "max_positions", "norm_first", "share_embeddings", "tie_output")
+               "max_positions", "norm_first", "share_embeddings", "tie_output", "activation", "layer_norm_eps",
+               "scale_embeddings", "type_vocab_size", "embedding_norm")
 
 
 def checkpoint_tokenizers(path: str | Path) -> TokenizerPair:
