@@ -57,9 +57,13 @@ class Translator(Frontend):
         """Translate each sentence; ``overrides`` are :class:`DecodeConfig` fields (e.g. ``beam_size=1``)."""
         return [nbest[0] for nbest in self.translate_nbest(sentences, **overrides)]
 
+    @torch.inference_mode()
     def translate_nbest(self, sentences: list[str], **overrides) -> list[list[str]]:
-        """The ``nbest`` best translations of each sentence, best first."""
-        return [[text for text, _ in hyps] for hyps in self.translate_scored(sentences, **overrides)]
+        """The ``nbest`` best translations of each sentence, best first (greedy search leaves out the
+        scores it would compute for :meth:`translate_scored`)."""
+        hyps = self.hypotheses(sentences, scores=False, **overrides)
+        texts = iter(self.tokenizers.tgt.decode([h.tokens for nbest in hyps for h in nbest]))
+        return [[next(texts) for _ in nbest] for nbest in hyps]
 
     @torch.inference_mode()
     def translate_scored(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
@@ -73,15 +77,17 @@ class Translator(Frontend):
         ``target_prefix``: every translation starts with it (see :meth:`hypotheses`).
         """
         hyps = self.hypotheses(sentences, on_truncate, target_prefix, **overrides)
-        return [list(zip(self.tokenizers.tgt.decode([h.tokens for h in nbest]), [h.score for h in nbest]))
-                for nbest in hyps]
+        texts = iter(self.tokenizers.tgt.decode([h.tokens for nbest in hyps for h in nbest]))  # one call
+        return [[(next(texts), h.score) for h in nbest] for nbest in hyps]
 
     def hypotheses(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
-                   target_prefix: str | None = None, **overrides) -> list[list[Hypothesis]]:
+                   target_prefix: str | None = None, *, scores: bool = True, **overrides) -> list[list[Hypothesis]]:
         """The ``nbest`` hypotheses (token ids, score, logprob) of each sentence, best first.
 
         ``target_prefix``: each output starts with these target pieces, forced; the search goes on
-        from there, and ``score``/``logprob`` cover the tokens after the prefix."""
+        from there, and ``score``/``logprob`` cover the tokens after the prefix. ``scores=False``:
+        greedy search does not compute them (``score`` and ``logprob`` are NaN), for callers that
+        want the tokens only."""
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
@@ -90,9 +96,9 @@ class Translator(Frontend):
         banned = banned_ids(self.tokenizers.tgt)
         model = self.model if self.decoder is None else self.decoder
         if not target_prefix:
-            return decode_sentences(model, src_ids, cfg, banned)
+            return decode_sentences(model, src_ids, cfg, banned, scores=scores)
         prefix = self.tokenizers.tgt.encode([target_prefix])[0]
-        hyps = decode_sentences(Prefixed(model, prefix, cfg), src_ids, cfg, banned)
+        hyps = decode_sentences(Prefixed(model, prefix, cfg), src_ids, cfg, banned, scores=scores)
         return [[Hypothesis(prefix + h.tokens, h.score, h.logprob) for h in nbest] for nbest in hyps]
 
     def translate_rich(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
