@@ -43,9 +43,12 @@ class Translator(Frontend):
     def compile_decoding(self) -> "Translator":
         """Search with the decoding step compiled by ``torch.compile``, static shapes
         (:class:`qkv.decoding.compiled.CompiledDecoder`): Transformer encoder-decoders only. The
-        outputs are the eager step's; the first batch of each shape compiles. Returns self."""
+        outputs are the eager step's; the first batch of each shape compiles. On a CPU it warns,
+        once a process (:func:`warn_cpu_compile`): it measured slower there. Returns self."""
         from qkv.decoding.compiled import CompiledDecoder
 
+        if next(self.model.parameters()).device.type == "cpu":
+            warn_cpu_compile()
         self.decoder = CompiledDecoder(self.model)
         return self
 
@@ -232,6 +235,20 @@ def pharaoh(weights: torch.Tensor, src_len: int) -> str:
     piece j and the source piece i the last layer (mean over heads) weighs most."""
     best = weights[-1].mean(dim=0)[:-1, :src_len].argmax(dim=-1).tolist()  # (T - 1,): the EOS row left out
     return " ".join(f"{i}-{j}" for j, i in enumerate(best))
+
+
+_cpu_compile_warned = False
+
+
+def warn_cpu_compile() -> None:
+    """Warn, the first time in a process, that compiled decoding on a CPU measured slower than the
+    eager step (docs/results.md, "Compiled decoding"): it pays on a GPU."""
+    global _cpu_compile_warned
+    if not _cpu_compile_warned:
+        _cpu_compile_warned = True
+        warnings.warn("--compile on a CPU: compiled decoding measured slower than the eager step on the CPUs "
+                      "tried (docs/results.md, Compiled decoding) and compiles for tens of seconds first; it "
+                      "pays on a GPU (--device cuda); leave --compile out on a CPU", stacklevel=3)
 
 
 class Prefixed(torch.nn.Module):
