@@ -13,8 +13,9 @@ and a cache whose files no longer match is converted again. Where the checkpoint
 cannot be written, the cache goes to ``$QKV_CACHE_DIR`` (default ``~/.cache/qkv``) ``/ct2/``.
 
 :class:`CT2Translator` is a :class:`~qkv.frontends.Translator` whose searches run in
-``ctranslate2.Translator.translate_batch`` (one call per batch) and whose scores come from its
-``score_batch``, with qkv's decoding settings mapped as the export documents them: beam size,
+``ctranslate2.Translator.translate_batch`` (one call for the sentences of a call, and one per
+distinct length limit that changed a search: :meth:`CT2Translator.search`) and whose scores come
+from its searches and its ``score_batch``, with qkv's decoding settings mapped as the export documents them: beam size,
 n-best, ``--length-norm length`` with ``--early-stopping`` (CTranslate2's only beam rule), the
 per-sentence length limits, ``min_len``, the target prefix; alignments from its attention (the
 last layer's mean over heads, as qkv's). What it cannot compute exactly is refused by name:
