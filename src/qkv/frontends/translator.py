@@ -12,6 +12,7 @@ then detokenized and returned in input order.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -70,16 +71,18 @@ class Translator(Frontend):
 
     @torch.inference_mode()
     def translate_scored(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
-                         target_prefix: str | None = None, **overrides) -> list[list[tuple[str, float]]]:
+                         target_prefix: str | None = None, *, scores: bool = True,
+                         **overrides) -> list[list[tuple[str, float]]]:
         """``(translation, score)`` pairs per sentence; the score is the (length-normalised) log-probability.
 
         A sentence longer than the model reads (learned positions end at ``max_positions``) is
         translated from its head: ``on_truncate(indices, kept)`` hears which sentences (0-based)
         were cut to how many tokens; without it a warning says so. Outputs never run past what the
         decoder's positions can index either (:func:`qkv.decoding.max_output_len`).
-        ``target_prefix``: every translation starts with it (see :meth:`hypotheses`).
+        ``target_prefix``: every translation starts with it (see :meth:`hypotheses`); ``scores=False``:
+        greedy search leaves the scores out (NaN), for callers that print the texts only.
         """
-        hyps = self.hypotheses(sentences, on_truncate, target_prefix, **overrides)
+        hyps = self.hypotheses(sentences, on_truncate, target_prefix, scores=scores, **overrides)
         texts = iter(self.tokenizers.tgt.decode([h.tokens for nbest in hyps for h in nbest]))  # one call
         return [[(next(texts), h.score) for h in nbest] for nbest in hyps]
 
@@ -153,15 +156,15 @@ class Translator(Frontend):
         return None if weights is None else pharaoh(weights, len(src))
 
     def translate_lines(self, lines: list[str], on_truncate: TruncationHandler | None = None, chunk: int = 0,
-                        rich: bool = False, **overrides) -> Iterator[list]:
+                        rich: bool = False, scores: bool = True, **overrides) -> Iterator[list]:
         """The ``nbest`` ``(translation, score)`` pairs of each line (with ``rich``: the dicts of
         :meth:`translate_rich`), in order, decoded ``chunk`` lines at a time (default: 8 batches),
         so that output streams on long files. An empty line gets ``nbest`` empty translations (rich:
         none); ``on_truncate(indices, kept)`` hears indices into ``lines``. ``overrides`` may hold
-        ``target_prefix`` and :class:`DecodeConfig` fields."""
+        ``target_prefix`` and :class:`DecodeConfig` fields; ``scores=False``: see :meth:`translate_scored`."""
         nbest = overrides.get("nbest", self.decode_cfg.nbest)
         chunk = chunk or overrides.get("batch_size", self.decode_cfg.batch_size) * 8
-        translate = self.translate_rich if rich else self.translate_scored
+        translate = self.translate_rich if rich else functools.partial(self.translate_scored, scores=scores)
         for start in range(0, len(lines), chunk):
             part = lines[start : start + chunk]
             keep = [i for i, line in enumerate(part) if line.strip()]
@@ -172,7 +175,7 @@ class Translator(Frontend):
                 yield done.get(i, [] if rich else [("", 0.0)] * nbest)
 
     def translate_stream(self, chunks: Iterable[Sequence[str]], on_truncate: TruncationHandler | None = None,
-                         rich: bool = False, **overrides) -> Iterator[list]:
+                         rich: bool = False, scores: bool = True, **overrides) -> Iterator[list]:
         """:meth:`translate_lines` over a stream of lists of lines (a big file read a chunk at a time,
         e.g. :func:`qkv.data.corpus.input_chunks`), in order; ``on_truncate`` hears indices counted
         from the first line of the stream."""
@@ -180,7 +183,7 @@ class Translator(Frontend):
         for lines in chunks:
             warn = None if on_truncate is None else \
                 (lambda idx, kept, base=done: on_truncate([base + i for i in idx], kept))
-            yield from self.translate_lines(list(lines), warn, rich=rich, **overrides)
+            yield from self.translate_lines(list(lines), warn, rich=rich, scores=scores, **overrides)
             done += len(lines)
 
     def score(self, sources: list[str], targets: list[str | Sequence[str]],
