@@ -23,8 +23,11 @@ sends the cells round-robin, the order of the two sides swapped every round, for
 rounds after one untimed warm-up per cell; each figure is the median over rounds. Reported per
 cell: seconds, sentences/s, raw seconds over engine seconds (1.0 = as fast; the target is at least
 0.95), the ``translate_batch`` and ``score_batch`` calls the engine made, and the outputs that
-differ from the raw ones (greedy: none expected; beam: where qkv's per-sentence limit changed a
-search). The load average is recorded: on a shared machine the figures are indicative only.
+differ from the raw ones (where qkv's per-sentence limit cut a greedy output or changed a search:
+the raw call has only the longest). The load average and the OpenMP variables the workers saw are
+recorded: on a shared machine the figures are indicative only (on the loaded 2-core EPYC the same
+call swung by 2-5x between runs), and CTranslate2's speed in a process depends on its OpenMP
+settings (``OMP_WAIT_POLICY``, and whether torch was imported first).
 Needs ``pip install -c constraints.txt -e ".[export]"``.
 """
 
@@ -219,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                      "max_len_a": info["max_len_a"], "max_len_b": info["max_len_b"],
                      "raw_max_decoding_length": info["longest"]},
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+                    "load_average_before": load_before, "load_average_after": os.getloadavg(),
+                    "environment": {v: os.environ.get(v) for v in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_NUM_THREADS",
+                                                                   "MKL_NUM_THREADS")}},
         "ctranslate2": ctranslate2.__version__, "commit": git_commit(),
         "date": time.strftime("%Y-%m-%dT%H%MZ", time.gmtime()),
         "command": "python benchmarks/engine_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -246,7 +246,7 @@ class CT2Translator(Translator):
         sources = [self.pieces(ids) for ids in src_ids]
         target = [self.pieces(prefix, "tgt")] * len(src_ids) if prefix else None
         longest = max(budgets, default=1)
-        results = self.decode_batch(sources, target, longest, cfg)
+        results = self.decode_batch(sources, target, longest, cfg, scores)
         limit = [longest] * len(src_ids)  # the max_decoding_length each sentence was searched with
         for budget, rows in ({} if greedy else self.limited(results, budgets)).items():
             redone = self.decode_batch([sources[i] for i in rows], target and target[: len(rows)], budget, cfg)
@@ -268,10 +268,11 @@ class CT2Translator(Translator):
                                             cfg)] for i in range(len(hyps))]
         return [self.ranked(hyps[i], results[i].scores, forced[i], prefix, cfg) for i in range(len(hyps))]
 
-    def decode_batch(self, sources: list[list[str]], target, max_length: int, cfg: DecodeConfig):
+    def decode_batch(self, sources: list[list[str]], target, max_length: int, cfg: DecodeConfig, scores: bool = True):
         """One ``translate_batch`` call with qkv's settings (:meth:`search`) and ``max_length`` for
         every sentence. The beam keeps ``beam_size`` hypotheses a sentence (those a limit ended may
-        be ranked again); greedy scores are raw sums of log-probabilities (length penalty 0)."""
+        be ranked again); greedy scores are raw sums of log-probabilities (length penalty 0), left
+        out with ``scores=False``."""
         greedy = cfg.beam_size == 1 and cfg.nbest == 1
         # qkv's min_len counts the tokens after the prefix; CTranslate2's min_decoding_length the whole output
         prefix = len(target[0]) if target else 0
@@ -280,7 +281,8 @@ class CT2Translator(Translator):
                                         length_penalty=0.0 if greedy else cfg.length_penalty,
                                         min_decoding_length=min(prefix + cfg.min_len, max_length),  # max wins
                                         max_decoding_length=max_length,
-                                        return_scores=True, max_input_length=0, max_batch_size=cfg.batch_size)
+                                        return_scores=scores or not greedy, max_input_length=0,
+                                        max_batch_size=cfg.batch_size)
 
     @staticmethod
     def limited(results, budgets: list[int]) -> dict[int, list[int]]:
