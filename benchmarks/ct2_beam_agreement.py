@@ -10,6 +10,10 @@ source lines, one sentence a call, with the model's saved beam size and α:
 * CTranslate2 with the options the model card names (beam_size, length_penalty, min_decoding_length =
   qkv's min_len) and each sentence's qkv length limit as max_decoding_length.
 
+``--engine``: CTranslate2 through ``qkv.load(CKPT, engine="ctranslate2")`` instead (``qkv translate
+--engine ctranslate2``: one call for the sentences, qkv's per-sentence limits, EOS forced at the limit
+and the hypotheses it ended ranked again), its score the engine's.
+
 For each pair that differs, both outputs are scored from the checkpoint's own network (teacher-forced)
 under both rules: qkv's, log P / |Y|^α with the model's own log-probabilities and |Y| counting </s>;
 CTranslate2's, log P' / |Y|^α with log-probabilities renormalised over the tokens qkv never emits (the
@@ -35,6 +39,8 @@ def main() -> int:
     ap.add_argument("--src", required=True, help="source sentences, one a line (plain or gzip)")
     ap.add_argument("--n", type=int, default=1000, help="first N non-empty lines (default 1000)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engine", action="store_true",
+                    help="CTranslate2 through qkv.load(engine='ctranslate2') instead of the raw export")
     args = ap.parse_args()
 
     import ctranslate2
@@ -58,17 +64,24 @@ def main() -> int:
     cfg = dataclasses.replace(dec, length_norm="length", early_stopping=True)
     ours = [h[0].tokens for h in decode_sentences(model.model, ids, cfg)]
 
-    out = os.path.join(tempfile.mkdtemp(), "ct2")
-    export(args.model, "ctranslate2", out)
-    translator = ctranslate2.Translator(out, intra_threads=args.threads)
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "source.spm"))
     tgt = model.tokenizers.tgt
     theirs, reported = [], []
-    for s, b in zip(src, budget):
-        r = translator.translate_batch([sp.encode(s, out_type=str)], beam_size=dec.beam_size, length_penalty=alpha,
-                                       min_decoding_length=dec.min_len, max_decoding_length=b, return_scores=True)[0]
-        theirs.append([tgt.sp.piece_to_id(p) for p in r.hypotheses[0]])
-        reported.append(r.scores[0])
+    if args.engine:
+        engine = qkv.load(args.model, engine="ctranslate2", threads=args.threads)
+        best = [h[0] for h in engine.hypotheses(src, **{f: getattr(cfg, f) for f in (
+            "beam_size", "length_penalty", "length_norm", "early_stopping", "max_len_a", "max_len_b", "min_len")})]
+        theirs, reported = [h.tokens for h in best], [h.score for h in best]
+    else:
+        out = os.path.join(tempfile.mkdtemp(), "ct2")
+        export(args.model, "ctranslate2", out)
+        translator = ctranslate2.Translator(out, intra_threads=args.threads)
+        sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "source.spm"))
+        for s, b in zip(src, budget):
+            r = translator.translate_batch([sp.encode(s, out_type=str)], beam_size=dec.beam_size, length_penalty=alpha,
+                                           min_decoding_length=dec.min_len, max_decoding_length=b,
+                                           return_scores=True)[0]
+            theirs.append([tgt.sp.piece_to_id(p) for p in r.hypotheses[0]])
+            reported.append(r.scores[0])
 
     banned = list(banned_ids(tgt))
     net = model.model.eval()
@@ -97,7 +110,7 @@ def main() -> int:
     rows, score_check = [], 0.0
     for i in range(len(src)):
         lp, lp2 = logps(i, theirs[i])
-        if len(theirs[i]) < budget[i]:  # ended by </s> (at the limit CTranslate2 ends it without one)
+        if len(theirs[i]) < budget[i] or args.engine:  # ended by </s> (the raw export ends one at the limit without)
             score_check = max(score_check, abs(ct2_score(lp2, theirs[i]) - reported[i]))
         if ours[i] == theirs[i]:
             continue
@@ -109,7 +122,8 @@ def main() -> int:
     from peers.common import git_commit  # torch-free helpers beside this script
 
     summary = {
-        "model": args.model, "sentences": len(src), "source": args.src, "beam_size": dec.beam_size, "alpha": alpha,
+        "model": args.model, "ctranslate2_through": "qkv.load(engine='ctranslate2')" if args.engine else "the export",
+        "sentences": len(src), "source": args.src, "beam_size": dec.beam_size, "alpha": alpha,
         "equal": equal, "differ": len(rows), "differ_at_the_length_limit": sum(r["at_limit"] for r in rows),
         "differ_where_each_rule_prefers_its_own_output": sum(r["qkv_rule_prefers_qkv"] and r["ct2_rule_prefers_ct2"]
                                                              for r in rows),

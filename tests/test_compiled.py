@@ -113,6 +113,29 @@ def test_compiled_decoding_gives_the_eager_outputs():
         assert [nb[0].tokens for nb in got] == [nb[0].tokens for nb in want], cfg
 
 
+def test_compile_on_a_cpu_warns_once(monkeypatch):
+    """Compiled decoding measured slower than eager on the CPUs tried: loading with compile=True on a
+    CPU warns, the first time in the process only (a server loading several models warns once)."""
+    import warnings
+
+    import qkv
+    from qkv.frontends import translator
+
+    monkeypatch.setattr(translator, "_cpu_compile_warned", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert isinstance(qkv.load(FIXTURES / "translate-transformer", compile=True).decoder, CompiledDecoder)
+        qkv.load(FIXTURES / "translate-transformer")  # no --compile: nothing to say
+    said = [str(w.message) for w in caught if "--compile" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("--compile on a CPU") and "slower" in said[0]
+    monkeypatch.setattr(translator, "_cpu_compile_warned", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qkv.load(FIXTURES / "translate-transformer")
+    assert not [w for w in caught if "--compile" in str(w.message)]
+
+
 def test_compile_refuses_what_it_cannot_compile():
     import qkv
     from qkv.serve.service import open_with

@@ -12,6 +12,7 @@ converted model's modification time. Needs the export extra; skipped without it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -158,6 +159,85 @@ def test_rich_output_prefix_scores_and_alignments_agree(pair, beam):
                 assert g["logprob"] == pytest.approx(h["logprob"], abs=0.01 * len(h["token_logprobs"]))
             if prefix:
                 assert all(g["text"].startswith("drei") for g in y)
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_len_a": 0.0, "max_len_b": 1}, {"target_prefix": "drei"}])
+def test_greedy_answers_carry_their_log_probability(pair, kw):
+    """Greedy answers report the log-probability of their tokens after the prefix and EOS (EOS forced
+    at the limit, as qkv's search does): the sum of CTranslate2's own forced log-probabilities to
+    1e-4, qkv's engine's within 0.01 a token; the score is logprob / lp(|Y|), as a beam of one
+    gives it (the model's saved gnmt norm, alpha 0.6). (The limit of one token cuts most outputs.)"""
+    ours, theirs = pair("trained")
+    prefix = theirs.tokenizers.tgt.encode([kw["target_prefix"]])[0] if "target_prefix" in kw else []
+    a, b = ours.hypotheses(NUMBERS, beam_size=1, **kw), theirs.hypotheses(NUMBERS, beam_size=1, **kw)
+    src = theirs.tokenizers.src.encode(NUMBERS)
+    forced = theirs.forced(src, [h[0].tokens for h in b])
+    whole = [len(h[0].tokens) for h in theirs.hypotheses(NUMBERS, beam_size=1)]
+    cut = 0
+    for x, y, lp, n in zip(a, b, forced, whole):
+        h, g = x[0], y[0]
+        assert g.tokens == h.tokens
+        assert g.logprob == pytest.approx(sum(lp[len(prefix):]), abs=1e-4) and g.logprob < 0
+        assert g.logprob == pytest.approx(h.logprob, abs=0.01 * len(lp))
+        assert g.score == pytest.approx(g.logprob / ((5 + len(g.tokens) - len(prefix) + 1) / 6) ** 0.6, rel=1e-9)
+        cut += len(g.tokens) < n
+    if kw.get("max_len_b") == 1:
+        assert cut >= 5
+
+
+def test_sentences_at_their_limit_are_searched_again_in_one_call_per_limit(pair):
+    """With limits tight enough that most beam searches reach them: one translate_batch call for the
+    batch, one more for each distinct limit that changed a search, one score_batch call; the answers
+    are those of each such sentence searched alone with its limit and each hypothesis a limit ended
+    scored alone (tokens equal, scores to 1e-4: other batch shapes round differently)."""
+    import random
+
+    ours, theirs = pair("trained")
+    words = ("one two three four five six seven eight nine ten eleven twelve twenty thirty forty fifty hundred "
+             "thousand million and").split()
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 6))) for _ in range(48)]
+    cfg = dataclasses.replace(theirs.decode_cfg, beam_size=4, nbest=2, length_norm="length", early_stopping=True,
+                              max_len_a=0.5, max_len_b=1, batch_size=16)
+    src = theirs.tokenizers.src.encode(sentences)
+    real, calls = theirs.ct2, {"translate_batch": 0, "score_batch": 0}
+
+    class Counted:
+        def translate_batch(self, *a, **k):
+            calls["translate_batch"] += 1
+            return real.translate_batch(*a, **k)
+
+        def score_batch(self, *a, **k):
+            calls["score_batch"] += 1
+            return real.score_batch(*a, **k)
+
+    theirs.ct2 = Counted()
+    try:
+        got = theirs.search(src, [], cfg)
+    finally:
+        theirs.ct2 = real
+    budgets = theirs.budgets(src, [], cfg)
+    sources = [theirs.pieces(s) for s in src]
+    wide = theirs.decode_batch(sources, None, max(budgets), cfg)
+    again = theirs.limited(wide, budgets)
+    assert sum(map(len, again.values())) >= 10 and len(again) >= 2  # the case at hand
+    assert calls == {"translate_batch": 1 + len(again), "score_batch": 1}
+    alone_cfg = dataclasses.replace(cfg, batch_size=1)
+    for i, r in enumerate(wide):  # the reference: sentence by sentence
+        limit = max(budgets)
+        if i in again.get(budgets[i], []):
+            r, limit = theirs.decode_batch([sources[i]], None, budgets[i], alone_cfg)[0], budgets[i]
+        hyps = [[theirs.tgt_ids[p] for p in h] for h in r.hypotheses]
+        forced = {k: theirs.forced([src[i]], [h])[0] for k, h in enumerate(hyps) if len(h) >= limit}
+        want = theirs.ranked(hyps, r.scores, forced, [], cfg)
+        assert [h.tokens for h in got[i]] == [h.tokens for h in want]
+        assert [v for h in got[i] for v in (h.score, h.logprob)] == \
+            pytest.approx([v for h in want for v in (h.score, h.logprob)], abs=1e-4)
+    # and qkv's engine, on these limits, gives the same best outputs
+    mine = ours.hypotheses(sentences, **{k: getattr(cfg, k) for k in ("beam_size", "nbest", "length_norm",
+                                                                    "early_stopping", "max_len_a", "max_len_b")})
+    same = sum(m[0].tokens == g[0].tokens for m, g in zip(mine, got))
+    assert same >= 0.9 * len(sentences)
 
 
 def test_scores_of_given_targets_and_alignments_agree(pair):

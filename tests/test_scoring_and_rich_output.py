@@ -8,6 +8,8 @@ import torch
 
 import qkv
 from qkv.cli import main
+from qkv.data.batching import collate
+from qkv.decoding import banned_ids, beam_search, max_output_len
 from qkv.decoding.batch import decode_sentences
 from qkv.decoding.forced import forced_logprobs
 from qkv.errors import QkvError
@@ -29,6 +31,42 @@ def test_forced_scores_are_the_beam_search_log_probabilities(name):
     for (_, h), lp in zip(pairs, scores):
         assert len(lp) == len(h.tokens) + 1
         assert sum(lp) == pytest.approx(h.logprob, abs=1e-5)
+
+
+@pytest.mark.parametrize("name,norm,limits", [
+    ("translate-transformer", "gnmt", {"max_len_a": 1.0, "max_len_b": 8}),
+    ("translate-transformer", "length", {"max_len_a": 0.0, "max_len_b": 3}),
+    ("translate-transformer", "gnmt", {"min_len": 4, "max_len_a": 0.0, "max_len_b": 2}),
+    ("translate-lstm-general", "length", {"max_len_a": 0.0, "max_len_b": 5}),
+    ("prefix_lm-transformer", "gnmt", {"max_len_a": 0.0, "max_len_b": 5})])
+def test_greedy_answers_carry_the_log_probability_forced_scoring_gives(name, norm, limits):
+    """A greedy answer's ``logprob`` is the sum of its tokens' forced log-probabilities (EOS included;
+    where the limit forced EOS, even before min_len, the model's own log p(EOS) there), to 1e-4; its
+    ``score`` is what a beam search of one beam reports, ``logprob / lp(|Y|)`` with |Y| counting
+    EOS: ((5 + |Y|) / 6)^alpha (gnmt) or |Y|^alpha (length). Untrained models: most outputs run to
+    their limit. translate_scored and translate_rich report them; translate() gives the same texts."""
+    model = qkv.load(FIXTURES / name)
+    src = model.tokenizers.src.encode(SOURCES)
+    lp_of = (lambda n: ((5 + n) / 6) ** 0.6) if norm == "gnmt" else (lambda n: n ** 0.6)
+    cfg = dataclasses.replace(model.decode_cfg, beam_size=1, nbest=1, length_penalty=0.6, length_norm=norm, **limits)
+    hyps = [h[0] for h in decode_sentences(model.model, src, cfg)]
+    forced = forced_logprobs(model.model, src, [h.tokens for h in hyps])
+    for h, lp in zip(hyps, forced):
+        assert h.logprob == pytest.approx(sum(lp), abs=1e-4) and h.logprob < 0
+        assert h.score == pytest.approx(h.logprob / lp_of(len(h.tokens) + 1), rel=1e-9)
+    budget = max_output_len(torch.tensor([len(s) + 1 for s in src]), cfg.max_len_a, cfg.max_len_b)
+    one = beam_search(model.model, collate(src, None).src, 1, 0.6, budget, min_len=cfg.min_len, length_norm=norm,
+                      banned=banned_ids(model.tokenizers.tgt))
+    for h, b in zip(hyps, one):
+        assert (h.tokens, h.score, h.logprob) == (b[0].tokens, pytest.approx(b[0].score, abs=1e-4),
+                                                  pytest.approx(b[0].logprob, abs=1e-4))
+    kw = dict(beam_size=1, length_penalty=0.6, length_norm=norm, **limits)
+    scored = [s[0] for s in model.translate_scored(SOURCES, **kw)]
+    rich = [r[0] for r in model.translate_rich(SOURCES, alignments=False, **kw)]
+    assert model.translate(SOURCES, **kw) == [text for text, _ in scored] == [r["text"] for r in rich]
+    for h, (_, score), r in zip(hyps, scored, rich):
+        assert score == r["score"] == pytest.approx(h.score, abs=1e-9)
+        assert r["logprob"] == pytest.approx(sum(r["token_logprobs"]), abs=1e-4)
 
 
 def test_forced_scores_are_teacher_forced_log_softmax():

@@ -79,8 +79,8 @@ def test_translate_equals_the_translator(client, reference, name, beam, n_best):
         assert [h["score"] for h in row["hypotheses"]] == pytest.approx([s for _, s in nbest], abs=1e-5)
         for h in row["hypotheses"]:
             assert len(h["token_logprobs"]) == len(h["tokens"]) + 1
-            if beam > 1:  # beam search's log-probability is the sum of the forced token log-probabilities
-                assert sum(h["token_logprobs"]) == pytest.approx(h["logprob"], abs=1e-4)
+            # the search's log-probability (greedy's too) is the sum of the forced token log-probabilities
+            assert sum(h["token_logprobs"]) == pytest.approx(h["logprob"], abs=1e-4) and h["logprob"] < 0
     assert [r["hypotheses"][0]["text"] for r in out["results"]] == \
         reference[name].translate(SOURCES, beam_size=beam, nbest=n_best)
 
@@ -714,6 +714,10 @@ def test_ctranslate2_engine_answers_as_qkv_engine(ct2_served):
                     assert (b["text"], b["tokens"], b.get("alignment")) == (a["text"], a["tokens"], a.get("alignment"))
                     assert b["score"] == pytest.approx(a["score"], abs=0.01)
                     assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=0.01)
+                    n = len(b["token_logprobs"])  # greedy's too: its tokens' forced log-probabilities
+                    assert b["logprob"] == pytest.approx(a["logprob"], abs=0.01 * n) and b["logprob"] < 0
+                    if "target_prefix" not in body:  # (with one, logprob covers the tokens after it)
+                        assert b["logprob"] == pytest.approx(sum(b["token_logprobs"]), abs=1e-4)
         pairs = {"sources": NUMBERS[:2], "targets": ["dreihunderteinundzwanzig", ""]}
         want, got = ok(ours.post("/score", json=pairs)), ok(theirs.post("/score", json=pairs))
         for a, b in zip(want["results"], got["results"]):

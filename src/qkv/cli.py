@@ -176,7 +176,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     rich = args.output_format == "jsonl"
     with output_stream(args.output) as out_fh, progress(total, "translate") as bar:
         for k, hyps in enumerate(model.translate_stream(chunks, warn, rich=rich, target_prefix=args.target_prefix,
-                                                        **overrides)):
+                                                        scores=nbest > 1, **overrides)):  # printed with --nbest
             bar.update(1)
             out_fh.write(json.dumps({"line": k + 1, "hypotheses": hyps}, ensure_ascii=False) + "\n" if rich else
                          "".join(f"{k}\t{score:.4f}\t{text}\n" for text, score in hyps) if nbest > 1

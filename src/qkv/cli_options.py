@@ -97,7 +97,7 @@ INT8_HELP = ("dynamic int8 quantisation of the model's linear layers for faster 
              "(a small BLEU cost: see docs/results.md); with --engine ctranslate2, its int8 compute type")
 COMPILE_HELP = ("search with the Transformer's decoding step compiled by torch.compile, static shapes (CUDA graphs "
                 "on a GPU): the same outputs; the first batch of each shape compiles, for seconds to a minute; "
-                "faster on a GPU, not on the CPUs measured (docs/results.md); translation Transformers, --engine "
+                "faster on a GPU, not on the CPUs measured (docs/results.md; on a CPU it warns); translation Transformers, --engine "
                 "qkv, without --int8; needs a C++ compiler on the CPU")
 ENGINE_HELP = ("what decodes: qkv (its own modules; every option) or ctranslate2 (translation Transformers, "
                "converted once and cached beside the checkpoint, faster on CPU; greedy outputs equal qkv's; beam "

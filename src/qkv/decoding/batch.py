@@ -6,23 +6,26 @@ BLEU of the translate task): token ids in, hypotheses out, in input order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
 from qkv.config import DecodeConfig
 from qkv.data.batching import collate
-from qkv.decoding.beam_search import Hypothesis, beam_search
-from qkv.decoding.greedy import NEVER_EMITTED, greedy, max_output_len
+from qkv.decoding.beam_search import Hypothesis, _norm, beam_search
+from qkv.decoding.greedy import NEVER_EMITTED, greedy, greedy_scored, max_output_len
 from qkv.masks import real_tokens
 
 
 @torch.inference_mode()
 def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: DecodeConfig,
-                     banned: Sequence[int] = NEVER_EMITTED) -> list[list[Hypothesis]]:
+                     banned: Sequence[int] = NEVER_EMITTED, scores: bool = True) -> list[list[Hypothesis]]:
     """The ``cfg.nbest`` best hypotheses of each source (token ids without EOS), best first.
 
-    Greedy when ``beam_size == nbest == 1`` (its score is 0.0), else beam search. Output lengths
+    Greedy when ``beam_size == nbest == 1``, else beam search; a greedy output is scored as a beam of
+    one scores it (:func:`greedy_hypothesis`; ``scores=False``: not scored, NaN, for callers that keep
+    the tokens only: a log-softmax a step). Output lengths
     follow ``max_len_a · src_len + max_len_b``, capped where the model's positions end. The model
     is put in eval mode for the call and restored after. ``banned``: ids never emitted
     (:func:`~qkv.decoding.greedy.banned_ids` of the target tokenizer).
@@ -41,8 +44,12 @@ def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: Deco
             max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b,
                                      None if steps is None else torch.as_tensor(steps) - 1)
             if cfg.beam_size == 1 and cfg.nbest == 1:
-                outputs = greedy(model, batch.src, max_len, cfg.min_len, banned=banned)
-                hyps = [[Hypothesis(t, 0.0, 0.0)] for t in outputs]
+                if scores:
+                    outputs, logprobs = greedy_scored(model, batch.src, max_len, cfg.min_len, banned=banned)
+                else:
+                    outputs = greedy(model, batch.src, max_len, cfg.min_len, banned=banned)
+                    logprobs = [math.nan] * len(outputs)
+                hyps = [[greedy_hypothesis(t, lp, cfg)] for t, lp in zip(outputs, logprobs)]
             else:
                 hyps = beam_search(model, batch.src, cfg.beam_size, cfg.length_penalty, max_len, cfg.nbest,
                                    cfg.min_len, length_norm=cfg.length_norm, early_stopping=cfg.early_stopping,
@@ -54,4 +61,11 @@ def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: Deco
     return results
 
 
-__all__ = ["decode_sentences"]
+def greedy_hypothesis(tokens: list[int], logprob: float, cfg: DecodeConfig) -> Hypothesis:
+    """A greedy output as a :class:`Hypothesis`: its ``logprob`` (EOS included) and the ``score`` beam
+    search would give it, ``logprob / lp(len(tokens) + 1)`` with ``cfg``'s length penalty and norm
+    (beam search with one beam is greedy search)."""
+    return Hypothesis(tokens, logprob / _norm(len(tokens) + 1, cfg.length_penalty, cfg.length_norm), logprob)
+
+
+__all__ = ["decode_sentences", "greedy_hypothesis"]

@@ -157,18 +157,39 @@ def greedy(
     ``False`` keeps finished rows in the batch, fed EOS, as a naive implementation would. The
     output is the same either way.
     """
+    return _greedy(model, src, max_len, min_len, banned, drop_finished, scored=False)[0]
+
+
+@torch.inference_mode()
+def greedy_scored(
+    model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_len: int = 0, *,
+    banned: Sequence[int] = NEVER_EMITTED,
+) -> tuple[list[list[int]], list[float]]:
+    """:func:`greedy`'s outputs and the log-probability of each (EOS included): the sum of the
+    model's own ``log p(y_t | y_<t, x)`` (:func:`log_probs`: the softmax over the whole vocabulary,
+    as beam search and forced scoring take it), in float64. The tokens are :func:`greedy`'s."""
+    return _greedy(model, src, max_len, min_len, banned, True, scored=True)
+
+
+def _greedy(model, src: Tensor, max_len, min_len: int, banned: Sequence[int], drop_finished: bool,
+            scored: bool) -> tuple[list[list[int]], list[float]]:
     batch_size = src.size(0)
     outputs: list[list[int]] = [[] for _ in range(batch_size)]
+    logprobs = [0.0] * batch_size
     if batch_size == 0:
-        return outputs
+        return outputs, logprobs
     limit = as_max_len(max_len, batch_size, src.device)  # (N,) the budget of each active row
     state = model.start(src)
     rows = list(range(batch_size))  # sentence id of each active row
     tokens = torch.full((batch_size,), BOS, dtype=torch.long, device=src.device)  # (N,)
     ended = torch.zeros(batch_size, dtype=torch.bool, device=src.device)  # drop_finished=False only
+    total = torch.zeros(batch_size, dtype=torch.float64, device=src.device) if scored else None  # (N,)
     for t in range(int(limit.max()) + 1):
         logits, state = model.step(tokens, state)
+        logp = torch.log_softmax(logits.float(), dim=-1) if scored else None  # before greedy_choice masks logits
         tokens = greedy_choice(logits, limit <= t, t < min_len, banned)  # (N,)
+        if scored:
+            total += logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
         if not drop_finished:  # rows that ended earlier are fed EOS and their output ignored
             tokens = tokens.masked_fill(ended, EOS)
             ended |= tokens == EOS
@@ -176,10 +197,16 @@ def greedy(
         running = [i for i, tok in enumerate(chosen) if tok != EOS]  # rows still going
         for i in running:
             outputs[rows[i]].append(chosen[i])
+        if scored and len(running) < len(chosen):
+            done = [i for i, tok in enumerate(chosen) if tok == EOS]
+            for i, v in zip(done, total[done].tolist()):
+                logprobs[rows[i]] = v
         if not running:
             break
         if drop_finished and len(running) < len(chosen):
             keep = torch.tensor(running, device=src.device)  # (N',)
             state = state.reorder(keep)
             rows, tokens, limit = [rows[i] for i in running], tokens[keep], limit[keep]
-    return outputs
+            if scored:
+                total = total[keep]
+    return outputs, logprobs

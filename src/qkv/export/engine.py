@@ -13,8 +13,9 @@ and a cache whose files no longer match is converted again. Where the checkpoint
 cannot be written, the cache goes to ``$QKV_CACHE_DIR`` (default ``~/.cache/qkv``) ``/ct2/``.
 
 :class:`CT2Translator` is a :class:`~qkv.frontends.Translator` whose searches run in
-``ctranslate2.Translator.translate_batch`` (one call per batch) and whose scores come from its
-``score_batch``, with qkv's decoding settings mapped as the export documents them: beam size,
+``ctranslate2.Translator.translate_batch`` (one call for the sentences of a call, and one per
+distinct length limit that changed a search: :meth:`CT2Translator.search`) and whose scores come
+from its searches and its ``score_batch``, with qkv's decoding settings mapped as the export documents them: beam size,
 n-best, ``--length-norm length`` with ``--early-stopping`` (CTranslate2's only beam rule), the
 per-sentence length limits, ``min_len``, the target prefix; alignments from its attention (the
 last layer's mean over heads, as qkv's). What it cannot compute exactly is refused by name:
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -41,7 +43,7 @@ import torch
 from qkv.checkpoint import TRAINER_STATE, listed_files, read_config
 from qkv.config import DecodeConfig
 from qkv.data.tokenizer import TokenizerPair
-from qkv.decoding.beam_search import Hypothesis
+from qkv.decoding.beam_search import Hypothesis, _norm
 from qkv.decoding.greedy import max_output_len
 from qkv.errors import CheckpointError, ConfigError, QkvError
 from qkv.export.ct2_worker import TranslatorProcess
@@ -187,6 +189,8 @@ class CT2Translator(Translator):
         self.ct2, self.directory = translator, directory
         tgt = tokenizers.tgt
         self.tgt_ids = {tgt.id_to_piece(i): i for i in range(tgt.vocab_size)}
+        self.piece_table = {side: [t.id_to_piece(i) for i in range(t.vocab_size)]
+                            for side, t in (("src", tokenizers.src), ("tgt", tgt))}
 
     # --- what CTranslate2 cannot do as qkv does: refused by name ------------------------------------------
 
@@ -224,53 +228,101 @@ class CT2Translator(Translator):
         limit = None if steps is None else torch.as_tensor(steps) - 1
         return [len(prefix) + int(n) for n in max_output_len(lengths, cfg.max_len_a, cfg.max_len_b, limit)]
 
-    def search(self, src_ids: list[list[int]], prefix: list[int], cfg: DecodeConfig) -> list[list[Hypothesis]]:
-        """Per sentence, the ``nbest`` hypotheses best first, from one ``translate_batch`` call.
+    def search(self, src_ids: list[list[int]], prefix: list[int], cfg: DecodeConfig,
+               scores: bool = True) -> list[list[Hypothesis]]:
+        """Per sentence, the ``nbest`` hypotheses best first, with qkv's scores.
 
-        The length limit is qkv's: a greedy output is cut at its sentence's limit; a beam-search
-        sentence whose hypotheses reach their own limit, below the call's, is searched again alone
-        with its limit, and the hypotheses the limit ended are scored as qkv's search scores them,
-        with EOS forced there (CTranslate2 ends them without EOS)."""
+        One ``translate_batch`` call searches every sentence with the longest limit of the call
+        (CTranslate2 has one ``max_decoding_length`` a call). qkv's limit is per sentence, and where
+        it matters the sentence needs more (:meth:`limited`): a greedy output is cut at its
+        sentence's limit; beam-search sentences whose hypotheses reach their own limit, below the
+        call's, are searched again with it, one call per distinct limit; the hypotheses a limit ended
+        (CTranslate2 ends them without EOS) get EOS's log-probability as qkv's search gives it (forced
+        there), all in one ``score_batch`` call, and are ranked again."""
         budgets = self.budgets(src_ids, prefix, cfg)
         greedy = cfg.beam_size == 1 and cfg.nbest == 1
-        # qkv's min_len counts the tokens after the prefix; CTranslate2's min_decoding_length the whole output
-        options = dict(beam_size=cfg.beam_size, num_hypotheses=1 if greedy else cfg.beam_size,
-                       length_penalty=cfg.length_penalty, min_decoding_length=len(prefix) + cfg.min_len,
-                       return_scores=True, max_input_length=0, max_batch_size=cfg.batch_size)
+        sources = [self.pieces(ids) for ids in src_ids]
         target = [self.pieces(prefix, "tgt")] * len(src_ids) if prefix else None
-        results = self.ct2.translate_batch([self.pieces(ids) for ids in src_ids], target,
-                                           max_decoding_length=max(budgets, default=1), **options)
-        out = []
-        for i, r in enumerate(results):
-            hyps = [[self.tgt_ids[p] for p in h] for h in r.hypotheses]
-            if greedy:  # qkv's greedy search scores nothing (0.0); its output ends at the sentence's limit
-                out.append([Hypothesis(hyps[0][: budgets[i]], 0.0, 0.0)])
-            elif max(map(len, hyps)) >= budgets[i] < max(budgets):
-                out.extend(self.search([src_ids[i]], prefix, replace(cfg, batch_size=1)))
-            else:
-                out.append(self.at_limit(src_ids[i], prefix, hyps, r.scores, budgets[i], cfg))
-        return out
+        longest = max(budgets, default=1)
+        results = self.decode_batch(sources, target, longest, cfg, scores)
+        limit = [longest] * len(src_ids)  # the max_decoding_length each sentence was searched with
+        for budget, rows in ({} if greedy else self.limited(results, budgets)).items():
+            redone = self.decode_batch([sources[i] for i in rows], target and target[: len(rows)], budget, cfg)
+            for i, r in zip(rows, redone):
+                results[i], limit[i] = r, budget
+        hyps = [[[self.tgt_ids[p] for p in h] for h in r.hypotheses] for r in results]
+        if greedy and not scores:
+            return [[Hypothesis(hyps[i][0][: budgets[i]], math.nan, math.nan)] for i in range(len(hyps))]
+        # the hypotheses a limit ended without EOS: CTranslate2 stopped them at max_decoding_length, or
+        # (greedy) they ran past their sentence's limit and are cut there
+        ended = [(i, k) for i, nbest in enumerate(hyps) for k, tokens in enumerate(nbest)
+                 if len(tokens) >= limit[i] or len(tokens) > budgets[i]]
+        logprobs = self.forced([src_ids[i] for i, _ in ended], [hyps[i][k][: budgets[i]] for i, k in ended])
+        forced: list[dict[int, list[float]]] = [{} for _ in hyps]
+        for (i, k), lp in zip(ended, logprobs):
+            forced[i][k] = lp
+        if greedy:
+            return [[self.greedy_hypothesis(hyps[i][0][: budgets[i]], results[i].scores[0], forced[i].get(0), prefix,
+                                            cfg)] for i in range(len(hyps))]
+        return [self.ranked(hyps[i], results[i].scores, forced[i], prefix, cfg) for i in range(len(hyps))]
 
-    def at_limit(self, src: list[int], prefix: list[int], hyps: list[list[int]], scores: list[float], budget: int,
-                 cfg: DecodeConfig) -> list[Hypothesis]:
+    def decode_batch(self, sources: list[list[str]], target, max_length: int, cfg: DecodeConfig, scores: bool = True):
+        """One ``translate_batch`` call with qkv's settings (:meth:`search`) and ``max_length`` for
+        every sentence. The beam keeps ``beam_size`` hypotheses a sentence (those a limit ended may
+        be ranked again); greedy scores are raw sums of log-probabilities (length penalty 0), left
+        out with ``scores=False``."""
+        greedy = cfg.beam_size == 1 and cfg.nbest == 1
+        # qkv's min_len counts the tokens after the prefix; CTranslate2's min_decoding_length the whole output
+        prefix = len(target[0]) if target else 0
+        return self.ct2.translate_batch(sources, target, beam_size=cfg.beam_size,
+                                        num_hypotheses=1 if greedy else cfg.beam_size,
+                                        length_penalty=0.0 if greedy else cfg.length_penalty,
+                                        min_decoding_length=min(prefix + cfg.min_len, max_length),  # max wins
+                                        max_decoding_length=max_length,
+                                        return_scores=scores or not greedy, max_input_length=0,
+                                        max_batch_size=cfg.batch_size)
+
+    @staticmethod
+    def limited(results, budgets: list[int]) -> dict[int, list[int]]:
+        """The beam-search sentences whose hypotheses reached their own limit, below the call's
+        (that limit would have changed their search), by limit: ``{limit: [sentence, ...]}``."""
+        again: dict[int, list[int]] = {}
+        longest = max(budgets, default=1)
+        for i, r in enumerate(results):
+            if budgets[i] < longest and max(map(len, r.hypotheses)) >= budgets[i]:
+                again.setdefault(budgets[i], []).append(i)
+        return again
+
+    @staticmethod
+    def greedy_hypothesis(tokens: list[int], score: float, forced: list[float] | None, prefix: list[int],
+                          cfg: DecodeConfig) -> Hypothesis:
+        """A greedy output (cut at its sentence's limit) with qkv's ``logprob``, the tokens after the
+        prefix and EOS: CTranslate2's sum where its EOS ended it, else ``forced`` (its scoring with EOS
+        at the limit); and the ``score`` a beam of one gives it."""
+        logprob = score if forced is None else sum(forced[len(prefix):])
+        return Hypothesis(tokens, logprob / _norm(len(tokens) - len(prefix) + 1, cfg.length_penalty, cfg.length_norm),
+                          logprob)
+
+    @staticmethod
+    def ranked(hyps: list[list[int]], scores: list[float], forced: dict[int, list[float]], prefix: list[int],
+               cfg: DecodeConfig) -> list[Hypothesis]:
         """One sentence's beam-search hypotheses as qkv's search gives them: ``score = log P / |Y|^alpha``,
-        ``|Y|`` the tokens after the prefix and EOS (a prefix is refused unless alpha = 0); those that
-        ``budget`` ended get EOS's log-probability (``score_batch``) and are ranked again."""
+        ``|Y|`` the tokens after the prefix and EOS (a prefix is refused unless alpha = 0); those that a
+        limit ended (``forced``: their log-probabilities with EOS last, by hypothesis) get EOS's
+        log-probability and are ranked again."""
         alpha, n = cfg.length_penalty, lambda tokens: len(tokens) - len(prefix)
-        ended = [k for k, tokens in enumerate(hyps) if len(tokens) >= budget]
-        eos = dict(zip(ended, (lp[-1] for lp in self.forced([src] * len(ended), [hyps[k] for k in ended]))))
         out = []
         for k, (tokens, score) in enumerate(zip(hyps, scores)):
-            if k in eos:
-                logprob = score * n(tokens) ** alpha + eos[k]
+            if k in forced:
+                logprob = score * n(tokens) ** alpha + forced[k][-1]
             else:
                 logprob = score * (n(tokens) + 1) ** alpha
             out.append(Hypothesis(tokens, logprob / (n(tokens) + 1) ** alpha, logprob))
         return sorted(out, key=lambda h: -h.score)[: cfg.nbest]
 
     def pieces(self, ids: list[int], side: str = "src") -> list[str]:
-        tokenizer = getattr(self.tokenizers, side)
-        return [tokenizer.id_to_piece(i) for i in ids]
+        table = self.piece_table[side]
+        return [table[i] for i in ids]
 
     def forced_attention(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[np.ndarray]:
         """Per pair, the cross-attention ``(len(tgt), len(src) + 1)`` of the last decoder layer (mean
@@ -284,7 +336,7 @@ class CT2Translator(Translator):
         return [np.asarray(r.attention[0][: len(t)], dtype=np.float32).reshape(len(t), -1)
                 for r, t in zip(results, tgt_ids)]
 
-    def _decode(self, sentences, on_truncate, target_prefix, overrides: dict):
+    def _decode(self, sentences, on_truncate, target_prefix, overrides: dict, scores: bool = True):
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
@@ -292,10 +344,11 @@ class CT2Translator(Translator):
         self.check_settings(cfg, bool(target_prefix))
         src_ids = self.fit_sources(self.tokenizers.src.encode(list(sentences)), on_truncate)
         prefix = self.tokenizers.tgt.encode([target_prefix])[0] if target_prefix else []
-        return src_ids, self.search(src_ids, prefix, cfg) if src_ids else []
+        return src_ids, self.search(src_ids, prefix, cfg, scores) if src_ids else []
 
-    def hypotheses(self, sentences, on_truncate=None, target_prefix=None, **overrides) -> list[list[Hypothesis]]:
-        return self._decode(sentences, on_truncate, target_prefix, overrides)[1]
+    def hypotheses(self, sentences, on_truncate=None, target_prefix=None, *, scores: bool = True,
+                   **overrides) -> list[list[Hypothesis]]:
+        return self._decode(sentences, on_truncate, target_prefix, overrides, scores)[1]
 
     def translate_rich(self, sentences, on_truncate=None, target_prefix=None, alignments: bool = True,
                        attention: bool = False, **overrides) -> list[list[dict]]:

@@ -12,6 +12,7 @@ then detokenized and returned in input order.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -43,9 +44,12 @@ class Translator(Frontend):
     def compile_decoding(self) -> "Translator":
         """Search with the decoding step compiled by ``torch.compile``, static shapes
         (:class:`qkv.decoding.compiled.CompiledDecoder`): Transformer encoder-decoders only. The
-        outputs are the eager step's; the first batch of each shape compiles. Returns self."""
+        outputs are the eager step's; the first batch of each shape compiles. On a CPU it warns,
+        once a process (:func:`warn_cpu_compile`): it measured slower there. Returns self."""
         from qkv.decoding.compiled import CompiledDecoder
 
+        if next(self.model.parameters()).device.type == "cpu":
+            warn_cpu_compile()
         self.decoder = CompiledDecoder(self.model)
         return self
 
@@ -57,31 +61,39 @@ class Translator(Frontend):
         """Translate each sentence; ``overrides`` are :class:`DecodeConfig` fields (e.g. ``beam_size=1``)."""
         return [nbest[0] for nbest in self.translate_nbest(sentences, **overrides)]
 
+    @torch.inference_mode()
     def translate_nbest(self, sentences: list[str], **overrides) -> list[list[str]]:
-        """The ``nbest`` best translations of each sentence, best first."""
-        return [[text for text, _ in hyps] for hyps in self.translate_scored(sentences, **overrides)]
+        """The ``nbest`` best translations of each sentence, best first (greedy search leaves out the
+        scores it would compute for :meth:`translate_scored`)."""
+        hyps = self.hypotheses(sentences, scores=False, **overrides)
+        texts = iter(self.tokenizers.tgt.decode([h.tokens for nbest in hyps for h in nbest]))
+        return [[next(texts) for _ in nbest] for nbest in hyps]
 
     @torch.inference_mode()
     def translate_scored(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
-                         target_prefix: str | None = None, **overrides) -> list[list[tuple[str, float]]]:
+                         target_prefix: str | None = None, *, scores: bool = True,
+                         **overrides) -> list[list[tuple[str, float]]]:
         """``(translation, score)`` pairs per sentence; the score is the (length-normalised) log-probability.
 
         A sentence longer than the model reads (learned positions end at ``max_positions``) is
         translated from its head: ``on_truncate(indices, kept)`` hears which sentences (0-based)
         were cut to how many tokens; without it a warning says so. Outputs never run past what the
         decoder's positions can index either (:func:`qkv.decoding.max_output_len`).
-        ``target_prefix``: every translation starts with it (see :meth:`hypotheses`).
+        ``target_prefix``: every translation starts with it (see :meth:`hypotheses`); ``scores=False``:
+        greedy search leaves the scores out (NaN), for callers that print the texts only.
         """
-        hyps = self.hypotheses(sentences, on_truncate, target_prefix, **overrides)
-        return [list(zip(self.tokenizers.tgt.decode([h.tokens for h in nbest]), [h.score for h in nbest]))
-                for nbest in hyps]
+        hyps = self.hypotheses(sentences, on_truncate, target_prefix, scores=scores, **overrides)
+        texts = iter(self.tokenizers.tgt.decode([h.tokens for nbest in hyps for h in nbest]))  # one call
+        return [[(next(texts), h.score) for h in nbest] for nbest in hyps]
 
     def hypotheses(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
-                   target_prefix: str | None = None, **overrides) -> list[list[Hypothesis]]:
+                   target_prefix: str | None = None, *, scores: bool = True, **overrides) -> list[list[Hypothesis]]:
         """The ``nbest`` hypotheses (token ids, score, logprob) of each sentence, best first.
 
         ``target_prefix``: each output starts with these target pieces, forced; the search goes on
-        from there, and ``score``/``logprob`` cover the tokens after the prefix."""
+        from there, and ``score``/``logprob`` cover the tokens after the prefix. ``scores=False``:
+        greedy search does not compute them (``score`` and ``logprob`` are NaN), for callers that
+        want the tokens only."""
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         cfg = replace(self.decode_cfg, **overrides).validate() if overrides else self.decode_cfg
@@ -90,9 +102,9 @@ class Translator(Frontend):
         banned = banned_ids(self.tokenizers.tgt)
         model = self.model if self.decoder is None else self.decoder
         if not target_prefix:
-            return decode_sentences(model, src_ids, cfg, banned)
+            return decode_sentences(model, src_ids, cfg, banned, scores=scores)
         prefix = self.tokenizers.tgt.encode([target_prefix])[0]
-        hyps = decode_sentences(Prefixed(model, prefix, cfg), src_ids, cfg, banned)
+        hyps = decode_sentences(Prefixed(model, prefix, cfg), src_ids, cfg, banned, scores=scores)
         return [[Hypothesis(prefix + h.tokens, h.score, h.logprob) for h in nbest] for nbest in hyps]
 
     def translate_rich(self, sentences: list[str], on_truncate: TruncationHandler | None = None,
@@ -144,15 +156,15 @@ class Translator(Frontend):
         return None if weights is None else pharaoh(weights, len(src))
 
     def translate_lines(self, lines: list[str], on_truncate: TruncationHandler | None = None, chunk: int = 0,
-                        rich: bool = False, **overrides) -> Iterator[list]:
+                        rich: bool = False, scores: bool = True, **overrides) -> Iterator[list]:
         """The ``nbest`` ``(translation, score)`` pairs of each line (with ``rich``: the dicts of
         :meth:`translate_rich`), in order, decoded ``chunk`` lines at a time (default: 8 batches),
         so that output streams on long files. An empty line gets ``nbest`` empty translations (rich:
         none); ``on_truncate(indices, kept)`` hears indices into ``lines``. ``overrides`` may hold
-        ``target_prefix`` and :class:`DecodeConfig` fields."""
+        ``target_prefix`` and :class:`DecodeConfig` fields; ``scores=False``: see :meth:`translate_scored`."""
         nbest = overrides.get("nbest", self.decode_cfg.nbest)
         chunk = chunk or overrides.get("batch_size", self.decode_cfg.batch_size) * 8
-        translate = self.translate_rich if rich else self.translate_scored
+        translate = self.translate_rich if rich else functools.partial(self.translate_scored, scores=scores)
         for start in range(0, len(lines), chunk):
             part = lines[start : start + chunk]
             keep = [i for i, line in enumerate(part) if line.strip()]
@@ -163,7 +175,7 @@ class Translator(Frontend):
                 yield done.get(i, [] if rich else [("", 0.0)] * nbest)
 
     def translate_stream(self, chunks: Iterable[Sequence[str]], on_truncate: TruncationHandler | None = None,
-                         rich: bool = False, **overrides) -> Iterator[list]:
+                         rich: bool = False, scores: bool = True, **overrides) -> Iterator[list]:
         """:meth:`translate_lines` over a stream of lists of lines (a big file read a chunk at a time,
         e.g. :func:`qkv.data.corpus.input_chunks`), in order; ``on_truncate`` hears indices counted
         from the first line of the stream."""
@@ -171,7 +183,7 @@ class Translator(Frontend):
         for lines in chunks:
             warn = None if on_truncate is None else \
                 (lambda idx, kept, base=done: on_truncate([base + i for i in idx], kept))
-            yield from self.translate_lines(list(lines), warn, rich=rich, **overrides)
+            yield from self.translate_lines(list(lines), warn, rich=rich, scores=scores, **overrides)
             done += len(lines)
 
     def score(self, sources: list[str], targets: list[str | Sequence[str]],
@@ -226,6 +238,20 @@ def pharaoh(weights: torch.Tensor, src_len: int) -> str:
     piece j and the source piece i the last layer (mean over heads) weighs most."""
     best = weights[-1].mean(dim=0)[:-1, :src_len].argmax(dim=-1).tolist()  # (T - 1,): the EOS row left out
     return " ".join(f"{i}-{j}" for j, i in enumerate(best))
+
+
+_cpu_compile_warned = False
+
+
+def warn_cpu_compile() -> None:
+    """Warn, the first time in a process, that compiled decoding on a CPU measured slower than the
+    eager step (docs/results.md, "Compiled decoding"): it pays on a GPU."""
+    global _cpu_compile_warned
+    if not _cpu_compile_warned:
+        _cpu_compile_warned = True
+        warnings.warn("--compile on a CPU: compiled decoding measured slower than the eager step on the CPUs "
+                      "tried (docs/results.md, Compiled decoding) and compiles for tens of seconds first; it "
+                      "pays on a GPU (--device cuda); leave --compile out on a CPU", stacklevel=3)
 
 
 class Prefixed(torch.nn.Module):
