@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,8 @@ def test_decode_speed_checks_that_two_threads_are_not_slower_than_one():
 def test_serve_models_quick(tmp_path):
     """benchmarks/serve_models.py: one model, then two, behind qkv serve --engine ctranslate2."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 not installed: pip install -c constraints.txt -e '.[export]'")
-    model = Path(__file__).resolve().parent / "fixtures" / "default-task"
+    model = tmp_path / "model"  # a copy: the conversion is cached beside the checkpoint
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "default-task", model)
     src = tmp_path / "src.txt"
     src.write_text("seven\nforty-two\nthree hundred twelve\n", encoding="utf-8")
     out = tmp_path / "serve.json"
