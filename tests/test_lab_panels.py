@@ -314,7 +314,8 @@ def test_a_second_measurement_while_one_runs_gets_409(client):
 
 def test_fragment_has_one_closed_section_per_panel_and_no_outside_host():
     html = panels.fragment()
-    assert re.findall(r'<section[^>]*\bid="panel-([a-z]+)"', html) == ["attention", "positions", "masks", "cost"]
+    assert re.findall(r'<section[^>]*\bid="panel-([a-z]+)"', html) == [
+        "attention", "positions", "masks", "steps", "model", "gates", "gradients", "schedule", "smoothing", "cost"]
     for section in re.findall(r"<section.*?</section>", html, flags=re.S):
         assert len(re.findall(r"<details\b([^>]*)>", section)) == 1
         assert "open" not in re.search(r"<details\b([^>]*)>", section)[1]  # closed until the learner opens it
@@ -325,13 +326,22 @@ def test_fragment_has_one_closed_section_per_panel_and_no_outside_host():
     assert selectors and all(s.startswith(".panels") for s in selectors), selectors
 
 
-def test_fragment_fetches_only_registered_routes():
+def test_fragment_fetches_only_registered_routes(tmp_path):
     pytest.importorskip("fastapi")
     from fastapi import FastAPI
+
+    from qkv.lab.app import create_app
+    from qkv.lab.runs import Lab
 
     app = FastAPI()
     panels.register(app)
     routes = set(app.openapi()["paths"])
     fetched = {"/api/panels/" + p for p in re.findall(r'get\("([a-z/]+)"', panels.fragment())}
-    names = ("attention", "positions", "masks", "cost", "cost/measure")
+    names = ("attention", "positions", "masks", "cost", "cost/measure", "schedule", "smoothing")
     assert fetched == routes == {"/api/panels/" + p for p in names}
+    # the run panels: POST /api/runs/NAME/WHAT of the lab's app, and its list of runs
+    lab_routes = create_app(Lab(tmp_path / "runs"), panels=None).openapi()["paths"]
+    posted = set(re.findall(r'post\(\w+, "([a-z]+)"', panels.fragment()))
+    assert posted == {"steps", "inside", "gates", "gradients"}
+    assert all("post" in lab_routes[f"/api/runs/{{name}}/{p}"] for p in posted)
+    assert '"/api/runs"' in panels.fragment() and "get" in lab_routes["/api/runs"]
