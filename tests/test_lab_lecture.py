@@ -401,47 +401,62 @@ def test_gradient_norms_of_a_hand_solved_linear_recurrence():
     assert loss == pytest.approx(h.sum().item(), rel=1e-5)
 
 
+def shifted_loss(model, src, tgt, tgt_out, keep, shift):
+    """torch's cross-entropy of the model's forward pass with ``shift (S, d)`` added to the source's
+    embedding output (a forward hook, written here)."""
+    def hook(module, args, output):
+        if args[0].size(1) == len(src) and torch.equal(args[0][0], torch.tensor(src)):
+            return output + shift[None].to(output.dtype)
+        return output
+    handle = model.src_embed.register_forward_hook(hook)
+    try:
+        logits = model(torch.tensor([src]), torch.tensor([tgt]))[0]
+    finally:
+        handle.remove()
+    return F.cross_entropy(logits[keep], torch.tensor(tgt_out)[keep], reduction="sum")
+
+
 @pytest.mark.parametrize("which", ["transformer", "lstm"])
-@pytest.mark.parametrize("scope", ["all", "last"])
-def test_input_gradients_match_finite_differences(which, scope, request):
-    """Along the gradient g_t, the loss (torch's cross-entropy, written here) changes by ‖g_t‖ per unit
-    step of x_t: a central difference in float64 with x_t moved inside the model's embedding output."""
+@pytest.mark.parametrize("scope", ["all", "last", "first"])
+def test_input_gradients_are_those_of_the_cross_entropy(which, scope, request):
+    """‖∂loss/∂x_t‖ against the gradient of torch's cross-entropy with respect to a shift of the
+    embedding output, by backward() on a leaf of the test's own."""
     fr = request.getfixturevalue(which)
     target = "blue cat"
     got = lecture.input_gradients(fr, TEXT, target=target, scope=scope)
-    model = fr.model
+    model = fr.model.eval()
     src, tgt = ids(fr, TEXT, target)
     tgt_out = tgt[1:] + [3]
-    keep = list(range(len(tgt_out))) if scope == "all" else [len(tgt_out) - 1]
+    keep = {"all": list(range(len(tgt_out))), "last": [len(tgt_out) - 1], "first": [0]}[scope]
+    shift = torch.zeros(len(src), model.cfg.d_model, requires_grad=True)
+    loss = shifted_loss(model, src, tgt, tgt_out, keep, shift)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    assert got["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert got["norms"] == pytest.approx(shift.grad.norm(dim=-1).tolist(), rel=1e-4, abs=1e-8)
+    assert got["tokens"] == [fr.tokenizers.src.id_to_piece(i) for i in src] and got["scope"] == scope
+
+
+def test_input_gradient_matches_finite_differences(transformer):
+    """One position's gradient, component by component, by central differences of the float64 model."""
+    target, pos = "blue cat", 2
+    got = lecture.input_gradients(transformer, TEXT, target=target)
+    model = transformer.model
+    src, tgt = ids(transformer, TEXT, target)
+    tgt_out = tgt[1:] + [3]
+    keep = list(range(len(tgt_out)))
     model.double()
     try:
-        def loss_with(pos, delta):
-            def shift(module, args, output):
-                if args[0].size(1) == len(src) and torch.equal(args[0][0], torch.tensor(src)):
-                    output = output.clone()
-                    output[0, pos] += delta
-                return output
-            handle = model.src_embed.register_forward_hook(shift)
-            try:
-                with torch.no_grad():
-                    logits = model(torch.tensor([src]), torch.tensor([tgt]))[0]
-            finally:
-                handle.remove()
-            return F.cross_entropy(logits[keep], torch.tensor(tgt_out)[keep], reduction="sum").item()
-
-        assert got["loss"] == pytest.approx(loss_with(0, 0.0), rel=1e-4)
-        if True:  # each component of g_t by a central difference along the unit vector e_j
-            for pos in range(len(src)):
-                eps = 1e-4
-                grad = torch.zeros(model.cfg.d_model, dtype=torch.float64)
-                for j in range(model.cfg.d_model):
-                    e = torch.zeros(model.cfg.d_model, dtype=torch.float64)
-                    e[j] = eps
-                    grad[j] = (loss_with(pos, e) - loss_with(pos, -e)) / (2 * eps)
-                assert got["norms"][pos] == pytest.approx(grad.norm().item(), rel=2e-3, abs=1e-7)
+        grad, eps = torch.zeros(model.cfg.d_model, dtype=torch.float64), 1e-5
+        with torch.no_grad():
+            for j in range(model.cfg.d_model):
+                e = torch.zeros(len(src), model.cfg.d_model, dtype=torch.float64)
+                e[pos, j] = eps
+                grad[j] = (shifted_loss(model, src, tgt, tgt_out, keep, e) -
+                           shifted_loss(model, src, tgt, tgt_out, keep, -e)).item() / (2 * eps)
     finally:
         model.float()
-    assert got["tokens"] == [fr.tokenizers.src.id_to_piece(i) for i in src] and got["scope"] == scope
+    assert got["norms"][pos] == pytest.approx(grad.norm().item(), rel=1e-3)
 
 
 def test_gradients_refuse_a_bad_scope(transformer):
