@@ -34,7 +34,6 @@ class Tour:
     page: object
     transformer: str = "transformer-reverse"  # a Transformer run with a checkpoint
     rnn: str = "lstm-attention-reverse"  # an LSTM run with a checkpoint
-    train_seconds: int = 0  # a run's time limit (the tour's runs in the script; 0: the lab's)
     started: list[str] = field(default_factory=list)
 
 
@@ -45,8 +44,6 @@ def start(t: Tour, name: str, preset: str, model: dict | None = None) -> None:
     page.select_option("#preset", preset)
     page.fill("#run-name", name)
     fields = dict(model or {})
-    if t.train_seconds:
-        fields["max_time"] = t.train_seconds
     if fields:
         page.click("#by-hand summary")
         for key, value in fields.items():
@@ -87,7 +84,15 @@ def panel(t: Tour, name: str, **controls) -> object:
         go = page.locator(f"{sec} [data-go]")
         if go.count():
             go.click()
-    page.wait_for_function(f"{seq} > {before} && document.querySelector('{sec} .out').dataset.state !== 'loading'")
+    drawn = f"{seq} > {before} && document.querySelector('{sec} .out').dataset.state !== 'loading'"
+    for attempt in range(3):  # a lost event on a loaded machine: ask again with the panel's button
+        try:
+            page.wait_for_function(drawn, timeout=30_000)
+            break
+        except Exception:
+            if attempt == 2 or not page.locator(f"{sec} [data-go]").count():
+                raise
+            page.click(f"{sec} [data-go]")
     out = page.locator(f"{sec} .out")
     assert out.get_attribute("data-state") == "done", out.inner_text()
     return page.locator(sec)
@@ -171,8 +176,8 @@ STEPS: list[tuple[str, Callable[[Tour], object]]] = [
 
 def shoot(page, element, path: Path, max_height: int = 900) -> Path:
     """A screenshot of ``element`` (its top ``max_height`` pixels), as a small palette PNG."""
-    element.scroll_into_view_if_needed()
-    box = element.bounding_box()
+    box = element.evaluate("e => { const r = e.getBoundingClientRect(); "
+                           "return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height}; }")
     page.screenshot(path=str(path), clip={"x": box["x"], "y": box["y"], "width": box["width"],
                                           "height": min(box["height"], max_height)}, full_page=True)
     from PIL import Image
@@ -210,7 +215,7 @@ def main(argv=None) -> int:
             page.set_default_timeout(120_000)
             page.goto(server.url + "/")
             page.wait_for_selector("#task option", state="attached")
-            t = Tour(page, train_seconds=args.train_seconds)
+            t = Tour(page)  # each run trains for at most --train-seconds: the lab's --max-time
             for name, preset, model in (("lstm-reverse", "lstm", None),
                                         ("lstm-attention-reverse", "lstm+attention", None),
                                         ("transformer-reverse", "transformer", None)):
@@ -224,12 +229,17 @@ def main(argv=None) -> int:
             page.reload()
             page.wait_for_selector("#task option", state="attached")
             t.started.clear()
-            t.train_seconds = 0
             for i, (name, step) in enumerate(STEPS, 1):
                 if step in (rnn, rnn_attention, transformer):  # the runs exist: show them instead of starting
                     element = shown_run_step(t, step)
                 else:
-                    element = step(t)
+                    try:
+                        element = step(t)
+                    except Exception:
+                        print(f"step {name} failed; the page's panels:", page.evaluate(
+                            "[...document.querySelectorAll('.panels .out')].map(o => [o.closest('section').id, "
+                            "o.dataset.state, o.dataset.seq])"), file=sys.stderr)
+                        raise
                 path = shoot(page, element, out / f"{i:02d}-{name}.png")
                 print(f"{path} {path.stat().st_size // 1024} KB", flush=True)
             browser.close()
