@@ -142,7 +142,9 @@ def masks(t: Tour):
 
 
 def steps(t: Tour):
-    return panel(t, "steps", run=t.transformer, text=TEXT, kind="cross", layer=1, head=0, temperature=0.5)
+    """Cross-attention of the last layer step by step; the screenshot: scores to next token."""
+    sec = panel(t, "steps", run=t.transformer, text=TEXT, kind="cross", layer=1, head=0, temperature=0.5)
+    return sec.locator(".stage").nth(3), sec.locator(".stage").nth(5)
 
 
 def model_view(t: Tour):
@@ -174,12 +176,16 @@ STEPS: list[tuple[str, Callable[[Tour], object]]] = [
 ]
 
 
-def shoot(page, element, path: Path, max_height: int = 900) -> Path:
-    """A screenshot of ``element`` (its top ``max_height`` pixels), as a small palette PNG."""
-    box = element.evaluate("e => { const r = e.getBoundingClientRect(); "
-                           "return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height}; }")
-    page.screenshot(path=str(path), clip={"x": box["x"], "y": box["y"], "width": box["width"],
-                                          "height": min(box["height"], max_height)}, full_page=True)
+def shoot(page, element, path: Path, max_height: int = 1000) -> Path:
+    """A screenshot of ``element`` (or of a pair: from the first's top to the second's bottom), its top
+    ``max_height`` pixels, as a small palette PNG."""
+    first, last = element if isinstance(element, tuple) else (element, element)
+    where = ("e => { const r = e.getBoundingClientRect(); "
+             "return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, bottom: r.bottom + scrollY}; }")
+    top, bottom = first.evaluate(where), last.evaluate(where)
+    height = min(bottom["bottom"] - top["y"], max_height)
+    page.screenshot(path=str(path), clip={"x": top["x"], "y": top["y"], "width": top["width"], "height": height},
+                    full_page=True)
     from PIL import Image
 
     with Image.open(path) as img:
