@@ -645,7 +645,7 @@ def test_hf_refuses_learned_positions_by_name():
 
     cfg = ModelConfig(positional="learned", src_vocab_size=10, tgt_vocab_size=10)
     src = Source(Path("runs/x/best"), cfg, None, None, {}, {}, None, "0")
-    with pytest.raises(QkvError, match="learned positional embeddings"):
+    with pytest.raises(QkvError, match="positional = .learned., not sinusoidal"):
         hf.check(src)
 
 

@@ -37,6 +37,7 @@ RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq
 ARCHS = ("transformer",) + RNN_ARCHS
 ATTENTION_SCORES = ("none", "dot", "scaled_dot", "general", "additive", "cosine", "location")
 SCHEDULES = ("noam", "constant", "inverse_sqrt")
+POSITIONALS = ("sinusoidal", "learned", "none")  # none: no positions at all (a bag of tokens to attention)
 DEFAULT_LR = 1e-3  # the rate of the constant and inverse_sqrt schedules when TrainConfig.lr = 0
 # Bounds beyond which torch fails outright: a position table of 10**9 rows exhausts memory; thousands
 # of OpenMP threads fail to start (about 31,000 segfaulted a 2-core machine, at its memory-map limit).
@@ -103,7 +104,7 @@ class ModelConfig:
     n_heads: int = setting(8, 'attention heads h (d_k = d_v = d_model / h)', bound=whole(1, MAX_LAYERS))
     d_ff: int = setting(2048, 'inner width of the position-wise FFN', bound=whole(1, 16 * MAX_WIDTH))
     attention_dropout: float = setting(0.1, 'dropout on attention weights', bound=real(0, 1))
-    positional: str = setting("sinusoidal", 'sinusoidal | learned')
+    positional: str = setting("sinusoidal", 'sinusoidal | learned | none (no positions: order is invisible to attention)')
     max_positions: int = setting(
         1024,
         'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
@@ -183,7 +184,7 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             v = getattr(self, name)
             _check(0.0 <= v < 1.0, name, f"must be in [0, 1), got {v}")
-        _check(self.positional in ("sinusoidal", "learned"), "positional", "must be 'sinusoidal' or 'learned'")
+        _check(self.positional in POSITIONALS, "positional", f"must be one of {', '.join(POSITIONALS)}, got {self.positional!r}")
         _check(self.src_vocab_size >= 0 and self.tgt_vocab_size >= 0, "src_vocab_size", "must be >= 0")
         if self.share_embeddings and self.src_vocab_size and self.tgt_vocab_size:
             _check(

@@ -141,6 +141,8 @@ def _layer_norm(spec, src: Source, name: str) -> None:
 def _positions(src: Source, learned_name: str) -> np.ndarray:
     if src.model.positional == "learned":
         return _np(src.w(learned_name))
+    if src.model.positional == "none":  # a table of zeros: the same sums as no positions
+        return np.zeros((max(POSITIONS, src.model.max_positions), src.model.d_model), dtype=np.float32)
     return _np(sinusoidal_table(max(POSITIONS, src.model.max_positions), src.model.d_model))
 
 

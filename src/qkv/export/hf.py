@@ -61,9 +61,9 @@ def check(src: Source) -> None:
         raise QkvError(f"{src.path} is a pre-norm model (norm_first = true): MarianMTModel's layers are post-norm only, "
                        "so --format hf cannot represent it; use --format ctranslate2, which converts pre-norm models")
     if cfg.positional != "sinusoidal":
-        raise QkvError(f"{src.path} has learned positional embeddings (positional = {cfg.positional!r}): MarianMTModel "
-                       "recomputes static sinusoidal positions and keeps no learned table, so --format hf cannot "
-                       "represent it; use --format ctranslate2, which converts learned positions")
+        raise QkvError(f"{src.path} has positional = {cfg.positional!r}, not sinusoidal: MarianMTModel always adds "
+                       "its static sinusoidal positions and keeps no table of its own, so --format hf cannot "
+                       "represent it; use --format ctranslate2, which converts learned positions and none")
 
 
 def marian_order(d_model: int) -> torch.Tensor:

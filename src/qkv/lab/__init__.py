@@ -10,6 +10,7 @@ part                       what it holds
 ``panels``                 the lecture panels' numbers (attention, positions, masks, cost, schedule, ...)
 ``app.create_app``         the FastAPI application: the API under ``/api``, the page (``page.html``)
 ``server.lab``             the command: the app on 127.0.0.1 until interrupted; the runs stop with it
+``child``                  how a run is started: ``qkv ARGS`` that stops when the lab's process ends
 =========================  ======================================================================
 
 The lab is a front-end of training, not a second trainer: it starts ``qkv train`` and reads what it

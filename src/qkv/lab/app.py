@@ -1,16 +1,18 @@
 """The web application of ``qkv lab`` (FastAPI): the page, and the API it calls.
 
     GET  /                          the page (page.html, with the concept panels inlined at <!-- PANELS -->)
-    GET  /api/lab                   the tasks, the architecture presets, the fields set by hand, the bounds
+    GET  /api/lab                   the tasks, the architecture presets, the fields set by hand, their legal
+                                    values (choices) and bounds
     GET  /api/runs                  every run: its settings and status
     POST /api/runs                  start a run: {"name", "task", "preset", "model": {...}, "train": {...}}
     POST /api/runs/NAME/stop        stop it (SIGTERM: last/ is committed, then the process exits)
     GET  /api/runs/NAME/metrics     its metrics.jsonl records from ?since=N on, and the next N
-    POST /api/runs/NAME/inside      {"text"}: the newest checkpoint's output, attention, hidden-state norms
+    POST /api/runs/NAME/inside      {"text"}: the newest checkpoint's step, output, attention, hidden-state norms
     POST /api/runs/NAME/steps       one attention computation step by step (qkv.lab.lecture), and /gates, /gradients
     GET  /api/panels/...            the concept panels (qkv.lab.panels)
 
-The Host-header check and the body bound are ``qkv serve``'s; every error is JSON ``{"error": message}``.
+The Host-header check and the body bound are ``qkv serve``'s; every error is JSON ``{"error": message}``
+(a fault of the lab's own too: 500).
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from qkv import __version__
+from qkv.config import TrainConfig
 from qkv.errors import QkvError
 from qkv.lab import lecture
 from qkv.lab.inside import Checkpoints
-from qkv.lab.runs import MODEL_FIELDS, PRESETS, TRAIN, TRAIN_FIELDS, Lab, LabError
+from qkv.lab.runs import (CHOICES, MAX_PARAMETERS, MODEL_FIELDS, PRESETS, SIZE_BOUNDS, SOLVED, TRAIN, TRAIN_FIELDS, Lab,
+                          LabError)
 from qkv.serve.app import BodyLimit, HostCheck, error, validation_message
 
 MARKER = "<!-- PANELS -->"
@@ -46,6 +50,7 @@ class StartRequest(BaseModel):
     model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields over the preset's")
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields over the preset's")
     threads: int | None = Field(None, ge=1, description="torch threads of the run (at most --run-threads)")
+    stop_when_solved: bool = Field(True, description="stop the run at its first validation exact match >= 99%")
 
 
 class InsideRequest(BaseModel):
@@ -105,6 +110,10 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     async def refused(request, e: QkvError):
         return error(getattr(e, "status", 422), str(e))
 
+    @app.exception_handler(Exception)
+    async def broken(request, e: Exception):  # a fault of the lab's own: JSON too, never a plain-text page
+        return error(500, f"the lab failed: {type(e).__name__}: {e}")
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
         return HTMLResponse(page_html(fragment))
@@ -117,7 +126,10 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     async def about():
         return {"tasks": [t.describe() for t in lab.tasks.values()],
                 "presets": {name: {"model": m, "train": {**TRAIN, **t}} for name, (m, t) in PRESETS.items()},
-                "model_fields": MODEL_FIELDS, "train_fields": TRAIN_FIELDS,
+                "model_fields": MODEL_FIELDS, "train_fields": TRAIN_FIELDS, "choices": CHOICES,
+                "bounds": {name: {"low": b.low, "high": b.high, "text": b.text()} for name, b in SIZE_BOUNDS.items()},
+                "max_parameters": MAX_PARAMETERS, "solved": SOLVED,
+                "train_defaults": {**{f: getattr(TrainConfig(), f) for f in TRAIN_FIELDS}, "max_time": limits.max_time},
                 "limits": {"max_runs": limits.max_runs, "run_threads": limits.run_threads,
                            "max_time": limits.max_time, "max_chars": limits.max_chars},
                 "root": str(lab.root)}
@@ -128,7 +140,8 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
 
     @app.post("/api/runs", status_code=201, summary="start a run (qkv train in a child process)")
     async def start(req: StartRequest):
-        return await run_in_threadpool(lab.start, req.name, req.task, req.preset, req.model, req.train, req.threads)
+        return await run_in_threadpool(lab.start, req.name, req.task, req.preset, req.model, req.train, req.threads,
+                                       req.stop_when_solved)
 
     @app.post("/api/runs/{name}/stop", summary="stop a run: it saves last/ and exits")
     async def stop(name: str):
@@ -146,7 +159,8 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
         run_dir = lab.run_dir(name)
         if len(req.text) > limits.max_chars:
             raise LabError(413, f"the text has {len(req.text)} characters; this lab takes at most {limits.max_chars}")
-        return {"run": name, **await run_in_threadpool(checkpoints.look, run_dir, req.text)}
+        step = await run_in_threadpool(lab.checkpoint_step, name)  # last/'s update, as the look starts
+        return {"run": name, "step": step, **await run_in_threadpool(checkpoints.look, run_dir, req.text)}
 
     add_panels(app)
     lecture.register(app, lab, checkpoints)  # /api/runs/NAME/steps, /gates, /gradients

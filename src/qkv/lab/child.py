@@ -1,32 +1,50 @@
-"""How the lab runs ``qkv train``: ``python -m qkv.lab.child PARENT_PID ARGS...`` is ``qkv ARGS...``
-that ends (SIGTERM: it saves ``last/`` first) when the lab's process ends, however it ends (Linux;
-elsewhere the lab's own shutdown stops its runs)."""
+"""How the lab runs ``qkv train``: ``python -m qkv.lab.child FD ARGS...`` is ``qkv ARGS...`` that stops
+when the lab's process ends, however it ends.
+
+``FD`` is the read end of the lab's lifeline, a pipe whose write end the lab's process alone holds
+(:class:`qkv.lab.runs.Lab`). Nothing is ever written to it: a read returns only when the write end is
+closed, which the kernel does when the lab's process ends (Ctrl-C, SIGTERM, a crash, kill -9). The
+run then gets SIGTERM, so the trainer commits ``last/`` at its next update and exits; a run that has
+not exited ``GRACE`` seconds later (stuck before its first update) exits at once.
+
+A pipe, not Linux's PR_SET_PDEATHSIG: that signal follows the *thread* that spawned the child, and the
+lab's threads come and go (a thread pool retires its idle workers), which ended runs nobody stopped.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
+import time
+
+GRACE = 60.0  # seconds from the SIGTERM to a forced exit
 
 
-def die_with_parent(parent: int) -> None:
-    """Ask the kernel for SIGTERM when the parent process ends (Linux's PR_SET_PDEATHSIG); a parent
-    already gone before the request counts as ended."""
-    if sys.platform == "linux":
+def die_with_lab(fd: int, grace: float = GRACE) -> threading.Thread:
+    """Watch the lifeline ``fd`` in a daemon thread: at its end of file, SIGTERM this process, and
+    after ``grace`` seconds more exit outright."""
+
+    def watch() -> None:
         try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
+            while os.read(fd, 4096):  # nothing is written; b"" is the end: the lab's process is gone
+                pass
+        except OSError:
             pass
-    if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="lab-lifeline", daemon=True)
+    thread.start()
+    return thread
 
 
 def main() -> None:
     import runpy
 
-    die_with_parent(int(sys.argv[1]))
+    die_with_lab(int(sys.argv[1]))
     sys.argv = ["qkv", *sys.argv[2:]]
     runpy.run_module("qkv", run_name="__main__", alter_sys=True)  # as python -m qkv ARGS...
 

@@ -15,11 +15,14 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkv.config import ModelConfig, TrainConfig, override
+from qkv.bounds import whole
+from qkv.config import ARCHS, ATTENTION_SCORES, POSITIONALS, SCHEDULES, ModelConfig, TrainConfig, override
 from qkv.data import synthetic, toy
 from qkv.errors import ConfigError, QkvError
 from qkv.serve.limits import Limits, bound
@@ -29,7 +32,7 @@ from qkv.serve.limits import Limits, bound
 class LabLimits(Limits):
     """The bounds of ``qkv serve`` (request size, Host header, timeouts) and those of the lab's runs."""
 
-    max_runs: int = bound(2, "runs training at once (another start is refused until one ends)", high=64)
+    max_runs: int = bound(3, "runs training at once (another start is refused until one ends)", high=64)
     run_threads: int = bound(1, "torch threads of each run", high=1024)
     max_time: float = bound(600.0, "seconds of training a run may take at most (its --max-time)", high=7 * 86400)
 
@@ -54,9 +57,28 @@ class Task:
     tokenizer: str = "char"  # one symbol one token
     vocab_size: int = 64
     files: tuple[str, str, str, str] | None = None  # given on the command line: src/tgt train, src/tgt valid
+    kind: str = "translate"  # qkv's task (ModelConfig.task): translate (encoder-decoder), classify, mlm
+    # (encoder-only), lm (decoder-only)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The validation scores that mean something here besides the loss: BLEU only on your own
+        sentences (the generated tasks' outputs are one word each, where BLEU's 4-grams of words find
+        nothing: it stays 0); a classifier's accuracy; a language model's perplexity."""
+        if self.kind == "classify":
+            return ("valid_accuracy",)
+        if self.kind in ("mlm", "lm"):
+            return ("valid_ppl",)
+        return ("valid_exact", "valid_bleu") if self.files else ("valid_exact",)
+
+    @property
+    def solved_by(self) -> str | None:
+        """The score whose 99% is "solved": exact match, or a classifier's accuracy; None for a language model."""
+        return {"translate": "valid_exact", "classify": "valid_accuracy"}.get(self.kind)
 
     def describe(self) -> dict:
-        return {"name": self.name, "title": self.title, "example": self.example}
+        return {"name": self.name, "title": self.title, "example": self.example, "kind": self.kind,
+                "metrics": list(self.metrics), "solved_by": self.solved_by}
 
 
 TASKS = {t.name: t for t in (
@@ -67,14 +89,25 @@ TASKS = {t.name: t for t in (
                        f"task)", "abcdefghijabcdefghija"),
     Task("numbers", "number words: English -> German (the embedded default task)", "three hundred twenty-one",
          tokenizer="bpe", vocab_size=300),
+    Task("long_range_label", "encoder-only: 21 letters -> the one 16 places before the last, as a class label "
+                             "(qkv train --task classify)", "abcdefghijabcdefghija", kind="classify"),
+    Task("mirror_mlm", "encoder-only: masked letters of 'abcd dcba', a string and its reversal; a masked "
+                       "letter is the one mirrored across the middle (qkv train --task mlm)", "abcd dcba", kind="mlm"),
+    Task("mirror_lm", "decoder-only: next letter of 'abcd dcba'; after the space each letter is the one "
+                      "mirrored before it (qkv train --task lm)", "abcd dcba", kind="lm"),
 )}
 
 
 def pairs_of(task: str) -> dict[str, list[tuple[str, str]]]:
-    """The training and validation pairs of a built-in task."""
+    """The training and validation pairs of a built-in task: (source, target), (text, label), or for a
+    language model and a masked one (text, "")."""
     if task == "numbers":
         splits = toy.default_splits()
         return {"train": splits["train"], "valid": splits["valid"]}
+    if task == "long_range_label":
+        return synthetic.splits("long_range")  # (the letters, the letter 16 places before the last)
+    if task in ("mirror_mlm", "mirror_lm"):
+        return {k: [(f"{s} {t}", "") for s, t in pairs] for k, pairs in synthetic.splits("reverse").items()}
     return synthetic.splits(task)
 
 
@@ -101,7 +134,8 @@ TRAIN = dict(max_len=64, max_tokens=1024, label_smoothing=0.0, eval_every=100, e
 RECURRENT = dict(d_model=128, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, bidirectional=True)
 PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainConfig fields)
     "transformer": (dict(arch="transformer", d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
-                         dropout=0.0, attention_dropout=0.0, positional="sinusoidal", max_positions=256),
+                         dropout=0.0, attention_dropout=0.0, positional="sinusoidal", max_positions=256,
+                         norm_first=False),
                     dict(lr=2e-3)),
     "lstm+attention": (dict(arch="lstm", attention="additive", **RECURRENT), dict(lr=3e-3)),
     "lstm": (dict(arch="lstm", attention="none", **RECURRENT), dict(lr=3e-3)),
@@ -112,13 +146,24 @@ PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainC
 }
 # the fields the page may set by hand, over the preset's
 MODEL_FIELDS = ("arch", "attention", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
-                "positional", "dropout", "bidirectional")
-TRAIN_FIELDS = ("schedule", "lr", "warmup_steps", "max_steps", "max_time", "seed", "eval_every")
+                "positional", "norm_first", "dropout", "bidirectional")
+TRAIN_FIELDS = ("schedule", "lr", "lr_scale", "warmup_steps", "max_steps", "max_time", "seed", "eval_every")
+# the fields chosen from a list: qkv's own lists of legal values (norm_first: post-norm, the paper's, or pre-norm)
+CHOICES: dict[str, tuple] = {"arch": ARCHS, "attention": ATTENTION_SCORES, "positional": POSITIONALS,
+                             "schedule": SCHEDULES, "norm_first": (False, True)}
+# The lab's bounds on a model's size, tighter than qkv's own (qkv.bounds): a run must fit beside the lab on
+# a laptop. d_model = 10**9 passes qkv's checks only to die allocating tens of GB in the child.
+SIZE_BOUNDS = {"d_model": whole(2, 1024), "n_heads": whole(1, 16), "d_ff": whole(1, 4096),
+               "n_encoder_layers": whole(1, 8), "n_decoder_layers": whole(1, 8)}
+MAX_PARAMETERS = 20_000_000  # about 320 MB with Adam's two moments, in float32
+SOLVED = 0.99  # validation exact match at which a run that stops once solved stops
 
 
-def settings(preset: str, model: dict | None = None, train: dict | None = None) -> tuple[dict, dict]:
-    """The model and training fields of a run: ``preset``'s, then those set by hand, checked by the
-    configs' own validation (a ConfigError names the field)."""
+def settings(preset: str, model: dict | None = None, train: dict | None = None,
+             kind: str = "translate") -> tuple[dict, dict]:
+    """The model and training fields of a run of a ``kind`` of task (translate, classify, mlm, lm):
+    ``preset``'s, then those set by hand, checked by the configs' own validation (a ConfigError names
+    the field)."""
     if preset not in PRESETS:
         raise ConfigError(f"preset: unknown {preset!r}; choose one of {', '.join(PRESETS)}")
     model, train = dict(model or {}), dict(train or {})
@@ -127,9 +172,39 @@ def settings(preset: str, model: dict | None = None, train: dict | None = None) 
         if wrong:
             raise ConfigError(f"{what}: {', '.join(wrong)} cannot be set here; the lab sets {', '.join(allowed)}")
     m, t = {**PRESETS[preset][0], **model}, {**TRAIN, **PRESETS[preset][1], **train}
-    override(ModelConfig(), m, "model").validate()
-    override(TrainConfig(), t, "train").validate()
+    if kind != "translate":
+        m["task"] = kind
+        if kind == "classify" and m.get("arch", "transformer") != "transformer":
+            m["pooling"] = "mean"  # a recurrent classifier has no <cls> state: the mean over the positions
+    if t.get("schedule") == "noam" and "lr" not in train:
+        t["lr"] = 0.0  # noam sets its own rate (d_model^-0.5 ... times lr_scale): not the preset's lr
+    mc = override(ModelConfig(), m, "model")
+    tc = override(TrainConfig(), t, "train")
+    # the values as the configs read them ("64" -> 64, 1e9 -> 1000000000): what the run gets
+    m = {k: getattr(mc, k) for k in m}
+    t = {k: getattr(tc, k) for k in t}
+    for name, bound in SIZE_BOUNDS.items():
+        value = getattr(mc, name)
+        if bound.problem(value):
+            raise ConfigError(f"model.{name}: this lab takes {bound.text()} (so that a run fits this machine), "
+                              f"got {value:,}")
+    mc.validate()
+    tc.validate()
     return m, t
+
+
+def parameters(model: dict, vocab_size: int, n_classes: int = 0) -> int:
+    """The parameters of the model of ``model``'s fields with a vocabulary of ``vocab_size`` (and a
+    classifier's ``n_classes``), counted on the meta device: nothing is allocated."""
+    import torch
+
+    from qkv.info import parameter_breakdown
+    from qkv.models import build_model
+
+    cfg = dataclasses.replace(override(ModelConfig(), model, "model"), src_vocab_size=vocab_size,
+                              tgt_vocab_size=vocab_size, n_classes=n_classes)
+    with torch.device("meta"):
+        return parameter_breakdown(build_model(cfg))["total"]
 
 
 def flags(fields: dict) -> list[str]:
@@ -143,6 +218,19 @@ def flags(fields: dict) -> list[str]:
 
 # --- the runs ----------------------------------------------------------------------------------------
 
+def write_whole(folder: Path, path: str, lines: list[str]) -> None:
+    """``lines`` to ``path`` through a temporary file of its own in ``folder`` (another start, or another
+    lab on the same root, may be writing the same file), renamed into place: never half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=Path(path).name + ".", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
 
@@ -155,12 +243,25 @@ class Lab:
         self.tasks = {**TASKS, **({"files": files} if files else {})}
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping: set[str] = set()
+        # one lock around "is there room, is the name free" and the spawn: concurrent starts cannot
+        # both pass the check, nor write the same data files
+        self.lock = threading.Lock()
+        # the lifeline: every run holds the read end of this pipe; the lab alone holds the write end,
+        # which the kernel closes when the lab's process ends however it ends (kill -9 included), and
+        # the run then stops (qkv.lab.child). No thread of the lab owns it, so none can end a run.
+        self._lifeline: tuple[int, int] | None = None
+        self.to_solve: dict[str, str] = {}  # runs to stop at their first validation score >= SOLVED: the score
+        self.solved: set[str] = set()  # runs so stopped
+        self._watcher: threading.Thread | None = None
+        self._steps: dict[str, tuple[int, int]] = {}  # run -> (trainer_state.pt's mtime, its step)
 
     # --- data --------------------------------------------------------------------------------------
 
     def data(self, task: Task) -> list[str]:
         """``qkv train``'s data flags for ``task``: its files, written once under ``root/.data``."""
         folder = self.root / ".data" / task.name
+        if task.kind != "translate":
+            return self._one_sided(task, folder)
         names = ["src.train", "tgt.train", "src.valid", "tgt.valid"]
         if task.files and task.files[2]:
             paths = list(task.files)
@@ -172,11 +273,24 @@ class Lab:
                 for n, path in zip(names, paths):
                     side, split = n.split(".")
                     lines = [s if side == "src" else t for s, t in splits[split]]
-                    tmp = Path(path + ".tmp")
-                    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-                    os.replace(tmp, path)
+                    # a temporary file of its own (another lab may share the root), renamed into place
+                    write_whole(folder, path, lines)
         return [x for flag, p in zip(("--src-train", "--tgt-train", "--src-valid", "--tgt-valid"), paths)
                 for x in (flag, p)]
+
+    def _one_sided(self, task: Task, folder: Path) -> list[str]:
+        """An encoder-only or decoder-only task's files: JSONL ``{"text", "label"}`` for a classifier,
+        one text a line for a (masked) language model."""
+        ext = "jsonl" if task.kind == "classify" else "txt"
+        paths = [str((folder / f"{split}.{ext}").absolute()) for split in ("train", "valid")]
+        if not all(Path(p).is_file() for p in paths):
+            splits = pairs_of(task.name)
+            folder.mkdir(parents=True, exist_ok=True)
+            for split, path in zip(("train", "valid"), paths):
+                lines = [json.dumps({"text": s, "label": t}) if task.kind == "classify" else s
+                         for s, t in splits[split]]
+                write_whole(folder, path, lines)
+        return ["--train", paths[0], "--valid", paths[1]]
 
     @staticmethod
     def _split_files(task: Task) -> dict[str, list[tuple[str, str]]]:
@@ -195,46 +309,97 @@ class Lab:
     def running(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is None]
 
+    def lifeline(self) -> int:
+        """The read end of the lab's lifeline pipe, which each run inherits (see ``__init__``)."""
+        if self._lifeline is None:
+            self._lifeline = os.pipe()  # neither end inheritable: a run gets the read end by pass_fds only
+        return self._lifeline[0]
+
+    def close(self) -> None:
+        """Close the lifeline: every run still holding it stops (SIGTERM)."""
+        if self._lifeline is not None:
+            for fd in self._lifeline:
+                os.close(fd)
+            self._lifeline = None
+
     def start(self, name: str, task: str, preset: str, model: dict | None = None, train: dict | None = None,
-              threads: int | None = None) -> dict:
-        """Start ``qkv train`` for a new run ``name``; what :meth:`describe` says of it."""
+              threads: int | None = None, stop_when_solved: bool = True) -> dict:
+        """Start ``qkv train`` for a new run ``name``; what :meth:`describe` says of it. Every field is
+        checked before the lab's room (a 429 means the request was valid). ``stop_when_solved``: the lab
+        stops the run at its first validation with an exact match of :data:`SOLVED` or more."""
         if not NAME.fullmatch(name or ""):
             raise LabError(422, f"name: {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 40, "
                                 f"not beginning with '.' or '-')")
         if task not in self.tasks:
             raise LabError(422, f"task: unknown {task!r}; this lab has {', '.join(self.tasks)}")
-        out = self.root / name
-        if out.exists():
-            raise LabError(409, f"a run named {name!r} exists already ({out}); choose another name")
-        if len(self.running()) >= self.limits.max_runs:
-            raise LabError(429, f"{self.limits.max_runs} runs are training already (the lab's bound, --max-runs); "
-                                f"stop one or wait for one to end")
         threads = threads or self.limits.run_threads
         if not 1 <= threads <= self.limits.run_threads:
             raise LabError(422, f"threads must be in [1, {self.limits.run_threads}] (--run-threads), got {threads}")
+        spec = self.tasks[task]
         try:
-            m, t = settings(preset, model, train)
+            m, t = settings(preset, model, train, spec.kind)
         except ConfigError as e:
             raise LabError(422, str(e)) from None
         if t.get("max_time", 0) > self.limits.max_time:
             raise LabError(422, f"train.max_time {t['max_time']:g} is more than this lab allows (--max-time "
                                 f"{self.limits.max_time:g})")
         t["max_time"] = t.get("max_time") or self.limits.max_time
-        spec = self.tasks[task]
+        labels = len({label for _, label in pairs_of(task)["train"]}) if spec.kind == "classify" else 0
+        try:
+            n = parameters(m, spec.vocab_size, labels)
+        except ConfigError as e:  # no such model for the task (e.g. a recurrent masked LM)
+            raise LabError(422, str(e)) from None
+        if n > MAX_PARAMETERS:
+            raise LabError(422, f"model: {n:,} parameters; this lab trains at most {MAX_PARAMETERS:,} (so that a "
+                                f"run fits this machine): make d_model, d_ff or the layers smaller")
         t.update(tokenizer=spec.tokenizer, vocab_size=spec.vocab_size, threads=threads)
-        argv = [sys.executable, "-m", "qkv.lab.child", str(os.getpid()), "train", *self.data(spec), "--out", str(out),
-                "--preset", "tiny", *flags(m), *flags(t)]
-        out.mkdir(parents=True)
-        record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "started": time.time()}
-        (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "PYTHONUNBUFFERED": "1"}
-        src = str(Path(__file__).resolve().parents[2])  # this qkv, wherever the child's path would find another
-        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-        with open(out / "train.log", "wb") as log:
-            self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+        out = self.root / name
+        with self.lock:  # the check and the spawn as one: concurrent starts see each other
+            if out.exists():
+                raise LabError(409, f"a run named {name!r} exists already ({out}); choose another name")
+            if len(self.running()) >= self.limits.max_runs:
+                raise LabError(429, f"{self.limits.max_runs} runs are training already (the lab's bound, "
+                                    f"--max-runs); stop one or wait for one to end")
+            fd = self.lifeline()
+            argv = [sys.executable, "-m", "qkv.lab.child", str(fd), "train", *self.data(spec), "--out", str(out),
+                    "--preset", "tiny", *flags(m), *flags(t)]
+            out.mkdir(parents=True)
+            record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "parameters": n,
+                      "stop_when_solved": bool(stop_when_solved), "started": time.time()}
+            (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                   "PYTHONUNBUFFERED": "1"}
+            src = str(Path(__file__).resolve().parents[2])  # this qkv, wherever the child's path would find another
+            env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+            with open(out / "train.log", "wb") as log:
+                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                                    pass_fds=(fd,))
+            if stop_when_solved and spec.solved_by:
+                self.to_solve[name] = spec.solved_by
+                self._watch()
         return self.describe(name)
+
+    def _watch(self) -> None:
+        """The thread that stops runs once solved (one, started with the first run that asks for it)."""
+        if self._watcher is None or not self._watcher.is_alive():
+            self._watcher = threading.Thread(target=self._watch_loop, name="lab-solved", daemon=True)
+            self._watcher.start()
+
+    def _watch_loop(self, every: float = 0.5) -> None:
+        while True:
+            time.sleep(every)
+            for name, key in list(self.to_solve.items()):
+                proc = self.procs.get(name)
+                if proc is None or proc.poll() is not None:
+                    self.to_solve.pop(name, None)
+                    continue
+                scores = [r[key] for r in self.metrics(name)["records"] if key in r]
+                if scores and scores[-1] >= SOLVED:
+                    self.to_solve.pop(name, None)
+                    self.solved.add(name)
+                    self.stopping.add(name)
+                    proc.send_signal(signal.SIGTERM)
 
     def stop(self, name: str) -> dict:
         """Ask a training run to stop (SIGTERM: it commits ``last/`` at the next update and exits)."""
@@ -258,6 +423,7 @@ class Lab:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self.close()
 
     # --- reading back ----------------------------------------------------------------------------------
 
@@ -276,14 +442,16 @@ class Lab:
         return [p.name for p in sorted(found, key=lambda p: (p / "lab.json").stat().st_mtime)]
 
     def status(self, name: str) -> str:
-        """training | stopping | finished | stopped | failed (runs this lab started); saved | empty (runs an
-        earlier lab left)."""
+        """training | stopping | finished | solved | stopped | failed (runs this lab started); saved | empty
+        (runs an earlier lab left). solved: stopped by the lab at an exact match of SOLVED or more."""
         proc = self.procs.get(name)
         if proc is None:
             return "saved" if (self.root / name / "last").is_dir() else "empty"
         rc = proc.poll()
         if rc is None:
             return "stopping" if name in self.stopping else "training"
+        if name in self.solved:
+            return "solved"
         if rc == 0:
             return "finished"
         return "stopped" if name in self.stopping else "failed"
@@ -296,6 +464,26 @@ class Lab:
         if status == "failed":
             record["error"] = self.log_tail(name)
         return record
+
+    def checkpoint_step(self, name: str) -> int | None:
+        """The update at which the run's newest checkpoint (``last/``) was saved: a validation's, or the one
+        at which a stop committed it (read from its trainer state; None where it has none)."""
+        import torch
+
+        path = self.run_dir(name) / "last" / "trainer_state.pt"
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return None
+        cached = self._steps.get(name)
+        if cached and cached[0] == stamp:
+            return cached[1]
+        try:
+            step = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])  # tensors unread
+        except Exception:  # noqa: BLE001 - being replaced as we read, or unreadable: say nothing
+            return None
+        self._steps[name] = (stamp, step)
+        return step
 
     def log_tail(self, name: str, lines: int = 5) -> str:
         try:
@@ -326,5 +514,5 @@ def limits_from(args) -> LabLimits:
                         if hasattr(args, f.name)}).validate()
 
 
-__all__ = ["Lab", "LabLimits", "LabError", "Task", "TASKS", "PRESETS", "files_task", "settings", "flags",
-           "pairs_of"]
+__all__ = ["Lab", "LabLimits", "LabError", "Task", "TASKS", "PRESETS", "CHOICES", "SIZE_BOUNDS", "MAX_PARAMETERS",
+           "SOLVED", "files_task", "settings", "parameters", "flags", "pairs_of"]

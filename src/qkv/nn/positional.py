@@ -5,7 +5,9 @@
 
 "each dimension of the positional encoding corresponds to a sinusoid. The wavelengths form a
 geometric progression from 2π to 10000·2π." The paper also tried learned positional embeddings
-and found nearly identical results (Table 3, row E): ``LearnedPositionalEncoding``.
+and found nearly identical results (Table 3, row E): ``LearnedPositionalEncoding``. ``"none"``
+(``NoPositionalEncoding``) adds nothing: without positions self-attention cannot tell one order of
+its input from another (it is permutation-equivariant), the lesson of section 3.5.
 """
 
 from __future__ import annotations
@@ -60,7 +62,21 @@ class LearnedPositionalEncoding(nn.Module):
         return self.weight[offset:end][None]  # (1, T, d_model)
 
 
+class NoPositionalEncoding(nn.Module):
+    """No positions: zeros, so a Transformer sees its input as a bag of tokens."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows the model's device and dtype
+
+    def forward(self, length: int, offset: int = 0) -> torch.Tensor:
+        return self.anchor.new_zeros(1, length, self.d_model)
+
+
 def positional_encoding(kind: str, d_model: int, max_positions: int) -> nn.Module:
+    if kind == "none":
+        return NoPositionalEncoding(d_model, max_positions)
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_positions)
     if kind == "learned":
@@ -68,4 +84,5 @@ def positional_encoding(kind: str, d_model: int, max_positions: int) -> nn.Modul
     raise ValueError(f"unknown positional encoding {kind!r}")
 
 
-__all__ = ["sinusoidal_table", "SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "positional_encoding"]
+__all__ = ["sinusoidal_table", "SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "NoPositionalEncoding",
+           "positional_encoding"]

@@ -334,6 +334,7 @@ class Trainer:
     def record(self, entry: dict) -> None:
         if not self.dist.is_main:
             return
+        entry = {**entry, "time": round(time.time(), 3)}  # when (Unix seconds): curves against wall time
         try:
             with self.metrics_path.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(entry) + "\n")
@@ -342,7 +343,7 @@ class Trainer:
                            f"{self.out_dir} are as the last save left them)") from None
         if self.tensorboard is not None:  # the same scalars, at the same step
             for key, value in entry.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if key not in ("step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.tensorboard.add_scalar(key, value, entry.get("step", self.step))
             self.tensorboard.flush()
 
