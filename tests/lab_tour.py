@@ -35,6 +35,7 @@ class Tour:
     transformer: str = "transformer-reverse"  # a Transformer run with a checkpoint
     rnn: str = "lstm-attention-reverse"  # an LSTM run with a checkpoint
     started: list[str] = field(default_factory=list)
+    seen: dict = field(default_factory=dict)  # what the steps read off the page (the form's lists)
 
 
 def start(t: Tour, name: str, preset: str, model: dict | None = None) -> None:
@@ -127,13 +128,26 @@ def transformer(t: Tour):
     return page.locator("#inside-panel")
 
 
+def choices(t: Tour, preset: str, field: str) -> list[str]:
+    """The values the form offers for ``field`` of ``preset`` (set by hand)."""
+    page = t.page
+    page.select_option("#preset", preset)
+    page.click("#by-hand summary")
+    values = page.locator(f'#fields select[data-field="{field}"] option').evaluate_all("os => os.map(o => o.value)")
+    page.click("#by-hand summary")
+    return values
+
+
 def scores(t: Tour):
-    """Why scores are scaled: the scaled dot-product panel at d_k = 1024."""
+    """The attention scores the form offers an RNN, and why dot products are scaled: d_k = 1024."""
+    t.seen["scores"] = choices(t, "lstm+attention", "attention")
     return panel(t, "attention", d_k_log2=10)
 
 
 def positions(t: Tour):
-    """The positional encoding, and what a Transformer does without it."""
+    """A Transformer without positions beside one with them, and the positional encoding."""
+    t.seen["positional"] = choices(t, "transformer", "positional")
+    start(t, "transformer-no-positions", "transformer", {"positional": "none"})
     return panel(t, "positions", length=48, d_model=32)
 
 
@@ -224,7 +238,8 @@ def main(argv=None) -> int:
             t = Tour(page)  # each run trains for at most --train-seconds: the lab's --max-time
             for name, preset, model in (("lstm-reverse", "lstm", None),
                                         ("lstm-attention-reverse", "lstm+attention", None),
-                                        ("transformer-reverse", "transformer", None)):
+                                        ("transformer-reverse", "transformer", None),
+                                        ("transformer-no-positions", "transformer", {"positional": "none"})):
                 start(t, name, preset, model)
             print(f"training {', '.join(t.started)} for up to {args.train_seconds} s", flush=True)
             end = time.time() + args.train_seconds + 120
@@ -238,6 +253,8 @@ def main(argv=None) -> int:
             for i, (name, step) in enumerate(STEPS, 1):
                 if step in (rnn, rnn_attention, transformer):  # the runs exist: show them instead of starting
                     element = shown_run_step(t, step)
+                elif step is positions:
+                    element = panel(t, "positions", length=48, d_model=32)
                 else:
                     try:
                         element = step(t)

@@ -120,5 +120,10 @@ def test_walk_the_tour(tour):
         for part in element if isinstance(element, tuple) else (element,):
             assert part.is_visible(), name
         assert CHECKS[name](t.page), name
-    assert t.started == ["lstm-reverse", "lstm-attention-reverse", "transformer-reverse"]
-    assert [lab.describe(n)["preset"] for n in t.started] == ["lstm", "lstm+attention", "transformer"]
+    assert t.started == ["lstm-reverse", "lstm-attention-reverse", "transformer-reverse", "transformer-no-positions"]
+    assert [lab.describe(n)["preset"] for n in t.started] == ["lstm", "lstm+attention", "transformer", "transformer"]
+    assert lab.describe("transformer-no-positions")["model"]["positional"] == "none"
+    assert lab.describe("transformer-reverse")["model"]["positional"] == "sinusoidal"
+    # the form offers the scores and positions the tour compares, from qkv's own lists
+    assert {"dot", "scaled_dot", "general", "additive", "cosine", "location"} <= set(t.seen["scores"])
+    assert {"sinusoidal", "learned", "none"} == set(t.seen["positional"])
