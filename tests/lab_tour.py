@@ -34,6 +34,7 @@ class Tour:
     page: object
     transformer: str = "transformer-reverse"  # a Transformer run with a checkpoint
     rnn: str = "lstm-attention-reverse"  # an LSTM run with a checkpoint
+    rnn_plain: str = "lstm-reverse"  # an LSTM run without attention with a checkpoint (the gradient's)
     started: list[str] = field(default_factory=list)
     seen: dict = field(default_factory=dict)  # what the steps read off the page (the form's lists)
 
@@ -67,9 +68,12 @@ def panel(t: Tour, name: str, **controls) -> object:
     page = t.page
     sec = f"#panel-{name}"
     seq = f"Number(document.querySelector('{sec} .out').dataset.seq || 0)"
-    if page.locator(f"{sec} details[open]").count() == 0:
+    for attempt in range(3):  # a click that a moving layout sent elsewhere is made again
+        if page.locator(f"{sec} details[open]").count():
+            break
         page.click(f"{sec} summary")
-        page.wait_for_function(f"{seq} > 0")
+        page.wait_for_timeout(500)
+    page.wait_for_function(f"{seq} > 0")
     before = page.evaluate(seq)
     for key, value in controls.items():
         el = page.locator(f"{sec} .controls [name={key}]")
@@ -172,7 +176,7 @@ def gates(t: Tour):
 
 
 def gradients(t: Tour):
-    return panel(t, "gradients", run=t.rnn, run2=t.transformer, text=LONG_TEXT, scope="all")
+    return panel(t, "gradients", run=t.rnn_plain, run2=t.transformer, text=LONG_TEXT, scope="all")
 
 
 def schedule(t: Tour):

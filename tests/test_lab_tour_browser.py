@@ -86,7 +86,7 @@ def tour(tmp_path, monkeypatch):
         page.on("pageerror", lambda e: problems.append(str(e)))
         page.goto(server.url + "/")
         page.wait_for_selector("#task option", state="attached")
-        yield lab_tour.Tour(page, transformer="tr", rnn="lstm"), lab
+        yield lab_tour.Tour(page, transformer="tr", rnn="lstm", rnn_plain="lstm"), lab
         browser.close()
         assert problems == []
     assert not lab.running()
