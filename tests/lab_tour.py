@@ -39,6 +39,14 @@ class Tour:
     seen: dict = field(default_factory=dict)  # what the steps read off the page (the form's lists)
 
 
+def choose(select, value) -> None:
+    """Choose the option whose value is ``value`` (Playwright's select_option also matches labels, and
+    the panels label layer and head indices from 1) and tell the page, as a user's choice does."""
+    select.evaluate("(e, v) => { if (![...e.options].some(o => o.value === v)) throw new Error('no option ' + v); "
+                    "e.value = v; e.dispatchEvent(new Event('input', {bubbles: true})); "
+                    "e.dispatchEvent(new Event('change', {bubbles: true})); }", str(value))
+
+
 def start(t: Tour, name: str, preset: str, model: dict | None = None) -> None:
     """Start a run from the page's form, as a student does: task, architecture, fields set by hand."""
     page = t.page
@@ -51,7 +59,7 @@ def start(t: Tour, name: str, preset: str, model: dict | None = None) -> None:
         for key, value in fields.items():
             el = page.locator(f'#fields [data-field="{key}"]')
             if el.evaluate("e => e.tagName") == "SELECT":
-                el.select_option(str(value))
+                choose(el, value)
             else:
                 el.fill(str(value))
     with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as reply:
@@ -75,11 +83,15 @@ def panel(t: Tour, name: str, **controls) -> object:
         page.wait_for_timeout(500)
     page.wait_for_function(f"{seq} > 0")
     before = page.evaluate(seq)
-    for key, value in controls.items():
+    idle = f"document.querySelector('{sec} .out').dataset.state !== 'loading'"
+    for key, value in controls.items():  # one at a time, as a student does: each on the answer to the last
+        page.wait_for_function(idle)
         el = page.locator(f"{sec} .controls [name={key}]")
         tag = el.evaluate("e => e.tagName + (e.type ? ':' + e.type : '')")
         if tag.startswith("SELECT"):
-            el.select_option(str(value))
+            page.wait_for_function(f"[...document.querySelector('{sec} .controls [name={key}]').options]"
+                                   f".some(o => o.value === {json.dumps(str(value))})")
+            choose(el, value)
         else:
             el.fill(str(value))
             if not tag.endswith("range"):
@@ -127,8 +139,7 @@ def transformer(t: Tour):
     with page.expect_response(lambda r: r.url.endswith("/inside")):
         page.click("#look")
     page.wait_for_selector("#heads table, #heads figure")
-    if page.locator("#kind option[value=cross]").count():
-        page.select_option("#kind", "cross")
+    page.select_option("#kind", "cross")
     return page.locator("#inside-panel")
 
 
@@ -161,7 +172,7 @@ def masks(t: Tour):
 
 def steps(t: Tour):
     """Cross-attention of the last layer step by step; the screenshot: scores to next token."""
-    sec = panel(t, "steps", run=t.transformer, text=TEXT, kind="cross", layer=1, head=0, temperature=0.5)
+    sec = panel(t, "steps", run=t.transformer, text=TEXT, kind="cross", layer=1, head=0, temperature=0.5, position=2)
     return sec.locator(".stage").nth(3), sec.locator(".stage").nth(5)
 
 
@@ -291,8 +302,7 @@ def shown_run_step(t: Tour, step):
     with page.expect_response(lambda r: r.url.endswith("/inside")):
         page.click("#look")
     page.wait_for_selector("#heads table, #heads figure")
-    if page.locator("#kind option[value=cross]").count():
-        page.select_option("#kind", "cross")
+    page.select_option("#kind", "cross")
     return page.locator("#inside-panel")
 
 

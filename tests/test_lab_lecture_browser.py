@@ -24,6 +24,7 @@ from qkv.lab.runs import Lab, LabLimits  # noqa: E402
 from qkv.serve import BackgroundServer  # noqa: E402
 
 from conftest import CHROMIUM, needs_chromium  # noqa: E402
+from lab_tour import choose  # noqa: E402
 
 pytestmark = needs_chromium
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
@@ -155,7 +156,7 @@ def test_gates_and_gradients_draw_the_rnn_and_the_transformer(page):
     assert [c.split(":")[0] for c in page.locator("#panel-gates figure figcaption").all_inner_texts()][:4] == \
         ["input gate", "forget gate", "candidate gate (tanh", "output gate"]
     with page.expect_response(lambda r: r.url.endswith("/api/runs/lstm/gates")) as reply:
-        page.select_option("#panel-gates select[name=direction]", "1")
+        choose(page.locator("#panel-gates select[name=direction]"), "1")
     assert reply.value.json()["direction"] == 1
     page.click("#panel-gradients summary")
     drawn(page, "gradients")
@@ -189,8 +190,8 @@ def test_the_settings_travel_in_the_address(page, browser):
     page.wait_for_selector("#panel-smoothing figcaption:has-text('over 5 tokens')")
     page.click("#panel-steps summary")
     drawn(page, "steps")
-    page.select_option("#panel-steps select[name=head]", "1")
-    page.wait_for_selector("#panel-steps .out .note:has-text('head 1 of 2')")
+    choose(page.locator("#panel-steps select[name=head]"), "1")
+    page.wait_for_selector("#panel-steps .out .note:has-text('head 2 of 2')")
     url = page.url
     assert "p.smoothing.vocab=5" in url and "p.steps.head=1" in url and "p.open=steps%2Csmoothing" in url
     other = browser.new_page(viewport={"width": 1300, "height": 900})
@@ -199,7 +200,7 @@ def test_the_settings_travel_in_the_address(page, browser):
         other.wait_for_selector("#panel-smoothing .out[data-state=done]")
         other.wait_for_selector("#panel-steps .out[data-state=done]")
         assert other.input_value("#panel-smoothing input[name=vocab]") == "5"
-        assert "head 1 of 2" in other.inner_text("#panel-steps .out .note")
+        assert "head 2 of 2" in other.inner_text("#panel-steps .out .note")
         assert other.locator("#panel-masks details[open]").count() == 0
     finally:
         other.close()

@@ -96,12 +96,13 @@ def tour(tmp_path, monkeypatch):
 CHECKS = {
     "rnn": lambda page: page.locator("#runs tr:has-text('lstm-reverse')").count() == 1,
     "rnn-attention": lambda page: page.input_value("#metric") == "valid_exact",
-    "transformer": lambda page: page.locator("#heads table, #heads figure").count() >= 2,
+    "transformer": lambda page: page.locator("#heads table, #heads figure").count() >= 2
+    and page.input_value("#kind") == "cross",
     "scores": lambda page: page.locator("#panel-attention th:has-text('d_k = 1024')").count() == 1,
     "positions": lambda page: page.locator("#panel-positions canvas").count() == 2,
     "masks": lambda page: page.locator("#panel-masks table.grid").count() == 4,
     "step-by-step": lambda page: page.locator("#panel-steps .stage").count() == 6
-    and "cross-attention, layer 1, head 0" in page.inner_text("#panel-steps .out")
+    and "cross-attention, layer 2 of 2, head 1 of" in page.inner_text("#panel-steps .out")
     and "temperature 0.50" in page.inner_text("#panel-steps .out"),
     "model-view": lambda page: page.get_attribute("#panel-model .modelview", "data-focus") == "source:3",
     "gates": lambda page: "forget gate" in page.inner_text("#panel-gates .out"),
