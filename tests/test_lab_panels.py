@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,6 +199,63 @@ def test_measure_bounds(kwargs, field):
         panels.measure_panel(**kwargs)
 
 
+# --- the schedule and label smoothing --------------------------------------------------------------------
+
+def test_schedule_is_the_papers_formula_for_every_pair():
+    s = panels.schedule_panel("512, 64", "4000,400", steps=10000)
+    assert [(c["d_model"], c["warmup"]) for c in s["curves"]] == [(512, 4000), (512, 400), (64, 4000), (64, 400)]
+    for c in s["curves"]:
+        d, w = c["d_model"], c["warmup"]
+        assert len(c["steps"]) <= 301 and w in c["steps"] and c["steps"][0] == 1 and c["steps"][-1] == 10000
+        for step, lr in zip(c["steps"], c["lr"]):  # section 5.3, written out
+            assert lr == pytest.approx(d ** -0.5 * min(step ** -0.5, step * w ** -1.5), rel=1e-12)
+        assert c["peak_lr"] == pytest.approx(1 / math.sqrt(d * w)) and max(c["lr"]) == pytest.approx(c["peak_lr"])
+        assert c["steps"][c["lr"].index(max(c["lr"]))] == w
+    src = s["source"]
+    assert src["name"] == "qkv.training.schedule.noam" and src["file"] == "qkv/training/schedule.py"
+    assert src["code"].startswith("def noam(") and "min(step**-0.5, step * warmup**-1.5)" in src["code"]
+    from qkv.training import schedule
+
+    lines = Path(schedule.__file__).read_text().splitlines()
+    assert lines[src["line"] - 1].startswith("def noam(")
+
+
+@pytest.mark.parametrize("kwargs, field", [({"d_model": "abc"}, "d_model"), ({"d_model": "1,2,3,4,5"}, "d_model"),
+                                           ({"d_model": "4"}, "d_model"), ({"warmup": "0"}, "warmup"),
+                                           ({"warmup": ""}, "warmup"), ({"steps": 5}, "steps")])
+def test_schedule_bounds(kwargs, field):
+    with pytest.raises(PanelError, match=f"^{field}: "):
+        panels.schedule_panel(**kwargs)
+
+
+@pytest.mark.parametrize("eps, vocab, gold", [(0.1, 10, 3), (0.0, 5, 0), (0.3, 37, 36)])
+def test_smoothed_target_is_qkvs_convention(eps, vocab, gold):
+    """qkv's loss smooths uniformly over all V tokens, gold included (section 5.4; torch's
+    cross_entropy(label_smoothing=ε)): q = (1 − ε)·onehot + ε/V."""
+    s = panels.smoothing_panel(eps, vocab, gold)
+    want = [(1 - eps) * (k == gold) + eps / vocab for k in range(vocab)]
+    assert s["target"] == pytest.approx(want, abs=1e-12) and sum(s["target"]) == pytest.approx(1.0)
+    # the loss curve: cross-entropy against q, computed here; smallest where p(gold) = q(gold)
+    for x, smoothed, plain_loss in zip(s["p_gold"], s["loss"]["smoothed"], s["loss"]["plain"]):
+        p = [(1 - x) / (vocab - 1)] * vocab
+        p[gold] = x
+        assert smoothed == pytest.approx(-sum(q * math.log(pk) for q, pk in zip(want, p)), rel=1e-9)
+        assert plain_loss == pytest.approx(-math.log(x), rel=1e-9)
+        logits = torch.tensor([p], dtype=torch.float64).log()
+        torch_loss = torch.nn.functional.cross_entropy(logits, torch.tensor([gold]), label_smoothing=eps)
+        assert smoothed == pytest.approx(torch_loss.item(), rel=1e-9)
+    # smallest at the point nearest q(gold) (0.01 apart, 0.01 to 0.99: ε = 0 has it at the last)
+    assert s["best_p_gold"] == pytest.approx(min(max(want[gold], 0.01), 0.99), abs=0.006)
+    assert s["source"]["name"] == "qkv.losses.label_smoothed_nll_loss"
+
+
+@pytest.mark.parametrize("kwargs, field", [({"epsilon": 0.6}, "epsilon"), ({"epsilon": -0.1}, "epsilon"),
+                                           ({"vocab": 1}, "vocab"), ({"vocab": 65}, "vocab"), ({"gold": 10}, "gold")])
+def test_smoothing_bounds(kwargs, field):
+    with pytest.raises(PanelError, match=f"^{field}: "):
+        panels.smoothing_panel(**kwargs)
+
+
 # --- the routes ----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -220,6 +278,10 @@ def test_routes_answer_what_the_functions_compute(client):
     assert r.status_code == 200 and r.json()["encoding"] == panels.positions_panel(8, 4)["encoding"]
     r = client.get("/api/panels/masks", params={"text": "a b c\nd e"})
     assert r.status_code == 200 and r.json()["decoder"][1][2] == [True, True, False]
+    r = client.get("/api/panels/schedule", params={"d_model": "64", "warmup": "100", "steps": 500})
+    assert r.status_code == 200 and r.json()["curves"] == panels.schedule_panel("64", "100", 500)["curves"]
+    r = client.get("/api/panels/smoothing", params={"epsilon": 0.2, "vocab": 4, "gold": 1})
+    assert r.status_code == 200 and r.json()["target"] == panels.smoothing_panel(0.2, 4, 1)["target"]
     r = client.get("/api/panels/cost")
     assert r.status_code == 200 and r.json()["layers_note"] == "no results yet: run `qkv bench layers`"
 
@@ -229,6 +291,8 @@ def test_routes_answer_what_the_functions_compute(client):
     ("positions", {"d_model": 7}, "d_model"), ("positions", {"length": "1e9"}, "length"),
     ("masks", {"text": "a\nb\nc\nd"}, "text"), ("cost", {"layers_file": "nope.json"}, "file"),
     ("cost/measure", {"layers": "bogus"}, "layers"), ("cost/measure", {"n_max": 4096}, "n_max"),
+    ("schedule", {"d_model": "x"}, "d_model"), ("schedule", {"steps": "many"}, "steps"),
+    ("smoothing", {"epsilon": "nan"}, "epsilon"), ("smoothing", {"gold": 99}, "gold"),
 ])
 def test_bad_parameters_get_422_naming_the_field(client, path, params, field):
     r = client.get(f"/api/panels/{path}", params=params)
@@ -250,7 +314,8 @@ def test_a_second_measurement_while_one_runs_gets_409(client):
 
 def test_fragment_has_one_closed_section_per_panel_and_no_outside_host():
     html = panels.fragment()
-    assert re.findall(r'<section[^>]*\bid="panel-([a-z]+)"', html) == ["attention", "positions", "masks", "cost"]
+    assert re.findall(r'<section[^>]*\bid="panel-([a-z]+)"', html) == [
+        "attention", "positions", "masks", "steps", "model", "gates", "gradients", "schedule", "smoothing", "cost"]
     for section in re.findall(r"<section.*?</section>", html, flags=re.S):
         assert len(re.findall(r"<details\b([^>]*)>", section)) == 1
         assert "open" not in re.search(r"<details\b([^>]*)>", section)[1]  # closed until the learner opens it
@@ -261,13 +326,22 @@ def test_fragment_has_one_closed_section_per_panel_and_no_outside_host():
     assert selectors and all(s.startswith(".panels") for s in selectors), selectors
 
 
-def test_fragment_fetches_only_registered_routes():
+def test_fragment_fetches_only_registered_routes(tmp_path):
     pytest.importorskip("fastapi")
     from fastapi import FastAPI
+
+    from qkv.lab.app import create_app
+    from qkv.lab.runs import Lab
 
     app = FastAPI()
     panels.register(app)
     routes = set(app.openapi()["paths"])
     fetched = {"/api/panels/" + p for p in re.findall(r'get\("([a-z/]+)"', panels.fragment())}
-    names = ("attention", "positions", "masks", "cost", "cost/measure")
+    names = ("attention", "positions", "masks", "cost", "cost/measure", "schedule", "smoothing")
     assert fetched == routes == {"/api/panels/" + p for p in names}
+    # the run panels: POST /api/runs/NAME/WHAT of the lab's app, and its list of runs
+    lab_routes = create_app(Lab(tmp_path / "runs"), panels=None).openapi()["paths"]
+    posted = set(re.findall(r'post\(\w+, "([a-z]+)"', panels.fragment()))
+    assert posted == {"steps", "inside", "gates", "gradients"}
+    assert all("post" in lab_routes[f"/api/runs/{{name}}/{p}"] for p in posted)
+    assert '"/api/runs"' in panels.fragment() and "get" in lab_routes["/api/runs"]

@@ -8,6 +8,7 @@
     POST /api/runs/NAME/stop        stop it (SIGTERM: last/ is committed, then the process exits)
     GET  /api/runs/NAME/metrics     its metrics.jsonl records from ?since=N on, and the next N
     POST /api/runs/NAME/inside      {"text"}: the newest checkpoint's step, output, attention, hidden-state norms
+    POST /api/runs/NAME/steps       one attention computation step by step (qkv.lab.lecture), and /gates, /gradients
     GET  /api/panels/...            the concept panels (qkv.lab.panels)
 
 The Host-header check and the body bound are ``qkv serve``'s; every error is JSON ``{"error": message}``
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException
 from qkv import __version__
 from qkv.config import TrainConfig
 from qkv.errors import QkvError
+from qkv.lab import lecture
 from qkv.lab.inside import Checkpoints
 from qkv.lab.runs import (CHOICES, MAX_PARAMETERS, MODEL_FIELDS, PRESETS, SIZE_BOUNDS, SOLVED, TRAIN, TRAIN_FIELDS, Lab,
                           LabError)
@@ -161,6 +163,7 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
         return {"run": name, "step": step, **await run_in_threadpool(checkpoints.look, run_dir, req.text)}
 
     add_panels(app)
+    lecture.register(app, lab, checkpoints)  # /api/runs/NAME/steps, /gates, /gradients
     return app
 
 

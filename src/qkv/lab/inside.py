@@ -85,8 +85,12 @@ class Checkpoints:
         raise QkvError(f"{run_dir.name} has no checkpoint yet: the first is written when training starts")
 
     def look(self, run_dir: Path, text: str) -> dict:
+        return self.apply(run_dir, look, text)
+
+    def apply(self, run_dir: Path, fn, *args, **kwargs):
+        """``fn(model, *args, **kwargs)`` on the run's newest checkpoint, one request at a time."""
         with self.lock:
-            return look(self.get(run_dir), text)
+            return fn(self.get(run_dir), *args, **kwargs)
 
 
 __all__ = ["look", "hidden_norms", "Checkpoints"]

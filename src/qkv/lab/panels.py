@@ -6,10 +6,14 @@ answer per panel, drawn by ``panels.html`` (an HTML fragment the lab page inline
     GET /api/panels/masks?text=...                     padding, causal and decoder self-attention masks
     GET /api/panels/cost                               Table 1, measured (qkv bench layers, long-range)
     GET /api/panels/cost/measure?d=64&n_max=128        a short ``qkv bench layers`` run, a few seconds
+    GET /api/panels/schedule?d_model=512,256&warmup=4000,1000&steps=20000   the learning rate of section 5.3
+    GET /api/panels/smoothing?epsilon=0.1&vocab=10&gold=3                   label smoothing's target (5.4)
 
 Every number comes from qkv: the weights from :func:`qkv.nn.attention.attention_reference`, the
 encoding from :class:`qkv.nn.positional.SinusoidalPositionalEncoding`, the masks from
-:mod:`qkv.masks`, Table 1 from :mod:`qkv.complexity`; the page only draws them. A value out of its
+:mod:`qkv.masks`, Table 1 from :mod:`qkv.complexity`, the schedule from
+:func:`qkv.training.schedule.noam`, the smoothed target from :func:`qkv.losses.label_smoothed_nll_loss`
+(each with its source); the page only draws them. A value out of its
 range is refused with 422 and a one-line message that names the field.
 
 ``register(app)`` adds the routes to a FastAPI app (the ``serve`` extra); the functions behind
@@ -324,6 +328,105 @@ class Busy(RuntimeError):
     """Another measurement holds the CPU."""
 
 
+# --- 5. the learning-rate schedule (section 5.3) -------------------------------------------------------
+
+SCHEDULE_D_MODEL = (8, 4096)
+SCHEDULE_WARMUP = (1, 100_000)
+SCHEDULE_STEPS = (10, 1_000_000)
+SCHEDULE_CURVES = 4  # values per list
+SCHEDULE_POINTS = 300
+
+
+def _numbers(name: str, text: str, lo: int, hi: int) -> list[int]:
+    """``"512, 256"`` -> [512, 256]: 1 to SCHEDULE_CURVES whole numbers in [lo, hi]."""
+    parts = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not 1 <= len(parts) <= SCHEDULE_CURVES:
+        raise PanelError(f"{name}: give 1 to {SCHEDULE_CURVES} whole numbers separated by commas, got {text!r}")
+    out = []
+    for x in parts:
+        if not re.fullmatch(r"\d+", x):
+            raise PanelError(f"{name}: {x!r} is not a whole number")
+        out.append(bounded(name, int(x), lo, hi))
+    return list(dict.fromkeys(out))
+
+
+def source_of(fn) -> dict:
+    """A function's source as qkv has it: its text, file (relative to the package) and first line."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    path = Path(inspect.getsourcefile(fn)).resolve()
+    package = Path(__file__).resolve().parents[1]  # src/qkv
+    return {"name": f"{fn.__module__}.{fn.__qualname__}", "file": str(Path("qkv") / path.relative_to(package)),
+            "line": first, "code": "".join(lines)}
+
+
+def schedule_panel(d_model: str = "512,256", warmup: str = "4000,1000", steps: int = 20000) -> dict:
+    """The paper's learning rate, lrate = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), for every
+    pair of the given d_model and warmup values (:func:`qkv.training.schedule.noam`, through
+    :func:`qkv.viz.schedule_data`), at up to 300 steps from 1 to ``steps`` (each warmup among them),
+    with each curve's peak (step = warmup, rate (d_model · warmup)^-0.5) and noam's source."""
+    from qkv.training.schedule import noam
+    from qkv.viz import schedule_data
+
+    ds = _numbers("d_model", d_model, *SCHEDULE_D_MODEL)
+    ws = _numbers("warmup", warmup, *SCHEDULE_WARMUP)
+    bounded("steps", steps, *SCHEDULE_STEPS)
+    curves = []
+    for d in ds:
+        for w in ws:
+            c = schedule_data(d, w, steps, max_points=SCHEDULE_POINTS)
+            curves.append({"d_model": d, "warmup": w, "steps": c["steps"], "lr": c["lr"],
+                           "peak_step": c["peak_step"], "peak_lr": c["peak_lr"]})
+    return {"d_model": ds, "warmup": ws, "steps": steps, "curves": curves, "source": source_of(noam)}
+
+
+# --- 6. label smoothing (section 5.4) -------------------------------------------------------------------
+
+SMOOTH_VOCAB = (2, 64)
+SMOOTH_EPSILON = (0.0, 0.5)
+SMOOTH_CURVE = 99  # points of the loss against p(gold)
+
+
+def smoothed_target(epsilon: float, vocab: int, gold: int) -> torch.Tensor:
+    """The target distribution qkv's loss trains towards, read off the loss itself: for logits z,
+    ∂loss/∂z = softmax(z) − q (cross-entropy against q), so q = softmax(z) − ∂loss/∂z at any z
+    (:func:`qkv.losses.label_smoothed_nll_loss`, autograd; here z = 0)."""
+    from qkv.losses import label_smoothed_nll_loss
+
+    z = torch.zeros(1, vocab, dtype=torch.float64, requires_grad=True)
+    loss, _ = label_smoothed_nll_loss(z, torch.tensor([gold]), epsilon, ignore_index=-1)
+    (grad,) = torch.autograd.grad(loss, [z])
+    return (z.softmax(-1) - grad)[0].detach()
+
+
+def smoothing_panel(epsilon: float = 0.1, vocab: int = 10, gold: int = 3) -> dict:
+    """Label smoothing's target q over a vocabulary of ``vocab`` tokens with the gold one ``gold``
+    (:func:`smoothed_target`: qkv puts 1 − ε + ε/V on gold and ε/V on each other token), and the
+    loss of a prediction p that gives p(gold) = x and (1 − x)/(V − 1) to each other token, with and
+    without smoothing, for x in (0, 1): without, it falls towards 0 as x → 1; with ε > 0 it is
+    smallest at x = q(gold) and grows again — a model is pushed not to be certain."""
+    from qkv.losses import label_smoothed_nll_loss
+
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or \
+            not SMOOTH_EPSILON[0] <= epsilon <= SMOOTH_EPSILON[1]:
+        raise PanelError(f"epsilon: must be a number from {SMOOTH_EPSILON[0]} to {SMOOTH_EPSILON[1]}, got {epsilon!r}")
+    bounded("vocab", vocab, *SMOOTH_VOCAB)
+    bounded("gold", gold, 0, vocab - 1)
+    q = smoothed_target(float(epsilon), vocab, gold)
+    xs = [(i + 1) / (SMOOTH_CURVE + 1) for i in range(SMOOTH_CURVE)]
+    p = torch.tensor([[(1 - x) / (vocab - 1)] * vocab for x in xs], dtype=torch.float64)
+    p[:, gold] = torch.tensor(xs, dtype=torch.float64)
+    target = torch.full((len(xs),), gold)
+    curves = {}
+    for name, eps in (("smoothed", float(epsilon)), ("plain", 0.0)):
+        curves[name] = [label_smoothed_nll_loss(row.log()[None], t[None], eps, ignore_index=-1)[0].item()
+                        for row, t in zip(p, target)]
+    return {"epsilon": float(epsilon), "vocab": vocab, "gold": gold, "target": q.tolist(),
+            "p_gold": xs, "loss": curves, "best_p_gold": xs[min(range(len(xs)), key=curves["smoothed"].__getitem__)],
+            "source": source_of(label_smoothed_nll_loss)}
+
+
 # --- the routes ----------------------------------------------------------------------------------------
 
 def fragment() -> str:
@@ -380,5 +483,13 @@ def register(app, results_dir: Path | None = None) -> None:
     @router.get("/cost/measure", summary="a short qkv bench layers measurement (seconds)")
     def measure(d: int = 64, n_max: int = 128, layers: str = ",".join(MEASURE_LAYERS)):
         return answer(measure_panel, d, n_max, layers)
+
+    @router.get("/schedule", summary="the paper's learning rate for several d_model and warmup values")
+    def schedule(d_model: str = "512,256", warmup: str = "4000,1000", steps: int = 20000):
+        return answer(schedule_panel, d_model, warmup, steps)
+
+    @router.get("/smoothing", summary="label smoothing's target distribution and the loss it gives")
+    def smoothing(epsilon: float = 0.1, vocab: int = 10, gold: int = 3):
+        return answer(smoothing_panel, epsilon, vocab, gold)
 
     app.include_router(router)

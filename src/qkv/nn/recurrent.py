@@ -105,12 +105,16 @@ class LSTMCell(nn.Module):
         self.bias_hh = nn.Parameter(torch.zeros(4 * hidden_size))
         _init_uniform(self, hidden_size)
 
+    def gates(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The gates of one step, ``(i_t, f_t, c̃_t, o_t)`` each ``(B, H)``, from ``x (B, I)`` and ``h_{t−1} (B, H)``."""
+        gates = F.linear(x, self.weight_ih, self.bias_ih) + F.linear(h, self.weight_hh, self.bias_hh)  # (B, 4H)
+        i, f, c_tilde, o = gates.chunk(4, dim=-1)  # (B, H) each
+        return torch.sigmoid(i), torch.sigmoid(f), torch.tanh(c_tilde), torch.sigmoid(o)
+
     def forward(self, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """``x (B, I)``, ``(h_{t−1}, c_{t−1})`` each ``(B, H)`` -> ``(h_t, c_t)``."""
         h, c = state
-        gates = F.linear(x, self.weight_ih, self.bias_ih) + F.linear(h, self.weight_hh, self.bias_hh)  # (B, 4H)
-        i, f, c_tilde, o = gates.chunk(4, dim=-1)  # (B, H) each
-        i, f, o, c_tilde = torch.sigmoid(i), torch.sigmoid(f), torch.sigmoid(o), torch.tanh(c_tilde)
+        i, f, c_tilde, o = self.gates(x, h)
         c = f * c + i * c_tilde
         return o * torch.tanh(c), c
 
@@ -136,12 +140,16 @@ class GRUCell(nn.Module):
         self.bias_hh = nn.Parameter(torch.zeros(3 * hidden_size))
         _init_uniform(self, hidden_size)
 
-    def forward(self, x: Tensor, h: Tensor) -> Tensor:
-        """``x (B, I)``, ``h_{t−1} (B, H)`` -> ``h_t (B, H)``."""
+    def gates(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The gates of one step, ``(r_t, z_t, h̃_t)`` each ``(B, H)``, from ``x (B, I)`` and ``h_{t−1} (B, H)``."""
         xr, xz, xh = F.linear(x, self.weight_ih, self.bias_ih).chunk(3, dim=-1)  # (B, H) each
         hr, hz, hh = F.linear(h, self.weight_hh, self.bias_hh).chunk(3, dim=-1)
         r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
-        h_tilde = torch.tanh(xh + r * hh)
+        return r, z, torch.tanh(xh + r * hh)
+
+    def forward(self, x: Tensor, h: Tensor) -> Tensor:
+        """``x (B, I)``, ``h_{t−1} (B, H)`` -> ``h_t (B, H)``."""
+        _, z, h_tilde = self.gates(x, h)
         return (1 - z) * h_tilde + z * h
 
 
