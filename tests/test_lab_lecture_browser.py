@@ -163,6 +163,10 @@ def test_gates_and_gradients_draw_the_rnn_and_the_transformer(page):
     legend = page.inner_text("#panel-gradients figcaption")
     assert "lstm (lstm, attention general)" in legend and "tr (transformer)" in legend
     assert page.locator("#panel-gradients polyline").count() == 2
+    # the log axis is labelled with the values at its ends (not a power of ten rounded from them)
+    norms = [float(v) for v in page.locator("#panel-gradients table.nums td:nth-child(n+3)").all_text_contents()]
+    top, bottom = (float(t) for t in page.locator("#panel-gradients svg text").all_text_contents()[:2])
+    assert top == pytest.approx(max(norms), rel=0.06) and bottom == pytest.approx(min(norms), rel=0.06)
 
 
 def test_schedule_and_smoothing_show_their_code(page):
