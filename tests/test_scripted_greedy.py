@@ -147,3 +147,24 @@ def test_decode_sentences_asks_for_it_unless_turned_off(monkeypatch):
     assert len(calls) == 1
     assert [h[0].tokens for h in on] == [h[0].tokens for h in off]
     assert [h[0].logprob for h in on] == [h[0].logprob for h in off]
+
+
+def test_benchmark_quick(tmp_path):
+    """benchmarks/decode_loop.py --quick end to end: both loops timed at batch 1 and 32, outputs equal."""
+    import json
+    import subprocess
+    import sys
+
+    src = tmp_path / "src.txt"
+    src.write_text("seven\nforty-two\nthree hundred twenty-one\nnine thousand\n", encoding="utf-8")
+    out = tmp_path / "loop.json"
+    script = Path(__file__).parents[1] / "benchmarks" / "decode_loop.py"
+    proc = subprocess.run([sys.executable, str(script), str(FIXTURES / "default-task"), "--test", str(src), "--quick",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert res["identical"] and res["sentences"] == 4 and res["rounds"] == 1
+    for b in ("1", "32"):
+        cell = res["cells"][b]
+        assert cell["tokens_differ"] == 0 and cell["logprobs_equal"] == 4
+        assert len(cell["eager_s"]) == len(cell["scripted_s"]) == 1 and cell["scripted_median_s"] > 0
