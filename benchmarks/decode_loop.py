@@ -107,12 +107,13 @@ def main() -> int:
                 t = time.perf_counter()
                 decode_sentences(model, src_ids, c, banned, scores=False)
                 times[b][loop].append(time.perf_counter() - t)
-        print(f"round {r + 1}: " + "  ".join(f"b{b} {loop} {times[b][loop][-1]:.2f}s" for b in BATCHES for loop in LOOPS),
-              flush=True)
+        print(f"round {r + 1}: " + "  ".join(f"b{b} {loop} {times[b][loop][-1]:.2f}s"
+                                             for b in BATCHES for loop in LOOPS), flush=True)
     load_after = os.getloadavg()
 
     cells = {}
-    print(f"\n{'batch':>5} {'eager s':>9} {'scripted s':>11} {'speedup':>8} {'ms/sent eager':>14} {'ms/sent scripted':>17}")
+    print(f"\n{'batch':>5} {'eager s':>9} {'scripted s':>11} {'speedup':>8} {'ms/sent eager':>14} "
+          f"{'ms/sent scripted':>17}")
     for b in BATCHES:
         e, s = (statistics.median(times[b][loop]) for loop in LOOPS)
         speedup = statistics.median(x / y for x, y in zip(times[b]["eager"], times[b]["scripted"]))
