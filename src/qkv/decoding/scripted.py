@@ -55,6 +55,14 @@ class _Step(torch.nn.Module):
                                       1, True)[0]
 
 
+def _rows(buf: Tensor, keep: Tensor, filled: int) -> Tensor:
+    """Rows ``keep`` of a self-attention buffer ``(N, h, C, d_k)``, of which the first ``filled``
+    positions are written (and copied); the others are written before they are read."""
+    out = buf.new_empty([keep.size(0), buf.size(1), buf.size(2), buf.size(3)])
+    out[:, :, :filled].copy_(buf[:, :, :filled].index_select(0, keep))
+    return out
+
+
 class _GreedyLoop(torch.nn.Module):
     """:func:`qkv.decoding.greedy._greedy` (``drop_finished=True``) around a traced step, to script."""
 
@@ -102,8 +110,8 @@ class _GreedyLoop(torch.nn.Module):
                 keep = (~ended).nonzero().squeeze(1)  # (N',)
                 rows, tokens, limit = rows[keep], tokens[keep], limit[keep]
                 total, memory_bias = total[keep], memory_bias.index_select(0, keep)
-                self_k = [k.index_select(0, keep) for k in self_k]
-                self_v = [v.index_select(0, keep) for v in self_v]
+                self_k = [_rows(k, keep, t + 1) for k in self_k]
+                self_v = [_rows(v, keep, t + 1) for v in self_v]
                 cross_k = [k.index_select(0, keep) for k in cross_k]
                 cross_v = [v.index_select(0, keep) for v in cross_v]
         return out, lengths, logprobs
@@ -169,9 +177,9 @@ def scripted_greedy(model: Transformer, src: Tensor, limit: Tensor, min_len: int
     self_k, self_v = [], []
     for layer, kv in zip(model.decoder_layers, state.cross_kv):
         attn = layer.self_attn
-        k = kv.k.new_zeros(src.size(0), attn.n_heads, steps, attn.d_k)
+        k = kv.k.new_empty(src.size(0), attn.n_heads, steps, attn.d_k)  # position t written at step t, then read
         self_k.append(k)
-        self_v.append(torch.zeros_like(k))
+        self_v.append(torch.empty_like(k))
     banned_t = torch.tensor(banned, dtype=torch.long)
     out, lengths, logprobs = loop(pos_table, self_k, self_v, [kv.k for kv in state.cross_kv],
                                   [kv.v for kv in state.cross_kv], state.memory_bias, limit, int(min_len), banned_t,
