@@ -9,10 +9,10 @@ that costs as much as the arithmetic. Here the whole loop runs in the TorchScrip
   as many positions as the batch may decode, and step ``t`` reads views of positions ``0 .. t``,
   the position written in place. Those are the tensors and operations of the eager step
   (:meth:`~qkv.models.transformer.Transformer.step`), so the logits are the same bit for bit;
-* the loop around it (:class:`_GreedyLoop`, ``torch.jit.script``) is :func:`~qkv.decoding.greedy._greedy`'s:
-  the banned ids, ``min_len``, the length limits, the sum of the log-probabilities in float64, and
-  finished sentences dropped from the batch as they end. The tokens and scores are the eager
-  loop's.
+* the loop around it (:class:`_GreedyLoop`, ``torch.jit.script``) is that of
+  :func:`~qkv.decoding.greedy._greedy`: the banned ids, ``min_len``, the length limits, the sum of
+  the log-probabilities in float64, and finished sentences dropped from the batch as they end. The
+  tokens and scores are the eager loop's.
 
 The encoder runs eagerly (:meth:`~qkv.models.transformer.Transformer.start`), once per batch.
 
@@ -22,10 +22,11 @@ a recurrent or decoder-only model, an ensemble, the compiled step
 (:class:`qkv.decoding.compiled.CompiledDecoder`), a quantised model, ``drop_finished=False`` —
 decodes with the eager loop. ``DecodeConfig.scripted_greedy = False`` turns it off.
 
-TorchScript is deprecated in recent torch releases (still present in 2.4 to 2.13): ``torch.jit.trace``
-and ``torch.jit.script`` warn so (``DeprecationWarning``) when called; those warnings, and the
-tracer's, are silenced here, the one place that uses them, while a model's loop is built (once per
-model and weights). Running the built loop warns nothing.
+TorchScript is deprecated in recent torch releases but present (from 2.4, the oldest qkv supports,
+to 2.13, the one tested here): ``torch.jit.trace`` and ``torch.jit.script`` warn so
+(``DeprecationWarning``) when called; those warnings, and the tracer's, are silenced here, the one
+place that uses them, while a model's loop is built (once per model and weights). Running the
+built loop warns nothing.
 """
 
 from __future__ import annotations
