@@ -399,6 +399,10 @@ class DecodeConfig:
     min_len: int = setting(0, 'no EOS before this many output tokens', bound=whole(0, MAX_OUTPUT_LEN))
     nbest: int = setting(1, 'hypotheses to output per sentence', bound=whole(1, MAX_BEAM))
     batch_size: int = setting(64, 'sentences per decoding batch', bound=whole(1, MAX_WIDTH))
+    scripted_greedy: bool = setting(
+        True,
+        "greedy search of a Transformer on the CPU runs its loop in TorchScript: the same outputs and scores "
+        "with less Python per step (qkv.decoding.scripted); off: the eager loop")
 
     def validate(self) -> "DecodeConfig":
         _check_finite(self)

@@ -23,9 +23,10 @@ def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: Deco
                      banned: Sequence[int] = NEVER_EMITTED, scores: bool = True) -> list[list[Hypothesis]]:
     """The ``cfg.nbest`` best hypotheses of each source (token ids without EOS), best first.
 
-    Greedy when ``beam_size == nbest == 1``, else beam search; a greedy output is scored as a beam of
-    one scores it (:func:`greedy_hypothesis`; ``scores=False``: not scored, NaN, for callers that keep
-    the tokens only: a log-softmax a step). Output lengths
+    Greedy when ``beam_size == nbest == 1`` (its loop in TorchScript where ``cfg.scripted_greedy``
+    and :mod:`qkv.decoding.scripted` apply), else beam search; a greedy output is scored as a beam
+    of one scores it (:func:`greedy_hypothesis`; ``scores=False``: not scored, NaN, for callers that
+    keep the tokens only: a log-softmax a step). Output lengths
     follow ``max_len_a · src_len + max_len_b``, capped where the model's positions end. The model
     is put in eval mode for the call and restored after. ``banned``: ids never emitted
     (:func:`~qkv.decoding.greedy.banned_ids` of the target tokenizer).
@@ -45,9 +46,11 @@ def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: Deco
                                      None if steps is None else torch.as_tensor(steps) - 1)
             if cfg.beam_size == 1 and cfg.nbest == 1:
                 if scores:
-                    outputs, logprobs = greedy_scored(model, batch.src, max_len, cfg.min_len, banned=banned)
+                    outputs, logprobs = greedy_scored(model, batch.src, max_len, cfg.min_len, banned=banned,
+                                                      scripted=cfg.scripted_greedy)
                 else:
-                    outputs = greedy(model, batch.src, max_len, cfg.min_len, banned=banned)
+                    outputs = greedy(model, batch.src, max_len, cfg.min_len, banned=banned,
+                                     scripted=cfg.scripted_greedy)
                     logprobs = [math.nan] * len(outputs)
                 hyps = [[greedy_hypothesis(t, lp, cfg)] for t, lp in zip(outputs, logprobs)]
             else:

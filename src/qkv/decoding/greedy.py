@@ -142,7 +142,7 @@ def as_max_len(max_len: Tensor | int, batch_size: int, device: torch.device) -> 
 @torch.inference_mode()
 def greedy(
     model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_len: int = 0, *,
-    banned: Sequence[int] = NEVER_EMITTED, drop_finished: bool = True,
+    banned: Sequence[int] = NEVER_EMITTED, drop_finished: bool = True, scripted: bool = False,
 ) -> list[list[int]]:
     """Greedy-decode a batch; returns one token list per sentence, without BOS/EOS.
 
@@ -156,29 +156,40 @@ def greedy(
     drop_finished: only for measuring what that removal saves (``benchmarks/means.py``):
     ``False`` keeps finished rows in the batch, fed EOS, as a naive implementation would. The
     output is the same either way.
+
+    scripted: run the loop in TorchScript where it applies (:mod:`qkv.decoding.scripted`: a
+    Transformer on the CPU; elsewhere, and with ``drop_finished=False``, this eager loop). The
+    same outputs with less Python per step; :func:`qkv.decoding.batch.decode_sentences` asks for
+    it unless ``DecodeConfig.scripted_greedy`` is off.
     """
-    return _greedy(model, src, max_len, min_len, banned, drop_finished, scored=False)[0]
+    return _greedy(model, src, max_len, min_len, banned, drop_finished, scored=False, scripted=scripted)[0]
 
 
 @torch.inference_mode()
 def greedy_scored(
     model: IncrementalDecoder, src: Tensor, max_len: Tensor | int, min_len: int = 0, *,
-    banned: Sequence[int] = NEVER_EMITTED,
+    banned: Sequence[int] = NEVER_EMITTED, scripted: bool = False,
 ) -> tuple[list[list[int]], list[float]]:
     """:func:`greedy`'s outputs and the log-probability of each (EOS included): the sum of the
     model's own ``log p(y_t | y_<t, x)`` (:func:`log_probs`: the softmax over the whole vocabulary,
-    as beam search and forced scoring take it), in float64. The tokens are :func:`greedy`'s."""
-    return _greedy(model, src, max_len, min_len, banned, True, scored=True)
+    as beam search and forced scoring take it), in float64. The tokens are :func:`greedy`'s
+    (``scripted`` as there)."""
+    return _greedy(model, src, max_len, min_len, banned, True, scored=True, scripted=scripted)
 
 
 def _greedy(model, src: Tensor, max_len, min_len: int, banned: Sequence[int], drop_finished: bool,
-            scored: bool) -> tuple[list[list[int]], list[float]]:
+            scored: bool, scripted: bool = False) -> tuple[list[list[int]], list[float]]:
     batch_size = src.size(0)
     outputs: list[list[int]] = [[] for _ in range(batch_size)]
     logprobs = [0.0] * batch_size
     if batch_size == 0:
         return outputs, logprobs
     limit = as_max_len(max_len, batch_size, src.device)  # (N,) the budget of each active row
+    if scripted and drop_finished:
+        from qkv.decoding.scripted import scripted_greedy, scripted_greedy_applies
+
+        if scripted_greedy_applies(model):
+            return scripted_greedy(model, src, limit, min_len, tuple(banned), scored)
     state = model.start(src)
     rows = list(range(batch_size))  # sentence id of each active row
     tokens = torch.full((batch_size,), BOS, dtype=torch.long, device=src.device)  # (N,)

@@ -248,7 +248,8 @@ class Transformer(nn.Module):
         return TransformerState(mask, cross_kv, self_kv, 0, memory_bias=additive_mask(mask).to(memory.dtype),
                                 self_bias=self_bias)
 
-    def static_step(self, tokens: torch.Tensor, pos_enc: torch.Tensor, pos: torch.Tensor, self_bias: torch.Tensor,
+    def static_step(self, tokens: torch.Tensor, pos_enc: torch.Tensor, pos: torch.Tensor,
+                    self_bias: torch.Tensor | None,
                     self_k: list[torch.Tensor], self_v: list[torch.Tensor], cross_k: list[torch.Tensor],
                     cross_v: list[torch.Tensor], memory_bias: torch.Tensor, beam: int, in_place: bool = True,
                     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
@@ -257,7 +258,8 @@ class Transformer(nn.Module):
         ``pos_enc (1, d)``) -> logits ``(B, V)``. The keys/values of ``pos`` are written into the
         buffers ``self_k``/``self_v`` ``(B, h, C, d_k)`` (``in_place``) or into copies of them;
         the buffers written are returned with the logits. ``self_bias (1, 1, 1, C)`` must already
-        open ``pos``."""
+        open ``pos``; None: the buffers are views of positions 0 .. ``pos`` only, attended unmasked
+        (:mod:`qkv.decoding.scripted`)."""
         x = self.tgt_embed(tokens) + pos_enc  # (B, d)
         ks, vs = [], []
         for layer, k, v, ck, cv in zip(self.decoder_layers, self_k, self_v, cross_k, cross_v):

@@ -230,14 +230,16 @@ class MultiHeadAttention(nn.Module):
         return eval_linear(self.out_proj, out.reshape(b, self.d_model)), cache
 
     def self_attention_into(self, x: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
-                            bias: torch.Tensor, in_place: bool = True
+                            bias: torch.Tensor | None, in_place: bool = True
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`self_attention_step` over buffers of a fixed capacity C, ``(B, h, C, d_k)``: the new
         key/value is written at position ``pos`` (a LongTensor ``(1,)``) and the query attends to
         the whole buffer under ``bias`` ``(1, 1, 1, C)``, 0 at the positions written so far and
         -inf after them. Every step has the same shapes (what compiled code specialises to,
         :mod:`qkv.decoding.compiled`); the result is the same as attending to the positions written
-        so far only (a key under -inf gets weight exactly 0). ``in_place``: write into the buffers;
+        so far only (a key under -inf gets weight exactly 0). ``bias`` None: the buffers are views of
+        exactly the positions written so far, ``pos`` the last (no mask: the eager step's attention,
+        :mod:`qkv.decoding.scripted`). ``in_place``: write into the buffers;
         else into copies (no input is changed: what CUDA graphs need). Returns the output
         ``(B, d_model)`` and the buffers written."""
         b = x.size(0)

@@ -144,7 +144,7 @@ class DecoderLayer(nn.Module):
         return self._after_self_attention(x, a, memory_kv, memory_bias, beam), cache
 
     def static_step(self, x: torch.Tensor, memory_kv: KVCache, memory_bias: torch.Tensor | None,
-                    k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, self_bias: torch.Tensor,
+                    k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, self_bias: torch.Tensor | None,
                     beam: int = 1, in_place: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`step` with the self-attention keys/values in fixed-size buffers
         (:meth:`~qkv.nn.attention.MultiHeadAttention.self_attention_into`): the same shapes at
