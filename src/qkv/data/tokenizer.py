@@ -275,6 +275,10 @@ class TokenizerPair:
         def present(name: str) -> bool:
             return (d / name).is_file() and (files is None or name in files)
 
+        from qkv.data.marian_tokenizer import MarianTokenizerPair  # an imported Marian (OPUS-MT) model's
+
+        if MarianTokenizerPair.present(d, files):
+            return MarianTokenizerPair.load(d, files)
         if present(cls.JOINT_FILE):
             shared = Tokenizer.from_file(d / cls.JOINT_FILE)
             return cls(shared, shared)

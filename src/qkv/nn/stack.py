@@ -36,12 +36,12 @@ def stack_modules(
     """The positional encoding, ``n_layers`` layers (``EncoderLayer`` or ``DecoderLayer``) and the
     final norm of one stack: a LayerNorm with pre-norm layers (the residual stream is otherwise
     never normalised), nothing with the paper's post-norm ones."""
-    pos = positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions)
+    pos = positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions, cfg.sinusoid_layout)
     args = (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
     layers = nn.ModuleList(layer(*args) for _ in range(n_layers))
     if cfg.init == "fairseq":
         fairseq_init(layers)
-    norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+    norm = nn.LayerNorm(cfg.d_model) if cfg.has_final_norm else nn.Identity()
     return pos, layers, norm
 
 
