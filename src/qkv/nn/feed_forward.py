@@ -4,6 +4,10 @@
 
 applied to each position separately and identically; inner dimension d_ff (2048 in the base
 model). Dropout on the hidden activation is tensor2tensor's ``relu_dropout`` (off by default).
+
+The paper's max(0, ·) is ReLU; the pretrained models qkv imports use others in its place
+(``ModelConfig.activation``): GELU, exact (BERT) or its tanh approximation (GPT-2), and SiLU/swish
+(Marian's OPUS-MT models).
 """
 
 from __future__ import annotations
@@ -16,9 +20,18 @@ from qkv.nn.attention import eval_linear
 from qkv.nn.dropout import dropout
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# ModelConfig.activation -> the function between W_1 and W_2 (qkv.config.ACTIVATIONS names them)
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "silu": F.silu}
+
+
 class PositionwiseFeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
+        self.act = ACTIVATIONS[activation]
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
         self.dropout = dropout
@@ -27,10 +40,10 @@ class PositionwiseFeedForward(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.w_1(x))  # (B, T, d_ff)
+        h = self.act(self.w_1(x))  # (B, T, d_ff)
         h = dropout(h, self.dropout, self.training)
         return self.w_2(h)  # (B, T, d_model)
 
     def eval_forward(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` in eval mode (no dropout), without the module calls' overhead."""
-        return eval_linear(self.w_2, F.relu(eval_linear(self.w_1, x)))
+        return eval_linear(self.w_2, self.act(eval_linear(self.w_1, x)))

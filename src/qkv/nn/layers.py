@@ -27,9 +27,9 @@ from qkv.nn.feed_forward import PositionwiseFeedForward
 class Residual(nn.Module):
     """The residual connection + LayerNorm around one sublayer, post-norm or pre-norm."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout, self.norm_first = dropout, norm_first
 
     def before(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,12 +55,13 @@ def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool,
+                 activation: str = "relu", layer_norm_eps: float = 1e-5):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.ffn = PositionwiseFeedForward(d_model, d_ff)
-        self.res_attn = Residual(d_model, dropout, norm_first)
-        self.res_ffn = Residual(d_model, dropout, norm_first)
+        self.ffn = PositionwiseFeedForward(d_model, d_ff, activation=activation)
+        self.res_attn = Residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.res_ffn = Residual(d_model, dropout, norm_first, layer_norm_eps)
 
     def forward(
         self,
@@ -96,14 +97,15 @@ class DecoderLayerWeights:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool,
+                 activation: str = "relu", layer_norm_eps: float = 1e-5):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.ffn = PositionwiseFeedForward(d_model, d_ff)
-        self.res_self = Residual(d_model, dropout, norm_first)
-        self.res_cross = Residual(d_model, dropout, norm_first)
-        self.res_ffn = Residual(d_model, dropout, norm_first)
+        self.ffn = PositionwiseFeedForward(d_model, d_ff, activation=activation)
+        self.res_self = Residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.res_cross = Residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.res_ffn = Residual(d_model, dropout, norm_first, layer_norm_eps)
 
     def forward(
         self,
