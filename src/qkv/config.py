@@ -31,11 +31,164 @@ CLS_PIECE, MASK_PIECE, SEP_PIECE = "<cls>", "[MASK]", "<sep>"
 # What a model is trained to do (see qkv.tasks): the structure of the model depends on it.
 TASKS = ("translate", "classify", "mlm", "lm", "prefix_lm")
 POOLINGS = ("cls", "mean", "last")
+# ModelConfig.activation: the FFN's function between W_1 and W_2 (qkv.nn.feed_forward): the paper's
+# ReLU, GELU exact (BERT) or tanh-approximated (GPT-2), SiLU/swish (Marian)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+INITS = ("xavier", "fairseq")  # ModelConfig.init: how the Transformer layers' linear maps start
+FINAL_NORMS = ("auto", "on", "off")  # ModelConfig.final_norm: a LayerNorm after a stack's last layer
+SINUSOID_LAYOUTS = ("interleaved", "halves")  # ModelConfig.sinusoid_layout: where sin and cos sit
+
+RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq2seq.py)
+ARCHS = ("transformer",) + RNN_ARCHS
+ATTENTION_SCORES = ("none", "dot", "scaled_dot", "general", "additive", "cosine", "location")
+SCHEDULES = ("noam", "constant", "inverse_sqrt")
+DEFAULT_LR = 1e-3  # the rate of the constant and inverse_sqrt schedules when TrainConfig.lr = 0
+# Bounds beyond which torch fails outright: a position table of 10**9 rows exhausts memory; thousands
+# of OpenMP threads fail to start (about 31,000 segfaulted a 2-core machine, at its memory-map limit).
+# (MAX_THREADS, MAX_SEED and the other ranges of qkv.bounds)
+MAX_POSITIONS = 65536
+MAX_OUTPUT_LEN = 1024  # tokens: the absolute cap on a decoding budget, whatever max_len_a and max_len_b say
+
+
+def setting(default: Any, help: str, hidden: bool = False, bound: Bound | None = None) -> Any:
+    """A config field with its help text (``--help`` shows it; ``hidden``: filled in by qkv, no flag)
+    and, for a number, its :class:`~qkv.bounds.Bound` (its flag refuses a value beyond it as it is
+    read; ``validate()`` refuses one from a file)."""
+    return dataclasses.field(default=default, metadata={"help": help, "hidden": hidden, "bound": bound})
+
+
+def _check(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid config field '{field}': {msg}")
+
+
+def did_you_mean(value: Any, choices: Any) -> str:
+    """" (did you mean 'X'?)" for a mistyped ``value`` close to one of ``choices`` (difflib's ratio >= 0.6), else ""."""
+    import difflib
+
+    near = difflib.get_close_matches(value, list(choices), n=1) if isinstance(value, str) else []
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def _check_finite(cfg: Any) -> None:
+    """Every float field of a config is a finite number: inf and nan pass every comparison of the
+    checks that follow, or fail them obscurely, and no setting of qkv means anything by them; and
+    every number is within its field's bound (:mod:`qkv.bounds`), wherever it came from."""
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        _check(f.type != "float" or math.isfinite(v), f.name, f"must be a finite number, got {v}")
+        bound = f.metadata.get("bound")
+        problem = bound.problem(v) if bound is not None else None
+        _check(problem is None, f.name, problem or "")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network. Defaults are the paper's base model (Table 3, row "base")."""
+
+    # every model: its task and architecture, width, depth and dropout
+    task: str = setting(
+        "translate",
+        'translate | classify (labelled text -> label) | mlm (masked-LM pretraining of an encoder) | lm | '
+        'prefix_lm')
+    arch: str = setting(
+        "transformer",
+        'architecture: transformer | lstm | gru | rnn (a recurrent encoder-decoder, see --attention; with '
+        '--task lm a recurrent language model, with --task classify a recurrent classifier)')
+    d_model: int = setting(512, 'model width d_model (recurrent models: embedding and hidden size)',
+        bound=whole(1, MAX_WIDTH))
+    n_encoder_layers: int = setting(6, 'encoder layers N (stacked recurrent layers for lstm/gru/rnn)',
+        bound=whole(1, MAX_LAYERS))
+    n_decoder_layers: int = setting(6, 'decoder layers N (stacked recurrent layers for lstm/gru/rnn)',
+        bound=whole(1, MAX_LAYERS))
+    dropout: float = setting(
+        0.1,
+        'P_drop on embedding sums and sublayer outputs (recurrent: embeddings, between layers, h~)', bound=real(0, 1))
+    # the Transformers (arch transformer): attention, FFN, positions, normalisation, shared embeddings
+    n_heads: int = setting(8, 'attention heads h (d_k = d_v = d_model / h)', bound=whole(1, MAX_LAYERS))
+    d_ff: int = setting(2048, 'inner width of the position-wise FFN', bound=whole(1, 16 * MAX_WIDTH))
+    attention_dropout: float = setting(0.1, 'dropout on attention weights', bound=real(0, 1))
+    positional: str = setting("sinusoidal", 'sinusoidal | learned')
+    max_positions: int = setting(
+        1024,
+        'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
+        "max_len and the task's special tokens", bound=whole(1, MAX_POSITIONS))
+    norm_first: bool = setting(False, "pre-norm residual blocks instead of the paper's post-norm")
+    activation: str = setting(
+        "relu",
+        "the position-wise FFN's activation: relu (the paper's max(0, x)) | gelu (exact, as BERT) | gelu_tanh "
+        "(GELU's tanh approximation, as GPT-2) | silu (x·sigmoid(x), swish, as Marian)")
+    layer_norm_eps: float = setting(
+        1e-5, "ε of every LayerNorm (added to the variance); torch's default 1e-5, BERT's 1e-12",
+        bound=real(1e-30, 1.0))
+    init: str = setting(
+        "xavier",
+        "initialisation of the Transformer layers' linear maps: xavier (Xavier-uniform weights, zero biases) | "
+        "fairseq (as fairseq's Transformer: FFN weights and biases and the Q, K, V biases U(±1/√fan_in))")
+    final_norm: str = setting(
+        "auto",
+        "a LayerNorm after the last layer of each stack: auto (with pre-norm layers, as GPT-2's ln_f; none with "
+        "the paper's post-norm ones) | on | off")
+    sinusoid_layout: str = setting(
+        "interleaved",
+        "sinusoidal positions: interleaved (the paper's PE(pos, 2i) = sin, PE(pos, 2i+1) = cos) | halves "
+        "(Marian's: the sines in the first d/2 dimensions, the cosines in the second)")
+    output_bias: bool = setting(False, "a learned bias on the output logits (Marian's final_logits_bias)")
+    share_embeddings: bool = setting(True, 'share source/target/output embeddings (needs a joint vocabulary)')
+    tie_output: bool = setting(True, 'share the target embedding with the pre-softmax projection')
+    # the recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
+    # n_encoder_layers / n_decoder_layers the stacked layers, dropout between layers and on embeddings
+    rnn_nonlinearity: str = setting(
+        "tanh",
+        'f of the vanilla RNN h_t = f(V·h_{t-1} + U·x_t + b) (--arch rnn): tanh | relu')
+    bidirectional: bool = setting(True, 'recurrent models: bidirectional encoder, states [h→; h←]')
+    attention: str = setting(
+        "additive",
+        "recurrent models: alignment score of the decoder's attention over the encoder states: none (context "
+        'vector only) | dot | scaled_dot | general | additive | cosine | location')
+    input_feeding: bool = setting(
+        False,
+        'recurrent models with attention: feed h~_{t-1} into the decoder input (Luong et al.; slower '
+        'training: the decoder then runs step by step)')
+    # the classifier's head (task classify)
+    pooling: str = setting(
+        "cls",
+        "classify: cls (the <cls> token's state) | mean (over non-padding positions) | last (RNN final "
+        'states)')
+    n_classes: int = setting(0, 'classify: filled in from the training labels', hidden=True)
+    # filled in from the tokenizer
+    src_vocab_size: int = setting(0, 'filled in from the tokenizer', hidden=True)
+    tgt_vocab_size: int = setting(0, 'filled in from the tokenizer', hidden=True)
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self.arch in RNN_ARCHS
+
+    def validate(self) -> "ModelConfig":
+        _check_finite(self)
+        _check(self.max_positions <= MAX_POSITIONS, "max_positions",
+               f"must be at most {MAX_POSITIONS}, got {self.max_positions}")
+        _check(self.arch in ARCHS, "arch", f"unknown architecture {self.arch!r}{did_you_mean(self.arch, ARCHS)}; choose one of {', '.join(ARCHS)}")
+        _check(self.task in TASKS, "task", f"unknown task {self.task!r}{did_you_mean(self.task, TASKS)}; choose one of {', '.join(TASKS)}")
+        _check(self.pooling in POOLINGS, "pooling", f"must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        _check(self.n_classes >= 0, "n_classes", f"must be >= 0, got {self.n_classes}")
+        if self.task == "classify" and self.n_classes:
+            _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
+        if self.task == "classify" and self.arch == "transformer":
+            _check(self.pooling != "last", "pooling", "'last' (the last RNN state) needs a recurrent arch; "
+                   "a Transformer encoder pools 'cls' or 'mean'")
+        if self.task == "classify" and self.arch != "transformer":
+            _check(self.pooling != "cls", "pooling", "'cls' needs a Transformer encoder; a recurrent classifier "
+                   "pools 'mean' (over valid positions) or 'last' (the final states)")
+        for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
+            _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(self.final_norm in FINAL_NORMS, "final_norm",
+               f"must be one of {', '.join(FINAL_NORMS)}, got {self.final_norm!r}")
+        _check(self.sinusoid_layout in SINUSOID_LAYOUTS, "sinusoid_layout",
+               f"must be one of {', '.join(SINUSOID_LAYOUTS)}, got {self.sinusoid_layout!r}")
         _check(self.activation in ACTIVATIONS, "activation",
                f"unknown activation {self.activation!r}{did_you_mean(self.activation, ACTIVATIONS)}; choose one of "
                f"{', '.join(ACTIVATIONS)}")
-FINAL_NORMS = ("auto", "on", "off")  # ModelConfig.final_norm: a LayerNorm after a stack's last layer
-SINUSOID_LAYOUTS = ("interleaved", "halves")  # ModelConfig.sinusoid_layout: where sin and cos sit
         _check(self.init in INITS, "init", f"must be one of {', '.join(INITS)}, got {self.init!r}")
         _check(self.rnn_nonlinearity in ("tanh", "relu"), "rnn_nonlinearity",
                f"must be tanh or relu, got {self.rnn_nonlinearity!r}")
