@@ -118,6 +118,14 @@ class ModelConfig:
         "relu",
         "the position-wise FFN's activation: relu (the paper's max(0, x)) | gelu (exact, as BERT) | gelu_tanh "
         "(GELU's tanh approximation, as GPT-2) | silu (x·sigmoid(x), swish, as Marian)")
+    scale_embeddings: bool = setting(
+        True, "multiply the token embeddings by √d_model (the paper's; BERT and GPT-2 do not)")
+    type_vocab_size: int = setting(
+        0,
+        "classify/mlm: a learned token-type (segment) embedding table of this many rows, row 0 added at every "
+        "position (BERT's; qkv's inputs are one text, segment 0); 0: none", bound=whole(0, 1024))
+    embedding_norm: bool = setting(
+        False, "classify/mlm: a LayerNorm on embeddings + positions (+ token types) before the first layer (BERT's)")
     layer_norm_eps: float = setting(
         1e-5, "ε of every LayerNorm (added to the variance); torch's default 1e-5, BERT's 1e-12",
         bound=real(1e-30, 1.0))
@@ -174,6 +182,9 @@ class ModelConfig:
         _check(self.n_classes >= 0, "n_classes", f"must be >= 0, got {self.n_classes}")
         if self.task == "classify" and self.n_classes:
             _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
+        if self.task not in ("classify", "mlm") or self.is_recurrent:
+            for name in ("type_vocab_size", "embedding_norm"):
+                _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
         if self.task == "classify" and self.arch == "transformer":
             _check(self.pooling != "last", "pooling", "'last' (the last RNN state) needs a recurrent arch; "
                    "a Transformer encoder pools 'cls' or 'mean'")

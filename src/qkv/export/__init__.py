@@ -42,10 +42,19 @@ def check_out(out: str | Path) -> Path:
     return p
 
 
+# architecture options (qkv.config.ModelConfig) the converters write only at the paper's values: a model with
+# another value is refused by name rather than exported wrong
+PAPER_OPTIONS = {"activation": "relu", "layer_norm_eps": 1e-5, "scale_embeddings": True}
+
+
 def check_supported(src: Source, fmt: str) -> None:
     from qkv.export import ct2, hf
 
     {"ctranslate2": ct2.check, "hf": hf.check}[fmt](src)
+    for name, paper in PAPER_OPTIONS.items():
+        value = getattr(src.model, name, paper)
+        if value != paper:
+            raise QkvError(f"{src.path} has {name} = {value!r}: --format {fmt} writes only the paper's {paper!r}")
 
 
 def export(checkpoint: str | Path, fmt: str, out: str | Path, quantization: str | None = None,

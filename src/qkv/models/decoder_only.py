@@ -79,7 +79,7 @@ class DecoderOnlyTransformer(nn.Module):
             raise ValueError("ModelConfig.tgt_vocab_size must be set (from the tokenizer)")
         self.cfg, self.sep_id = cfg, sep_id
         d = cfg.d_model
-        self.embed = ScaledEmbedding(cfg.tgt_vocab_size, d)
+        self.embed = ScaledEmbedding(cfg.tgt_vocab_size, d, scale=cfg.scale_embeddings)
         self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
         self.pos, self.layers, self.final_norm = stack_modules(cfg, cfg.n_decoder_layers, EncoderLayer)
         self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None

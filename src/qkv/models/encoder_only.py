@@ -23,7 +23,7 @@ from qkv.config import ModelConfig
 from qkv.masks import padding_mask, real_tokens
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
-from qkv.nn.stack import TransformerStack, stack_modules
+from qkv.nn.stack import TransformerStack, input_modules, stack_modules
 
 
 def mean_pool(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -35,10 +35,10 @@ def mean_pool(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 class MLMHead(nn.Module):
     """``LayerNorm(GELU(W H + b)) Eᵀ + b_v``: the output projection is the (tied) embedding matrix."""
 
-    def __init__(self, d_model: int, embed: ScaledEmbedding):
+    def __init__(self, d_model: int, embed: ScaledEmbedding, eps: float = 1e-5):
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.embed = embed  # shared, not a copy
         self.bias = nn.Parameter(torch.zeros(embed.weight.size(0)))
 
@@ -58,17 +58,19 @@ class EncoderOnly(nn.Module):
             raise ValueError("ModelConfig.n_classes must be set (from the training labels)")
         self.cfg = cfg
         d = cfg.d_model
-        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d)
+        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d, scale=cfg.scale_embeddings)
         self.src_pos, self.encoder_layers, self.encoder_norm = stack_modules(cfg, cfg.n_encoder_layers, EncoderLayer)
+        self.src_types, self.embed_norm = input_modules(cfg)  # None, None for the paper's model
         if cfg.task == "classify":
             self.classifier = nn.Linear(d, cfg.n_classes)
         else:
-            self.mlm_head = MLMHead(d, self.src_embed)
+            self.mlm_head = MLMHead(d, self.src_embed, cfg.layer_norm_eps)
 
     @property
     def encoder(self) -> TransformerStack:
         """The encoder: token embedding, positions, N encoder layers."""
-        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout)
+        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout,
+                                self.src_types, self.embed_norm)
 
     def encode(self, tokens: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
         """``tokens (B, T)`` -> states ``H (B, T, d)``, padding mask ``(B, 1, 1, T)``, attention weights."""

@@ -118,8 +118,8 @@ class Transformer(nn.Module):
             raise ValueError("ModelConfig.src_vocab_size and tgt_vocab_size must be set (from the tokenizer)")
         self.cfg = cfg
         d = cfg.d_model
-        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d)
-        self.tgt_embed = self.src_embed if cfg.share_embeddings else ScaledEmbedding(cfg.tgt_vocab_size, d)
+        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d, scale=cfg.scale_embeddings)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else ScaledEmbedding(cfg.tgt_vocab_size, d, scale=cfg.scale_embeddings)
         self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
         src_pos, encoder_layers, encoder_norm = stack_modules(cfg, cfg.n_encoder_layers, EncoderLayer)
         tgt_pos, decoder_layers, decoder_norm = stack_modules(cfg, cfg.n_decoder_layers, DecoderLayer)

@@ -23,9 +23,10 @@ class ScaledEmbedding(nn.Module):
     """``Embedding(x) · √d_model``; :meth:`logits` is the tied pre-softmax projection ``x Eᵀ``.
 
     The PAD row is zero and gets no gradient; ``pad_id=None``: no padding id (every id is a symbol).
+    ``scale=False``: no √d_model factor (``ModelConfig.scale_embeddings``: BERT, GPT-2).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = PAD):
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = PAD, scale: bool = True):
         super().__init__()
         self.d_model = d_model
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
@@ -33,7 +34,7 @@ class ScaledEmbedding(nn.Module):
             with torch.no_grad():
                 self.weight[pad_id].zero_()
         self.pad_id = pad_id
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale else 1.0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens, self.weight, self.pad_id) * self.scale  # (B, T, d_model)

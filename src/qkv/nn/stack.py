@@ -2,6 +2,10 @@
 
     tokens -> Embedding·√d_model + PE -> Dropout -> N layers (-> LayerNorm, pre-norm only)
 
+The encoder-only model may also add a token-type embedding (row 0: qkv's inputs are one segment)
+and normalise the sum before the dropout (``ModelConfig.type_vocab_size``, ``embedding_norm``: BERT's
+embeddings).
+
 The encoder and the decoder of the encoder–decoder are each one stack (the decoder's layers also
 read the encoder output); the encoder-only model is one stack of encoder layers, the
 decoder-only model one stack of encoder layers run with the causal mask.
@@ -46,6 +50,16 @@ def stack_modules(
     return pos, layers, norm
 
 
+def input_modules(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
+    """The token-type table and the embedding LayerNorm of a stack, each None when the config has none
+    (the paper's model: nothing is added to its modules or its checkpoints)."""
+    types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+    if types is not None:
+        nn.init.normal_(types.weight, std=cfg.d_model ** -0.5)
+    norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
+    return types, norm
+
+
 def fairseq_init(layers: nn.Module) -> None:
     """Start the layers' linear maps as fairseq's Transformer does (``init = "fairseq"``): the FFN's
     weights and biases and the Q, K, V biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)), torch's Linear
@@ -76,6 +90,8 @@ class TransformerStack:
     layers: nn.ModuleList
     norm: nn.Module
     dropout: float
+    types: nn.Module | None = None  # token-type table (row 0 added everywhere), or None
+    embed_norm: nn.Module | None = None  # LayerNorm of the embedding sum, or None
 
     def inputs(self, tokens: torch.Tensor, positions: int | torch.Tensor = 0) -> torch.Tensor:
         """Embedding·√d_model + PE, then dropout: ``tokens (B, T)`` -> ``(B, T, d)``.
@@ -88,6 +104,10 @@ class TransformerStack:
         else:
             pe = self.pos(int(positions.max()) + 1 if positions.numel() else 1)[0][positions]  # (B, T, d)
         x = self.embed(tokens) + pe  # (B, T, d)
+        if self.types is not None:
+            x = x + self.types.weight[0]  # every token is of segment 0
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         return dropout(x, self.dropout, self.layers.training)  # training: as the model's modules are
 
     def __call__(
