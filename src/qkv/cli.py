@@ -493,6 +493,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from qkv.importers import import_model
+
+    import_model(args.folder, args.out, log=log)
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from qkv.serve import Limits, serve
 
@@ -563,7 +570,7 @@ def bench_long_range(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 COMMANDS = ("train", "preprocess", "translate", "score", "evaluate", "generate", "classify", "fill", "embed", "search",
-            "average", "info", "viz", "bench", "export", "serve", "lab")
+            "average", "info", "viz", "bench", "export", "import", "serve", "lab")
 
 
 def parse(parser, argv: list[str]) -> argparse.Namespace:

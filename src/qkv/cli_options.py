@@ -241,7 +241,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> Pa
     for add in (add_train_parser, add_preprocess_parser, add_translate_parser, add_score_parser,
                 add_evaluate_parser, add_generate_parser, add_classify_parser, add_fill_parser, add_embed_parser,
                 add_search_parser, add_average_parser, add_info_parser, add_viz_parser, add_bench_parser,
-                add_export_parser, add_serve_parser, add_lab_parser):
+                add_export_parser, add_import_parser, add_serve_parser, add_lab_parser):
         add(sub, handlers)
     name_bounded_options(p)
     return p
@@ -604,6 +604,21 @@ def add_export_parser(sub, handlers: dict) -> None:
                                                         "(default: unknown)")
     e.add_argument("--dataset", help="model card: the training data's name (default: what training recorded)")
     e.set_defaults(func=handlers["export"])
+
+
+def add_import_parser(sub, handlers: dict) -> None:
+    m = sub.add_parser("import", help="a pretrained model from a local Hugging Face folder, as a qkv checkpoint",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Convert a pretrained model saved by transformers (config.json, model.safetensors\n"
+                                   "or pytorch_model.bin, tokenizer.json) or a sentence-transformers folder into a\n"
+                                   "qkv checkpoint directory that every command takes (embed, search, classify,\n"
+                                   "fill, serve, viz, train --init-from, ...). BERT-family encoders: BertModel,\n"
+                                   "BertForMaskedLM, BertForSequenceClassification. An architecture or option qkv\n"
+                                   "cannot convert exactly is refused by name (exit status 2). docs/pretrained.md\n"
+                                   "says what each command does with an imported model.")
+    m.add_argument("folder", metavar="HF_DIR", help="the model's folder, e.g. models/all-MiniLM-L6-v2")
+    m.add_argument("--out", required=True, help="a new (or empty) checkpoint directory to write")
+    m.set_defaults(func=handlers["import"])
 
 
 def add_bench_parser(sub, handlers: dict) -> None:

@@ -163,6 +163,12 @@ class ModelConfig:
         "cls",
         "classify: cls (the <cls> token's state) | mean (over non-padding positions) | last (RNN final "
         'states)')
+    pooler: bool = setting(
+        False, "classify: BERT's pooler, tanh(W h + b), on the pooled state before the classifier")
+    mlm_head: bool = setting(
+        True,
+        'mlm: the masked-LM head (false: an encoder imported without one, e.g. BertModel or a sentence-transformers '
+        'model, for embed and search; fill and mlm training need the head)')
     n_classes: int = setting(0, 'classify: filled in from the training labels', hidden=True)
     # filled in from the tokenizer
     src_vocab_size: int = setting(0, 'filled in from the tokenizer', hidden=True)
@@ -183,8 +189,9 @@ class ModelConfig:
         if self.task == "classify" and self.n_classes:
             _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
         if self.task not in ("classify", "mlm") or self.is_recurrent:
-            for name in ("type_vocab_size", "embedding_norm"):
+            for name in ("type_vocab_size", "embedding_norm", "pooler"):
                 _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
+        _check(self.task == "classify" or not self.pooler, "pooler", "only a classifier has it")
         if self.task == "classify" and self.arch == "transformer":
             _check(self.pooling != "last", "pooling", "'last' (the last RNN state) needs a recurrent arch; "
                    "a Transformer encoder pools 'cls' or 'mean'")

@@ -166,6 +166,10 @@ class MarianTokenizerPair(TokenizerPair):
             raise QkvError(f"{d / SPECIALS}: expected a JSON object naming the pad, unk and eos pieces")
         return cls.from_files(d, specials)
 
+    @classmethod
+    def load_pair(cls, directory: str | Path) -> "MarianTokenizerPair":
+        return cls.load(directory)
+
     @staticmethod
     def present(directory: str | Path, files: Collection[str] | None = None) -> bool:
         d = Path(directory)

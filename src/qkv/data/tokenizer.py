@@ -32,6 +32,12 @@ from qkv.config import BOS, CLS, CLS_PIECE, EOS, MASK, MASK_PIECE, PAD, SEP, SEP
 from qkv.errors import QkvError
 
 MODEL_TYPES = ("bpe", "unigram", "char")
+# Tokenizer backends of imported pretrained models (qkv.data.pretrained says what one offers): the files a
+# checkpoint holds for it -> "module:Class" with load_pair(directory) / save_pair(pair, directory).
+BACKENDS: dict[tuple[str, ...], str] = {
+    ("tokenizer.json", "tokenizer_ids.json"): "qkv.data.pretrained:HFTokenizer",
+    ("source.spm", "target.spm", "vocab.json", "marian_specials.json"): "qkv.data.marian_tokenizer:MarianTokenizerPair",
+}
 SPECIAL_PIECES = {CLS: CLS_PIECE, MASK: MASK_PIECE, SEP: SEP_PIECE}
 
 
@@ -199,6 +205,10 @@ class Tokenizer:
         """The piece for id ``i``, e.g. ``'▁Haus'`` (for display)."""
         return self.sp.id_to_piece(i)
 
+    def piece_text(self, i: int) -> str:
+        """The text of piece ``i`` as a word, e.g. ``'Haus'`` (for display)."""
+        return self.sp.decode([i]) or self.id_to_piece(i)
+
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size})"
 
@@ -253,12 +263,17 @@ class TokenizerPair:
 
     def files(self) -> list[str]:
         """Names of the files :meth:`save` writes."""
+        if hasattr(self.src, "FILES"):  # an imported model's tokenizer (BACKENDS)
+            return list(self.src.FILES)
         return [self.JOINT_FILE] if self.joint else [self.SRC_FILE, self.TGT_FILE]
 
     def save(self, directory: str | Path) -> None:
         """Write ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model`` into ``directory``."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
+        if hasattr(self.src, "save_pair"):  # an imported model's tokenizer (BACKENDS)
+            self.src.save_pair(self, d)
+            return
         if self.joint:
             self.src.save(d / self.JOINT_FILE)
         else:
@@ -275,10 +290,12 @@ class TokenizerPair:
         def present(name: str) -> bool:
             return (d / name).is_file() and (files is None or name in files)
 
-        from qkv.data.marian_tokenizer import MarianTokenizerPair  # an imported Marian (OPUS-MT) model's
+        for names, where in BACKENDS.items():
+            if all(present(n) for n in names):
+                import importlib
 
-        if MarianTokenizerPair.present(d, files):
-            return MarianTokenizerPair.load(d, files)
+                module, name = where.split(":")
+                return getattr(importlib.import_module(module), name).load_pair(d)
         if present(cls.JOINT_FILE):
             shared = Tokenizer.from_file(d / cls.JOINT_FILE)
             return cls(shared, shared)

@@ -39,15 +39,23 @@ class Encoder(Frontend):
     name = "encoder"
 
     def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, labels: list[str] | None = None,
-                 train_cfg: TrainConfig | None = None, batch_size: int = 64):
+                 train_cfg: TrainConfig | None = None, batch_size: int = 64, normalize: bool = False):
         super().__init__(model, tokenizers, train_cfg)
+        self.normalize = normalize  # embeddings L2-normalised (an imported sentence-transformers model's Normalize)
         self.labels = list(labels) if labels else None
         self.max_len = min(self.train_cfg.max_len, getattr(model.cfg, "max_positions", 10**9) - 1)
         self.batch_size = batch_size
 
+    @property
+    def offers(self) -> frozenset[str]:
+        """The task's offers, less "fill" for an encoder imported without its masked-LM head."""
+        offers = super().offers
+        return offers - {"fill"} if not getattr(self.model.cfg, "mlm_head", True) else offers
+
     @classmethod
     def from_checkpoint(cls, model, tokenizers, config, decode_cfg, train_cfg) -> "Encoder":
-        return cls(model, tokenizers, config.get("labels"), train_cfg)
+        sentence = config.get("sentence_embedding") or {}
+        return cls(model, tokenizers, config.get("labels"), train_cfg, normalize=bool(sentence.get("normalize")))
 
     def _ids(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
         """Token lists cut to ``max_len``; ``on_truncate(indices, max_len)`` hears which were cut."""
@@ -61,7 +69,7 @@ class Encoder(Frontend):
         cut = [i for i, row in enumerate(ids) if len(row) > self.max_len]
         if cut and on_truncate is not None:
             on_truncate(cut, self.max_len)
-        return truncate(ids, self.max_len)[0]
+        return truncate(ids, self.max_len, getattr(self.tokenizers.src, "suffix", ()))[0]
 
     def _batches(self, ids: list[list[int]]):
         """(indices, (B, T) tokens on the device), similar lengths together."""
@@ -77,12 +85,13 @@ class Encoder(Frontend):
         if not cleaned:
             raise QkvError("the text is empty")
         ids = self.tokenizers.src.encode([cleaned])[0]
-        if "fill" in self.offers:
+        if "fill" in self.offers and hasattr(self.tokenizers.src, "sp"):
             # SentencePiece splits " [MASK]" into a lone "▁" and [MASK]; in training a mask replaces a
             # whole piece such as "▁great", so the lone "▁" goes.
             lone = self.tokenizers.src.sp.piece_to_id("▁")
             ids = [t for j, t in enumerate(ids) if not (t == lone and j + 1 < len(ids) and ids[j + 1] == MASK)]
-        return encoder_input([ids[: self.max_len]]).to(self.device)  # (1, T)
+        ids = truncate([ids], self.max_len, getattr(self.tokenizers.src, "suffix", ()))[0][0]
+        return encoder_input([ids]).to(self.device)  # (1, T)
 
     # --- classify --------------------------------------------------------------------------------------
 
@@ -141,6 +150,9 @@ class Encoder(Frontend):
         A special piece (``[MASK]``, ``<cls>``, ``<s>``, ``</s>``, ...) is never offered: the decoders'
         rule (:func:`qkv.decoding.banned_ids`, EOS included since a fill has no end) sets its
         probability to 0 after the softmax, so the others keep the model's own probabilities."""
+        if self.task == "mlm" and "fill" not in self.offers:
+            raise QkvError("this encoder was imported without its masked-LM head (BertModel or sentence-transformers): "
+                           "it embeds and searches; fill needs a BertForMaskedLM")
         if "fill" not in self.offers:
             raise QkvError(f"this is a {self.task!r} model: fill needs a masked language model (--task mlm)")
         if "[MASK]" not in text:
@@ -153,7 +165,7 @@ class Encoder(Frontend):
         top = probs.topk(min(k, probs.size(-1) - len(banned)), dim=-1)
         out = []
         for values, indices in zip(top.values.tolist(), top.indices.tolist()):
-            out.append([(self.tokenizers.src.sp.decode([i]) or self.tokenizers.src.id_to_piece(i), v)
+            out.append([(self.tokenizers.src.piece_text(i), v)
                         for i, v in zip(indices, values)])
         return out
 
@@ -162,14 +174,19 @@ class Encoder(Frontend):
     @torch.inference_mode()
     def embed(self, texts: list[str], pooling: str | None = None) -> torch.Tensor:
         """``(N, d)`` sentence embeddings: ``pooling`` "mean" or "cls" (default: the model's own,
-        "mean" for an mlm model)."""
+        "mean" for an mlm model); L2-normalised where the model says so (an imported
+        sentence-transformers model with its Normalize module)."""
         self.model.eval()
         if pooling is None:
             pooling = self.model.cfg.pooling if "classify" in self.offers else "mean"
+        if pooling not in ("mean", "cls"):
+            raise QkvError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         ids = self._ids(texts)
         out = None
         for idx, tokens in self._batches(ids):
             vectors = self.model.embed(tokens, pooling).float().cpu()  # (B, d)
+            if self.normalize:
+                vectors = F.normalize(vectors, dim=-1)
             if out is None:
                 out = torch.zeros(len(ids), vectors.size(-1))
             out[idx] = vectors

@@ -47,10 +47,19 @@ def check_serves(path: str | Path, command: str) -> None:
     (:attr:`qkv.tasks.base.Task.offers`), naming what it is and what it serves."""
     from qkv.tasks import TASKS, get_task
 
-    task = checkpoint_task(path)
-    if task is None or task not in TASKS:
+    try:
+        cfg = read_config(path, "model")
+    except QkvError:
+        return
+    task = cfg.task
+    if task not in TASKS:
         return
     offered = get_task(task).offers
+    if not cfg.mlm_head:  # an encoder imported without its masked-LM head
+        offered = offered - {"fill"}
+        if command == "fill":
+            raise QkvError(f"{path} is an encoder imported without its masked-LM head (BertModel or "
+                           "sentence-transformers): it embeds and searches; fill needs a BertForMaskedLM")
     if command in offered:
         return
     kinds = list(dict.fromkeys(get_task(t).kind for t in TASKS if command in get_task(t).offers))

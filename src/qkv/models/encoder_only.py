@@ -7,6 +7,7 @@ The left half of Figure 1 with a head on top (as BERT, Devlin et al., 2019):
     pooling "cls":  h = H[:, 0]                                       (the <cls> position)
     pooling "mean": h = Σ_t m_t H[:, t] / Σ_t m_t,  m_t = [token t is not PAD]
     classification: logits = W_c · Dropout(h) + b_c                  (B, C)
+                    (with ``pooler``, BERT's: h -> tanh(W_p h + b_p) first)
     MLM:            logits = LayerNorm(GELU(W_m H + b_m)) Eᵀ + b_v    (B, T, V), E the tied embedding
 
 Padding is masked in self-attention (:func:`qkv.masks.padding_mask`) and in the mean, so
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.config import ModelConfig
+from qkv.errors import QkvError
 from qkv.masks import padding_mask, real_tokens
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
@@ -62,8 +64,10 @@ class EncoderOnly(nn.Module):
         self.src_pos, self.encoder_layers, self.encoder_norm = stack_modules(cfg, cfg.n_encoder_layers, EncoderLayer)
         self.src_types, self.embed_norm = input_modules(cfg)  # None, None for the paper's model
         if cfg.task == "classify":
+            if cfg.pooler:  # BERT's: tanh(W h + b)
+                self.pooler = nn.Linear(d, d)
             self.classifier = nn.Linear(d, cfg.n_classes)
-        else:
+        elif cfg.mlm_head:
             self.mlm_head = MLMHead(d, self.src_embed, cfg.layer_norm_eps)
 
     @property
@@ -105,7 +109,11 @@ class EncoderOnly(nn.Module):
         h, _, _ = self.encode(tokens)
         if self.cfg.task == "classify":
             pooled = self.pool(h, tokens)
+            if self.cfg.pooler:
+                pooled = torch.tanh(self.pooler(pooled))
             return self.classifier(F.dropout(pooled, self.cfg.dropout, self.training))  # (B, C)
+        if not self.cfg.mlm_head:
+            raise QkvError("this encoder has no masked-LM head (imported without one): it embeds, it does not fill")
         if predict is not None:
             h = h[predict]  # (N, d)
         return self.mlm_head(h)  # (B, T, V) or (N, V)

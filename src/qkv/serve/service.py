@@ -265,6 +265,9 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
             except QkvError as e:
                 raise QkvError(f"{path}: {e}") from None
         model = Served(unique, frontend, limits, str(path))
+        if not model.endpoints:
+            raise QkvError(f"{path}: qkv serve has no endpoint for what this model offers ({', '.join(sorted(frontend.offers))}"
+                           "): an encoder imported without its masked-LM head embeds; use qkv embed and qkv search")
         if "translate" in frontend.offers:  # the beam a request without beam_size gets: refused now, not then
             beam = frontend.decode_cfg.beam_size
             try:

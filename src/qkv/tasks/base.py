@@ -135,8 +135,9 @@ def require_positions(model_cfg: ModelConfig, train_cfg: TrainConfig, need: int,
 # --- starting from another checkpoint ------------------------------------------------------------------
 
 ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "positional",
-               "max_positions", "norm_first", "share_embeddings", "tie_output", "final_norm", "sinusoid_layout",
-               "output_bias")
+               "max_positions", "norm_first", "share_embeddings", "tie_output", "activation", "layer_norm_eps",
+               "scale_embeddings", "type_vocab_size", "embedding_norm", "final_norm",
+               "sinusoid_layout", "output_bias")
 
 
 def checkpoint_tokenizers(path: str | Path) -> TokenizerPair:

@@ -31,10 +31,12 @@ def encoder_input(ids: list[list[int]]) -> torch.Tensor:
     return _pad([[CLS, *row] for row in ids])
 
 
-def truncate(ids: list[list[int]], max_len: int) -> tuple[list[list[int]], int]:
-    """Keep the first ``max_len`` tokens of each text; also return how many were cut."""
+def truncate(ids: list[list[int]], max_len: int, suffix: list[int] | tuple = ()) -> tuple[list[list[int]], int]:
+    """Keep the first ``max_len`` tokens of each text; also return how many were cut. ``suffix``: the
+    tokens the tokenizer puts after every text (an imported BERT's ``[SEP]``), kept at the end of a cut one."""
     cut = sum(len(row) > max_len for row in ids)
-    return [row[:max_len] for row in ids], cut
+    keep = max_len - len(suffix)
+    return [row if len(row) <= max_len else row[:keep] + list(suffix) for row in ids], cut
 
 
 @dataclass
@@ -100,7 +102,7 @@ def encode_texts(data: TextData, tokenizers: TokenizerPair, max_len: int | None,
     tokenizers.src.require_specials(task)
     ids = tokenizers.src.encode(data.texts)
     if max_len is not None:
-        ids, cut = truncate(ids, max_len)
+        ids, cut = truncate(ids, max_len, getattr(tokenizers.src, "suffix", ()))
         if cut:
             log(f"{data.name}: truncated {cut} of {len(ids)} texts to their first max_len={max_len} tokens")
     return ids

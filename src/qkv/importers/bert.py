@@ -1,0 +1,238 @@
+"""BERT-family encoders -> qkv's encoder-only model (:class:`~qkv.models.encoder_only.EncoderOnly`).
+
+    BertModel                       task mlm without its head (``mlm_head = false``): embed, search
+    BertForMaskedLM                 task mlm with BERT's tied head: fill, embed, search
+    BertForSequenceClassification   task classify with BERT's pooler (``pooler = true``) and its labels
+    sentence-transformers folder    a BertModel + its Pooling (mean or cls) + Normalize: embed, search
+
+BERT is qkv's encoder with these options (:class:`~qkv.config.ModelConfig`): post-norm layers,
+learned positions (``max_position_embeddings``), no √d_model embedding scale, token-type embeddings
+(row 0: qkv's inputs are one text), a LayerNorm on the embedding sum, ``layer_norm_eps`` (1e-12) and
+GELU in the FFN. A text reads ``[CLS] tokens [SEP]``: ``[CLS]`` is qkv's CLS and the tokenizer puts the
+``[SEP]`` after the tokens (:mod:`qkv.data.pretrained`).
+
+Weights (``bert.`` prefix in the task models)::
+
+    embeddings.word_embeddings          src_embed (rows in qkv's order, qkv.data.pretrained.IdMap)
+    embeddings.position_embeddings      src_pos
+    embeddings.token_type_embeddings    src_types
+    embeddings.LayerNorm                embed_norm
+    encoder.layer.i.attention.self.{query,key,value}   encoder_layers.i.self_attn.in_proj ([Q; K; V])
+    encoder.layer.i.attention.output.dense             encoder_layers.i.self_attn.out_proj
+    encoder.layer.i.attention.output.LayerNorm         encoder_layers.i.res_attn.norm
+    encoder.layer.i.intermediate.dense                 encoder_layers.i.ffn.w_1
+    encoder.layer.i.output.dense                       encoder_layers.i.ffn.w_2
+    encoder.layer.i.output.LayerNorm                   encoder_layers.i.res_ffn.norm
+    pooler.dense, classifier                           pooler, classifier
+    cls.predictions.transform.{dense,LayerNorm}, .bias mlm_head.{dense,norm,bias} (the decoder is tied)
+
+Refused by name: relative position embeddings, a decoder or cross-attention configuration, a
+masked-LM head that is not tied to the embeddings or whose activation is not GELU, pooling other
+than mean or cls, a sentence-transformers Dense module, a multi-label or regression classifier.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from qkv.config import CLS, ModelConfig, TrainConfig
+from qkv.errors import QkvError
+
+ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
+MODEL_TYPES = ("bert",)
+DEFAULT_ARCHITECTURE = "BertModel"
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
+               "silu": "silu", "swish": "silu"}
+# sentence-transformers modules after the Transformer that qkv reproduces
+POOLING_MODULE, NORMALIZE_MODULE = "sentence_transformers.models.Pooling", "sentence_transformers.models.Normalize"
+
+
+def refuse(where: Path, what: str):
+    from qkv.importers import ImportRefused
+
+    raise ImportRefused(f"{where}: {what}")
+
+
+def model_config(cfg: dict, where: Path, task: str, vocab_size: int) -> ModelConfig:
+    """The qkv encoder of BERT's config.json ``cfg``; what qkv's encoder cannot be is refused by name."""
+    def need(key):
+        if key not in cfg:
+            refuse(where, f"has no {key!r}")
+        return cfg[key]
+
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        refuse(where, f"position_embedding_type {cfg['position_embedding_type']!r} is not supported (qkv's BERT "
+                      "has absolute learned positions)")
+    for key in ("is_decoder", "add_cross_attention"):
+        if cfg.get(key):
+            refuse(where, f"{key} = true is not supported (qkv imports BERT as an encoder)")
+    act = need("hidden_act")
+    if act not in ACTIVATIONS:
+        refuse(where, f"hidden_act {act!r} is not supported (qkv has {', '.join(ACTIVATIONS)})")
+    d, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+    if d % heads:
+        refuse(where, f"hidden_size {d} is not a multiple of num_attention_heads {heads}")
+    if cfg.get("attention_head_size") not in (None, d // heads):
+        refuse(where, f"attention_head_size {cfg['attention_head_size']} is not hidden_size / num_attention_heads")
+    return ModelConfig(
+        task=task, arch="transformer", d_model=d, n_heads=heads, d_ff=int(need("intermediate_size")),
+        n_encoder_layers=int(need("num_hidden_layers")), n_decoder_layers=1,
+        dropout=float(cfg.get("hidden_dropout_prob", 0.1)),
+        attention_dropout=float(cfg.get("attention_probs_dropout_prob", 0.1)),
+        positional="learned", max_positions=int(need("max_position_embeddings")), norm_first=False,
+        activation=ACTIVATIONS[act], layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)), scale_embeddings=False,
+        type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
+        src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, share_embeddings=True, tie_output=True,
+    )
+
+
+def _tokenizer(folder: Path, base: Path):
+    from qkv.data.pretrained import HFTokenizer, roles, single_template, special_token_names
+    from qkv.data.tokenizer import TokenizerPair
+
+    where = next((p for p in (base, folder) if (p / "tokenizer.json").is_file()), None)
+    if where is None:
+        refuse(base, "has no tokenizer.json (qkv reads a BERT tokenizer from the tokenizer.json of the "
+                     "tokenizers library; a folder with vocab.txt only can be converted by loading it with "
+                     "transformers' BertTokenizerFast and save_pretrained)")
+    raw = (where / "tokenizer.json").read_bytes()
+    names = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]",
+             **special_token_names(where)}
+    names.pop("bos", None), names.pop("eos", None)  # BERT has none (a tokenizer_config may alias them)
+    r = roles(raw, names, str(where / "tokenizer.json"))
+    before, after = single_template(raw, str(where / "tokenizer.json"))
+    if before != [r[CLS]]:
+        refuse(where / "tokenizer.json", f"a text starts with ids {before}, not with its [CLS] token alone")
+    tok = HFTokenizer.create(raw, r, after, str(where / "tokenizer.json"))
+    return TokenizerPair(tok, tok)
+
+
+def _weights(base: Path, arch: str) -> dict[str, torch.Tensor]:
+    from qkv.importers import read_weights
+
+    w = read_weights(base)
+    # older checkpoints name LayerNorm's weight/bias gamma/beta
+    w = {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v
+         for k, v in w.items()}
+    if any(k.startswith("bert.") for k in w):
+        w = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in w.items()}
+    return w
+
+
+def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | None):
+    from qkv.importers import Imported, read_json
+    from qkv.models import build_model
+
+    where = base / "config.json"
+    tokenizers = _tokenizer(folder, base)
+    ids = tokenizers.src.ids
+    extra: dict = {}
+    pooling, normalize, max_len = "mean", False, int(cfg.get("max_position_embeddings", 512)) - 1
+    if sentence is not None:
+        pooling, normalize, max_seq = _sentence_modules(folder, sentence["modules"])
+        max_len = min(max_len, max_seq - 1) if max_seq else max_len
+        extra["sentence_embedding"] = {"pooling": pooling, "normalize": normalize}
+    task = {"BertForSequenceClassification": "classify"}.get(arch, "mlm")
+    mcfg = model_config(cfg, where, task, ids.size)
+    w = _weights(base, arch)
+    if task == "classify":
+        if cfg.get("problem_type") not in (None, "single_label_classification"):
+            refuse(where, f"problem_type {cfg['problem_type']!r} is not supported (qkv classifies single labels)")
+        n = int(cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2)
+        if n < 2:
+            refuse(where, "a regression head (num_labels = 1) is not supported (qkv classifies)")
+        id2label = cfg.get("id2label") or {}
+        labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+        if len(set(labels)) != n:
+            refuse(where, f"id2label names a label twice: {labels}")
+        extra["labels"] = labels
+        mcfg = ModelConfig(**{**mcfg.__dict__, "n_classes": n, "pooling": "cls", "pooler": True})
+    else:
+        has_head = "cls.predictions.bias" in w
+        if arch == "BertForMaskedLM" and not has_head:
+            refuse(base, "BertForMaskedLM without its cls.predictions weights")
+        if has_head and mcfg.activation != "gelu":
+            refuse(where, f"a masked-LM head with hidden_act {cfg['hidden_act']!r} is not supported (qkv's head "
+                          "uses GELU)")
+        mcfg = ModelConfig(**{**mcfg.__dict__, "mlm_head": has_head and sentence is None, "pooling": pooling})
+    mcfg.validate()
+    model = build_model(mcfg)
+    state = _state(w, mcfg, ids, where)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "mlm_head.embed.weight"]  # the tied embedding, loaded as src_embed
+    if missing or unexpected:
+        raise QkvError(f"internal: BERT weights do not fit qkv's encoder (missing {missing}, unexpected {unexpected})")
+    model.eval()
+    train_cfg = TrainConfig(max_len=max_len, tokenizer_from="")
+    return Imported(model, mcfg, tokenizers, train_cfg, extra, arch if sentence is None else
+                    f"sentence-transformers {arch}")
+
+
+def _sentence_modules(folder: Path, modules: list) -> tuple[str, bool, int]:
+    """(pooling, normalize, max_seq_length) of a sentence-transformers folder; other modules are refused."""
+    from qkv.importers import read_json
+
+    pooling, normalize = "mean", False
+    for m in modules[1:]:
+        kind, path = m.get("type"), folder / m.get("path", "")
+        if kind == POOLING_MODULE:
+            pc = read_json(path / "config.json")
+            modes = [k for k, v in pc.items() if k.startswith("pooling_mode") and v]
+            if modes == ["pooling_mode_mean_tokens"]:
+                pooling = "mean"
+            elif modes == ["pooling_mode_cls_token"]:
+                pooling = "cls"
+            else:
+                refuse(path / "config.json", f"pooling {', '.join(modes) or 'none'} is not supported (qkv pools "
+                                             "pooling_mode_mean_tokens or pooling_mode_cls_token)")
+        elif kind == NORMALIZE_MODULE:
+            normalize = True
+        else:
+            refuse(folder / "modules.json", f"module {kind!r} is not supported (qkv reproduces Pooling and Normalize)")
+    st = folder / "sentence_bert_config.json"
+    max_seq = int(read_json(st).get("max_seq_length") or 0) if st.is_file() else 0
+    if st.is_file() and read_json(st).get("do_lower_case"):
+        refuse(st, "do_lower_case = true is not supported (the tokenizer's own normaliser is used)")
+    return pooling, normalize, max_seq
+
+
+def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path) -> dict[str, torch.Tensor]:
+    def get(name):
+        if name not in w:
+            refuse(where.parent, f"the weights have no {name!r} (not a BERT checkpoint of this configuration?)")
+        return w[name].float()
+
+    s: dict[str, torch.Tensor] = {}
+    e = "embeddings."
+    word = get(e + "word_embeddings.weight")
+    if word.shape[0] > ids.size:
+        refuse(where.parent, f"the embeddings have {word.shape[0]} rows, the tokenizer {ids.size} tokens")
+    s["src_embed.weight"] = ids.rows(word)
+    s["src_pos.weight"] = get(e + "position_embeddings.weight")
+    s["src_types.weight"] = get(e + "token_type_embeddings.weight")
+    s["embed_norm.weight"], s["embed_norm.bias"] = get(e + "LayerNorm.weight"), get(e + "LayerNorm.bias")
+    for i in range(cfg.n_encoder_layers):
+        h, q = f"encoder.layer.{i}.", f"encoder_layers.{i}."
+        att = h + "attention.self."
+        s[q + "self_attn.in_proj.weight"] = torch.cat([get(att + n + ".weight") for n in ("query", "key", "value")])
+        s[q + "self_attn.in_proj.bias"] = torch.cat([get(att + n + ".bias") for n in ("query", "key", "value")])
+        for src, dst in (("attention.output.dense", "self_attn.out_proj"), ("attention.output.LayerNorm", "res_attn.norm"),
+                         ("intermediate.dense", "ffn.w_1"), ("output.dense", "ffn.w_2"),
+                         ("output.LayerNorm", "res_ffn.norm")):
+            s[q + dst + ".weight"], s[q + dst + ".bias"] = get(h + src + ".weight"), get(h + src + ".bias")
+    if cfg.task == "classify":
+        s["pooler.weight"], s["pooler.bias"] = get("pooler.dense.weight"), get("pooler.dense.bias")
+        s["classifier.weight"], s["classifier.bias"] = get("classifier.weight"), get("classifier.bias")
+    elif cfg.mlm_head:
+        p = "cls.predictions."
+        decoder = w.get(p + "decoder.weight")
+        if decoder is not None and not torch.equal(decoder.float(), word):
+            refuse(where.parent, "its masked-LM decoder is not tied to the word embeddings (qkv's head is tied)")
+        s["mlm_head.dense.weight"], s["mlm_head.dense.bias"] = get(p + "transform.dense.weight"), \
+            get(p + "transform.dense.bias")
+        s["mlm_head.norm.weight"], s["mlm_head.norm.bias"] = get(p + "transform.LayerNorm.weight"), \
+            get(p + "transform.LayerNorm.bias")
+        s["mlm_head.bias"] = ids.rows(get(p + "bias"))
+    return s
