@@ -243,7 +243,7 @@ def test_imported_settings(imported, marian_dir):
     ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings"),
     ({"activation_function": "tanh"}, "activation_function 'tanh'"),
     ({"scale_embedding": False}, "scale_embedding"),
-    ({"model_type": "bart", "architectures": ["BartForConditionalGeneration"]}, "model_type 'bart'"),
+    ({"model_type": "bart", "architectures": ["BartForConditionalGeneration"]}, "BartForConditionalGeneration is not supported"),
     ({"decoder_ffn_dim": 128}, "decoder_ffn_dim"),
 ])
 def test_unsupported_options_are_refused_by_name(marian_dir, tmp_path, change, message):
@@ -274,3 +274,114 @@ def test_missing_files_are_named(marian_dir, tmp_path):
         (d / name).unlink()
         with pytest.raises(QkvError, match=f"{name}|no weights"):
             write(d, tmp_path / f"out-{name}")
+
+
+# --- the commands on an imported model: import, translate, score, viz attention, fine-tune, export --------
+
+HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
+
+
+def test_import_command_and_commands_on_the_import(marian_dir, tmp_path, capsys):
+    """``qkv import`` writes the checkpoint; translate, score and viz attention take it as any other."""
+    import qkv
+    from qkv.cli import main
+
+    ckpt = tmp_path / "ende"
+    assert main(["import", str(marian_dir), "--out", str(ckpt)]) == 0
+    want = qkv.load(ckpt).translate(EN[:2], beam_size=1)
+    capsys.readouterr()
+    assert main(["translate", str(ckpt), "--beam-size", "1", *EN[:2]]) == 0
+    assert capsys.readouterr().out.splitlines() == want
+    assert want[1] == DE[1]  # the model learned its six pairs (in transformers): the import translates them
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_text("\n".join(EN[:3]) + "\n")
+    tgt.write_text("\n".join(DE[:3]) + "\n")
+    assert main(["score", str(ckpt), "--src", str(src), "--tgt", str(tgt), "--output", str(tmp_path / "s.txt")]) == 0
+    assert len((tmp_path / "s.txt").read_text().splitlines()) == 3
+    assert main(["viz", "attention", str(ckpt), EN[1], "--target", DE[1], "--out", str(tmp_path / "att")]) == 0
+    assert (tmp_path / "att.html").is_file()
+    assert main(["import", str(marian_dir), "--out", str(ckpt)]) == 2  # never over an existing checkpoint
+
+
+def multi30k(n: int, split: str = "train") -> tuple[list[str], list[str]]:
+    import gzip
+
+    root = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+    if not root.is_dir():
+        root = Path("/work/shared/data/multi30k")
+    if not (root / f"{split}.en.gz").is_file():
+        pytest.skip(f"Multi30k is not at {root} (see the data README)")
+    with gzip.open(root / f"{split}.en.gz", "rt", encoding="utf-8") as f_en, \
+            gzip.open(root / f"{split}.de.gz", "rt", encoding="utf-8") as f_de:
+        pairs = [(e.strip(), d.strip()) for e, d, _ in zip(f_en, f_de, range(n))]
+    return [e for e, _ in pairs], [d for _, d in pairs]
+
+
+@pytest.fixture(scope="module")
+def finetuned(imported, tmp_path_factory):
+    """``qkv train --init-from`` the import, a handful of updates on Multi30k pairs (or the six pairs)."""
+    from qkv.cli import main
+
+    d = tmp_path_factory.mktemp("ft")
+    try:
+        en, de = multi30k(200)
+    except pytest.skip.Exception:
+        en, de = EN * 10, DE * 10
+    (d / "train.en").write_text("\n".join(en) + "\n")
+    (d / "train.de").write_text("\n".join(de) + "\n")
+    (d / "valid.en").write_text("\n".join(EN) + "\n")
+    (d / "valid.de").write_text("\n".join(DE) + "\n")
+    out = d / "run"
+    rc = main(["train", "--init-from", str(imported), "--src-train", str(d / "train.en"), "--tgt-train",
+               str(d / "train.de"), "--src-valid", str(d / "valid.en"), "--tgt-valid", str(d / "valid.de"),
+               "--max-steps", "6", "--eval-every", "6", "--max-tokens", "600", "--schedule", "constant",
+               "--lr", "0.0003", "--out", str(out), "--threads", "1"])
+    assert rc == 0
+    return out / "last"
+
+
+def test_finetune_from_the_import(imported, finetuned):
+    """The fine-tuned model keeps the import's architecture and tokenizer, and its weights moved."""
+    from qkv.checkpoint import read_checkpoint, read_config
+    from qkv.data.marian_tokenizer import MarianTokenizerPair
+    from qkv.tasks.base import checkpoint_tokenizers
+
+    a, b = read_checkpoint(imported), read_checkpoint(finetuned)
+    assert read_config(b, "model").sinusoid_layout == "halves" and read_config(b, "model").activation == "silu"
+    assert isinstance(checkpoint_tokenizers(finetuned), MarianTokenizerPair)
+    assert set(a.state_dict) == set(b.state_dict)
+    moved = [n for n in a.state_dict if not torch.equal(a.state_dict[n], b.state_dict[n])]
+    assert "output_bias" in moved and len(moved) > len(a.state_dict) // 2
+
+
+@pytest.mark.parametrize("fmt", ["hf", "ctranslate2"])
+def test_round_trip_export_greedy_equals_qkv(finetuned, tmp_path, fmt):
+    """The fine-tuned import exports back to a MarianMTModel folder (OPUS-MT's own vocabulary order)
+    and to CTranslate2, each with greedy outputs equal to qkv's."""
+    import qkv
+    from qkv.cli import main
+
+    if fmt == "ctranslate2" and not HAS_CT2:
+        pytest.skip(f"ctranslate2 is not installed: {INSTALL}")
+    out = tmp_path / fmt
+    assert main(["export", str(finetuned), "--format", fmt, "--out", str(out)]) == 0
+    tr = qkv.load(finetuned)
+    texts = EN + SAMPLE[:4]
+    limit = 20
+    want = tr.translate(texts, beam_size=1, max_len_a=0, max_len_b=limit)
+    if fmt == "hf":
+        from transformers import MarianMTModel, MarianTokenizer
+
+        hf, tok = MarianMTModel.from_pretrained(str(out)).eval(), MarianTokenizer.from_pretrained(str(out))
+        assert json.loads((out / "vocab.json").read_text()) == tr.tokenizers.vocab  # the original order back
+        batch = tok(texts, return_tensors="pt", padding=True)
+        ids = hf.generate(**batch, num_beams=1, max_new_tokens=limit + 1, renormalize_logits=False)
+        got = tok.batch_decode(ids, skip_special_tokens=True)
+    else:
+        import ctranslate2
+
+        model = ctranslate2.Translator(str(out), device="cpu")
+        pieces = [[tr.tokenizers.src.id_to_piece(i) for i in ids] for ids in tr.tokenizers.src.encode(texts)]
+        res = model.translate_batch(pieces, beam_size=1, max_decoding_length=limit + 1, min_decoding_length=0)
+        got = [tr.tokenizers.tgt.decode([tr.tokenizers.tgt.piece_ids(r.hypotheses[0], "ct2")])[0] for r in res]
+    assert got == want

@@ -54,6 +54,19 @@ def read_vocab(path: Path) -> dict[str, int]:
     return vocab
 
 
+def _bos_name(pieces: list[str]) -> str:
+    return next(n for n in ("<s>", "<qkv-bos>", "<qkv-bos-2>") if n not in pieces)
+
+
+def marian_index(rows: list[int]) -> list[int]:
+    """The inverse of :func:`marian_rows`: the qkv id of each Marian id (``<pad>``: PAD, not BOS)."""
+    inverse = [0] * (len(rows) - 1)
+    for q, m in enumerate(rows):
+        if q != BOS:
+            inverse[m] = q
+    return inverse
+
+
 class MarianSide:
     """One side (source or target) of a Marian tokenizer, on the interface of
     :class:`qkv.data.tokenizer.Tokenizer`: its SentencePiece model segments, the shared
@@ -65,7 +78,8 @@ class MarianSide:
         except RuntimeError:
             raise QkvError(f"{source}: not a valid SentencePiece model") from None
         self.model_bytes = spm_bytes
-        self.pieces = pieces  # qkv id -> piece
+        # qkv id -> piece; BOS (a second <pad> row) is named "<s>" so that every id has its own piece
+        self.pieces = [p if i != BOS else _bos_name(pieces) for i, p in enumerate(pieces)]
         self.ids = {p: i for i, p in enumerate(pieces) if i != BOS}  # piece -> qkv id (pad stays PAD)
 
     @property
@@ -190,4 +204,4 @@ class MarianTokenizerPair(TokenizerPair):
         return f"MarianTokenizerPair(joint vocab.json, vocab_size={self.src.vocab_size})"
 
 
-__all__ = ["MarianSide", "MarianTokenizerPair", "marian_rows", "read_vocab", "FILES"]
+__all__ = ["MarianSide", "MarianTokenizerPair", "marian_rows", "marian_index", "read_vocab", "FILES"]

@@ -100,7 +100,7 @@ def model_spec(src: Source):
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = src.model
-    relu = common_spec.Activation.RELU
+    relu = {"relu": common_spec.Activation.RELU, "silu": common_spec.Activation.SWISH}[cfg.activation]
     if src.task == "translate":
         spec = transformer_spec.TransformerSpec.from_config(
             (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu,
@@ -141,7 +141,7 @@ def _layer_norm(spec, src: Source, name: str) -> None:
 def _positions(src: Source, learned_name: str) -> np.ndarray:
     if src.model.positional == "learned":
         return _np(src.w(learned_name))
-    return _np(sinusoidal_table(max(POSITIONS, src.model.max_positions), src.model.d_model))
+    return _np(sinusoidal_table(max(POSITIONS, src.model.max_positions), src.model.d_model, src.model.sinusoid_layout))
 
 
 def _self_attention(spec, src: Source, prefix: str, norm: str) -> None:
@@ -183,8 +183,8 @@ def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_nor
     spec.position_encodings.encodings = _positions(src, pos)
     output = src.w("output_proj.weight") if src.has("output_proj.weight") else src.w(embed)
     spec.projection.weight = _np(output)  # tied: the same array as the embedding, which CTranslate2 aliases
-    bias = np.zeros(output.shape[0], dtype=np.float32)
-    bias[list(banned_ids(src.tokenizers.tgt))] = NEVER_EMITTED
+    bias = _np(src.w("output_bias")) if src.has("output_bias") else np.zeros(output.shape[0], dtype=np.float32)
+    bias[list(banned_ids(src.tokenizers.tgt))] = NEVER_EMITTED  # (Marian's final_logits_bias on the others)
     spec.projection.bias = bias
     for i, layer in enumerate(spec.layer):
         p = f"{layers}.{i}"

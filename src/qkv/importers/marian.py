@@ -34,6 +34,9 @@ from qkv.data.marian_tokenizer import MarianTokenizerPair
 from qkv.errors import QkvError
 
 ARCHITECTURE = "MarianMTModel"
+ARCHITECTURES = (ARCHITECTURE,)
+MODEL_TYPES = ("marian",)
+DEFAULT_ARCHITECTURE = ARCHITECTURE
 # Hugging Face's activation_function -> qkv's activation
 ACTIVATIONS = {"relu": "relu", "swish": "silu", "silu": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh"}
@@ -72,6 +75,12 @@ def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     raise QkvError(f"{hf_dir}: no weights (expected model.safetensors or pytorch_model.bin)")
 
 
+def refused(message: str) -> QkvError:
+    from qkv.importers import ImportRefused
+
+    return ImportRefused(message)
+
+
 def _get(cfg: dict, key: str, default: Any = None) -> Any:
     return cfg.get(key, default)
 
@@ -79,7 +88,7 @@ def _get(cfg: dict, key: str, default: Any = None) -> Any:
 def model_config(hf: dict[str, Any], where: Path) -> ModelConfig:
     """The :class:`ModelConfig` of a MarianConfig dict; what qkv cannot compute is refused by name."""
     def refuse(option: str, why: str) -> None:
-        raise QkvError(f"{where}: {option} is not supported: {why}")
+        raise refused(f"{where}: {option} is not supported: {why}")
 
     if hf.get("model_type") != "marian" and ARCHITECTURE not in (hf.get("architectures") or []):
         refuse(f"model_type {hf.get('model_type')!r}", "this importer reads MarianMTModel (model_type 'marian')")
@@ -213,46 +222,50 @@ def state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, rows: list[in
     return out
 
 
-def convert(hf_dir: str | Path) -> tuple[torch.nn.Module, dict[str, Any], MarianTokenizerPair]:
-    """Read a MarianMTModel folder: (the qkv model with its weights, the checkpoint's config dict, the tokenizer)."""
+def convert_folder(hf_dir: str | Path) -> tuple[torch.nn.Module, ModelConfig, MarianTokenizerPair, TrainConfig,
+                                                 DecodeConfig]:
+    """Read a MarianMTModel folder: the qkv model with its weights, its config, the tokenizer, the
+    training settings (max_len within the positions) and the folder's search settings."""
+    from qkv.data.marian_tokenizer import read_vocab
     from qkv.models import build_model
 
     d = Path(hf_dir)
     hf = read_json(d / "config.json")
     cfg = model_config(hf, d / "config.json")
     gen = read_json(d / "generation_config.json") if (d / "generation_config.json").is_file() else {}
-    from qkv.data.marian_tokenizer import read_vocab
-
     if (d / "target_vocab.json").is_file():
-        raise QkvError(f"{d / 'target_vocab.json'}: separate source and target vocabularies are not supported")
+        raise refused(f"{d / 'target_vocab.json'}: separate source and target vocabularies are not supported")
     vocab = read_vocab(d / "vocab.json")
     tokenizers = MarianTokenizerPair.from_files(d, specials(d, hf, vocab))
     if len(vocab) + 1 != cfg.src_vocab_size:
         raise QkvError(f"{d / 'vocab.json'}: {len(vocab)} pieces, but config.json says vocab_size = {cfg.src_vocab_size - 1}")
     sd = state_dict(read_weights(d), cfg, tokenizers.rows, d)
     model = build_model(cfg)
-    own = model.state_dict()
-    missing = sorted(set(own) - set(sd))
+    missing = sorted(set(model.state_dict()) - set(sd))
     if missing:
         raise QkvError(f"internal: the Marian import left qkv parameters unset: {missing}")
     model.load_state_dict(sd, strict=True)
     max_len = max(1, min(cfg.max_positions - 1, TrainConfig().max_len))
     train = dataclasses.replace(TrainConfig(), vocab_size=cfg.src_vocab_size, max_len=max_len)
-    config = {"model": to_dict(cfg), "train": to_dict(train), "decode": to_dict(decode_config(hf, gen)),
-              "data": {"train": f"imported from {d.name} ({ARCHITECTURE})"},
-              "imported": {"from": str(d), "architecture": ARCHITECTURE,
-                           "vocabulary": "qkv id i = Marian id rows[i], rows = [pad, unk, pad (BOS), eos] + "
-                                         "the other ids ascending"}}
-    return model, config, tokenizers
+    return model, cfg, tokenizers, train, decode_config(hf, gen)
+
+
+def convert(folder: Path, base: Path, config: dict, arch: str, sentence: dict | None):
+    """:mod:`qkv.importers`' entry point: the folder as an :class:`~qkv.importers.Imported`."""
+    from qkv.importers import Imported
+
+    model, cfg, tokenizers, train, decode = convert_folder(folder)
+    extra = {"decode": to_dict(decode), "data": {"train": f"imported from {Path(folder).name} ({ARCHITECTURE})"},
+             "vocabulary": "qkv id i = Marian id rows[i], rows = [pad, unk, pad (as BOS), eos] + the other ids "
+                           "ascending (qkv.data.marian_tokenizer)"}
+    return Imported(model, cfg, tokenizers, train, extra, ARCHITECTURE)
 
 
 def write(hf_dir: str | Path, out: str | Path) -> Path:
-    """Import the MarianMTModel folder ``hf_dir`` as the qkv checkpoint directory ``out``."""
-    from qkv.checkpoint import save_checkpoint
+    """Import the MarianMTModel folder ``hf_dir`` as the qkv checkpoint directory ``out`` (``qkv import``)."""
+    from qkv.importers import import_model
 
-    model, config, tokenizers = convert(hf_dir)
-    save_checkpoint(out, model, config, write_extra=tokenizers.save)
-    return Path(out)
+    return import_model(hf_dir, out, log=lambda *a: None)
 
 
-__all__ = ["convert", "write", "model_config", "decode_config", "state_dict", "ACTIVATIONS"]
+__all__ = ["convert", "convert_folder", "write", "model_config", "decode_config", "state_dict", "ACTIVATIONS"]
