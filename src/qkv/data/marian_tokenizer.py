@@ -59,10 +59,11 @@ def _bos_name(pieces: list[str]) -> str:
 
 
 def marian_index(rows: list[int]) -> list[int]:
-    """The inverse of :func:`marian_rows`: the qkv id of each Marian id (``<pad>``: PAD, not BOS)."""
+    """The inverse of :func:`marian_rows`: the qkv id of each Marian id. ``<pad>`` is BOS's row, the
+    one a Marian decoder reads first (after fine-tuning it differs from PAD's, which no loss reaches)."""
     inverse = [0] * (len(rows) - 1)
     for q, m in enumerate(rows):
-        if q != BOS:
+        if q != PAD:
             inverse[m] = q
     return inverse
 
