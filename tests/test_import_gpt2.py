@@ -182,3 +182,40 @@ def test_unsupported_options_are_refused_by_name(gpt2_dir, tmp_path, change, mes
     with pytest.raises(QkvError, match=message):
         import_model(d, tmp_path / "out", log=lambda *a: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_serve_generates_with_the_import(imported):
+    """``qkv serve``'s /generate on the imported GPT-2 answers as the front-end does."""
+    pytest.importorskip("fastapi", reason='qkv serve needs fastapi: pip install -c constraints.txt -e ".[serve]"')
+    pytest.importorskip("httpx", reason='the serve tests need httpx: pip install -c constraints.txt -e ".[serve]"')
+    import qkv
+    from fastapi.testclient import TestClient
+    from qkv.serve.app import create_app
+    from qkv.serve.limits import Limits
+    from qkv.serve.service import load_models
+
+    limits = Limits()
+    args = dict(prefix="The fire", max_new_tokens=12, temperature=0.8, top_k=0, top_p=1.0, seed=7)
+    want = "".join(qkv.load(imported).generate(**args))
+    with TestClient(create_app(load_models([str(imported)], limits), limits), base_url="http://127.0.0.1") as c:
+        r = c.post("/generate", json=args)
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == want
+
+
+def test_export_is_refused_by_name(imported, tmp_path, capsys):
+    """GPT-2's options are not the paper's: each export format refuses the model by name (exit 2)."""
+    from qkv.cli import main
+
+    for fmt in ("hf", "ctranslate2"):
+        assert main(["export", str(imported), "--format", fmt, "--out", str(tmp_path / fmt)]) == 2
+        err = capsys.readouterr().err
+        assert "lm" in err or "gelu_tanh" in err or "scale_embeddings" in err, err
+        assert not (tmp_path / fmt).exists()
+
+
+def test_viz_attention_on_the_import(imported, tmp_path):
+    from qkv.cli import main
+
+    assert main(["viz", "attention", str(imported), "The Time Traveller", "--out", str(tmp_path / "att")]) == 0
+    assert (tmp_path / "att.html").is_file()

@@ -382,6 +382,26 @@ def test_round_trip_export_greedy_equals_qkv(finetuned, tmp_path, fmt):
 
         model = ctranslate2.Translator(str(out), device="cpu")
         pieces = [[tr.tokenizers.src.id_to_piece(i) for i in ids] for ids in tr.tokenizers.src.encode(texts)]
-        res = model.translate_batch(pieces, beam_size=1, max_decoding_length=limit + 1, min_decoding_length=0)
+        res = model.translate_batch(pieces, beam_size=1, max_decoding_length=limit, min_decoding_length=0)
         got = [tr.tokenizers.tgt.decode([tr.tokenizers.tgt.piece_ids(r.hypotheses[0], "ct2")])[0] for r in res]
     assert got == want
+
+
+def test_serve_translates_and_scores_with_the_import(imported):
+    """``qkv serve``'s /translate and /score on the imported model answer as the front-end does."""
+    pytest.importorskip("fastapi", reason='qkv serve needs fastapi: pip install -c constraints.txt -e ".[serve]"')
+    pytest.importorskip("httpx", reason='the serve tests need httpx: pip install -c constraints.txt -e ".[serve]"')
+    import qkv
+    from fastapi.testclient import TestClient
+    from qkv.serve.app import create_app
+    from qkv.serve.limits import Limits
+    from qkv.serve.service import load_models
+
+    limits = Limits()
+    want = qkv.load(imported).translate(EN[:3], beam_size=2)
+    with TestClient(create_app(load_models([str(imported)], limits), limits), base_url="http://127.0.0.1") as c:
+        r = c.post("/translate", json={"texts": EN[:3], "beam_size": 2})
+        assert r.status_code == 200, r.text
+        assert [x["hypotheses"][0]["text"] for x in r.json()["results"]] == want
+        r = c.post("/score", json={"sources": EN[:2], "targets": DE[:2]})
+        assert r.status_code == 200, r.text
