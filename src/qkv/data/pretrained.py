@@ -125,7 +125,10 @@ class HFTokenizer:
         if any(m is not None and m >= vocab for m in self.ids.model_ids):
             raise QkvError(f"{source}/{self.IDS_FILE}: ids beyond the tokenizer's vocabulary of {vocab}")
         self._to_qkv = self.ids.to_qkv
-        self.suffix = [self._to_qkv[i] for i in meta.get("suffix", [])]
+        suffix = meta.get("suffix", [])
+        if not isinstance(suffix, list) or any(i not in self._to_qkv for i in suffix):
+            raise QkvError(f"{source}/{self.IDS_FILE}: 'suffix' must list token ids of the tokenizer, got {suffix!r}")
+        self.suffix = [self._to_qkv[i] for i in suffix]
         self.model_bytes = tokenizer_json + b"\0" + ids_json
         self._json, self._ids_json = tokenizer_json, ids_json
 

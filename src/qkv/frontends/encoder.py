@@ -39,9 +39,11 @@ class Encoder(Frontend):
     name = "encoder"
 
     def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, labels: list[str] | None = None,
-                 train_cfg: TrainConfig | None = None, batch_size: int = 64, normalize: bool = False):
+                 train_cfg: TrainConfig | None = None, batch_size: int = 64, normalize: bool = False,
+                 pooling: str | None = None):
         super().__init__(model, tokenizers, train_cfg)
-        self.normalize = normalize  # embeddings L2-normalised (an imported sentence-transformers model's Normalize)
+        # an imported sentence-transformers model's own embedding: its Pooling (mean | cls), its Normalize
+        self.normalize, self.pooling = normalize, pooling
         self.labels = list(labels) if labels else None
         self.max_len = min(self.train_cfg.max_len, getattr(model.cfg, "max_positions", 10**9) - 1)
         self.batch_size = batch_size
@@ -55,7 +57,8 @@ class Encoder(Frontend):
     @classmethod
     def from_checkpoint(cls, model, tokenizers, config, decode_cfg, train_cfg) -> "Encoder":
         sentence = config.get("sentence_embedding") or {}
-        return cls(model, tokenizers, config.get("labels"), train_cfg, normalize=bool(sentence.get("normalize")))
+        return cls(model, tokenizers, config.get("labels"), train_cfg, normalize=bool(sentence.get("normalize")),
+                   pooling=sentence.get("pooling"))
 
     def _ids(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
         """Token lists cut to ``max_len``; ``on_truncate(indices, max_len)`` hears which were cut."""
@@ -174,11 +177,11 @@ class Encoder(Frontend):
     @torch.inference_mode()
     def embed(self, texts: list[str], pooling: str | None = None) -> torch.Tensor:
         """``(N, d)`` sentence embeddings: ``pooling`` "mean" or "cls" (default: the model's own,
-        "mean" for an mlm model); L2-normalised where the model says so (an imported
+        "mean" for an mlm model, an imported sentence-transformers model's pooling); L2-normalised where the model says so (an imported
         sentence-transformers model with its Normalize module)."""
         self.model.eval()
         if pooling is None:
-            pooling = self.model.cfg.pooling if "classify" in self.offers else "mean"
+            pooling = self.pooling or (self.model.cfg.pooling if "classify" in self.offers else "mean")
         if pooling not in ("mean", "cls"):
             raise QkvError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         ids = self._ids(texts)

@@ -86,6 +86,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     :class:`Translator` (translate, prefix_lm), an :class:`Encoder` (classify, mlm) or a
     :class:`LanguageModel` (lm). ``device``: cpu, cuda, cuda:N or auto (the GPU when torch sees one).
 
+    A Hugging Face model folder (``config.json``, no qkv manifest; see :mod:`qkv.importers`) is converted
+    in memory, as ``qkv import`` converts it.
+
     Only data is read: JSON, safetensors, SentencePiece models; never pickled code.
     ``quantize="int8"``: dynamic int8 quantisation for faster CPU decoding (:func:`quantize_int8`;
     CPU only). ``compile=True``: translation Transformers search with their step compiled
@@ -98,6 +101,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     if quantize and str(device) != "cpu":
         raise QkvError(f"quantize='int8' runs on the CPU only, not on device {str(device)!r}")
     device = inference_device(device)
+    if is_pretrained_folder(path):  # a Hugging Face folder: converted in memory, as qkv import converts it
+        return _load_pretrained(Path(path), device, quantize, compile)
     ckpt = read_checkpoint(Path(path))
     model_cfg, train_cfg, decode_cfg = (read_config(ckpt, s) for s in ("model", "train", "decode"))
     try:
@@ -117,6 +122,28 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
                            f"a {model_cfg.task!r} model ({model_cfg.arch})")
         frontend.compile_decoding()
     return frontend
+
+
+def is_pretrained_folder(path: str | Path) -> bool:
+    """A Hugging Face model folder (config.json and no qkv manifest), which :func:`load` converts."""
+    p = Path(path)
+    return p.is_dir() and not (p / "manifest.json").exists() and ((p / "config.json").is_file() or
+                                                                  (p / "modules.json").is_file())
+
+
+def _load_pretrained(path: Path, device, quantize: str | None, compile: bool):
+    from qkv.config import DecodeConfig
+    from qkv.importers import convert
+
+    if compile:
+        raise QkvError(f"{path}: compiled decoding (--compile) is for translation Transformers; convert the folder "
+                       "with qkv import first")
+    imported = convert(path)
+    model = imported.model.to(device).eval()
+    if quantize == "int8":
+        quantize_int8(model)
+    return frontend_for(imported.model_cfg.task).from_checkpoint(model, imported.tokenizers, dict(imported.extra),
+                                                                 DecodeConfig(), imported.train_cfg)
 
 
 def load_ensemble(paths: list[str | Path], device: str | torch.device = "cpu", quantize: str | None = None) -> Translator:

@@ -40,13 +40,12 @@ import torch
 from qkv.config import CLS, ModelConfig, TrainConfig
 from qkv.errors import QkvError
 
+ADDED_ROW_LOGIT = -1e4  # exp(-1e4) is 0 in float32; finite, so that a label-smoothed loss stays finite
 ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 MODEL_TYPES = ("bert",)
 DEFAULT_ARCHITECTURE = "BertModel"
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
                "silu": "silu", "swish": "silu"}
-# sentence-transformers modules after the Transformer that qkv reproduces
-POOLING_MODULE, NORMALIZE_MODULE = "sentence_transformers.models.Pooling", "sentence_transformers.models.Normalize"
 
 
 def refuse(where: Path, what: str):
@@ -170,31 +169,50 @@ def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | Non
                     f"sentence-transformers {arch}")
 
 
+def _module_kind(entry: dict) -> str:
+    """A sentence-transformers module's class name (``Pooling``), whichever version wrote modules.json
+    (``sentence_transformers.models.Pooling``, ``sentence_transformers.sentence_transformer.modules.pooling.Pooling``)."""
+    kind = str(entry.get("type", ""))
+    return kind.rsplit(".", 1)[-1] if kind.startswith("sentence_transformers.") else kind
+
+
+POOLING_MODES = {"mean": "mean", "cls": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+
+
 def _sentence_modules(folder: Path, modules: list) -> tuple[str, bool, int]:
     """(pooling, normalize, max_seq_length) of a sentence-transformers folder; other modules are refused."""
     from qkv.importers import read_json
 
     pooling, normalize = "mean", False
+    if _module_kind(modules[0]) != "Transformer":
+        refuse(folder / "modules.json", f"its first module is {modules[0].get('type')!r}, not a Transformer")
     for m in modules[1:]:
-        kind, path = m.get("type"), folder / m.get("path", "")
-        if kind == POOLING_MODULE:
+        kind, path = _module_kind(m), folder / m.get("path", "")
+        if kind == "Pooling":
             pc = read_json(path / "config.json")
-            modes = [k for k, v in pc.items() if k.startswith("pooling_mode") and v]
-            if modes == ["pooling_mode_mean_tokens"]:
-                pooling = "mean"
-            elif modes == ["pooling_mode_cls_token"]:
-                pooling = "cls"
-            else:
-                refuse(path / "config.json", f"pooling {', '.join(modes) or 'none'} is not supported (qkv pools "
-                                             "pooling_mode_mean_tokens or pooling_mode_cls_token)")
-        elif kind == NORMALIZE_MODULE:
+            mode = pc.get("pooling_mode")  # sentence-transformers 6: one name; before: a flag per mode
+            modes = [mode] if isinstance(mode, str) else [k for k, v in pc.items() if k.startswith("pooling_mode") and v]
+            if len(modes) != 1 or modes[0] not in POOLING_MODES:
+                refuse(path / "config.json", f"pooling {', '.join(map(str, modes)) or 'none'} is not supported (qkv "
+                                             "pools mean over the tokens or the [CLS] token)")
+            pooling = POOLING_MODES[modes[0]]
+        elif kind == "Normalize":
             normalize = True
         else:
-            refuse(folder / "modules.json", f"module {kind!r} is not supported (qkv reproduces Pooling and Normalize)")
+            refuse(folder / "modules.json", f"module {m.get('type')!r} is not supported (qkv reproduces a Transformer, "
+                                            "Pooling and Normalize)")
     st = folder / "sentence_bert_config.json"
-    max_seq = int(read_json(st).get("max_seq_length") or 0) if st.is_file() else 0
-    if st.is_file() and read_json(st).get("do_lower_case"):
+    settings = read_json(st) if st.is_file() else {}
+    if settings.get("do_lower_case"):
         refuse(st, "do_lower_case = true is not supported (the tokenizer's own normaliser is used)")
+    own = folder / "config_sentence_transformers.json"
+    if own.is_file() and read_json(own).get("default_prompt_name"):
+        refuse(own, "a default prompt (default_prompt_name) is not supported (qkv embeds the text as given)")
+    max_seq = int(settings.get("max_seq_length") or 0)
+    tc = folder / "tokenizer_config.json"
+    if not max_seq and tc.is_file():
+        limit = read_json(tc).get("model_max_length")
+        max_seq = int(limit) if isinstance(limit, int) and 0 < limit < 10**6 else 0
     return pooling, normalize, max_seq
 
 
@@ -207,8 +225,10 @@ def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path) -> di
     s: dict[str, torch.Tensor] = {}
     e = "embeddings."
     word = get(e + "word_embeddings.weight")
-    if word.shape[0] > ids.size:
-        refuse(where.parent, f"the embeddings have {word.shape[0]} rows, the tokenizer {ids.size} tokens")
+    tokens = sum(m is not None for m in ids.model_ids)
+    if word.shape[0] != tokens:
+        refuse(where.parent, f"the word embeddings have {word.shape[0]} rows but tokenizer.json has {tokens} tokens: "
+                             "qkv imports a model whose vocabulary is its tokenizer's")
     s["src_embed.weight"] = ids.rows(word)
     s["src_pos.weight"] = get(e + "position_embeddings.weight")
     s["src_types.weight"] = get(e + "token_type_embeddings.weight")
@@ -234,5 +254,6 @@ def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path) -> di
             get(p + "transform.dense.bias")
         s["mlm_head.norm.weight"], s["mlm_head.norm.bias"] = get(p + "transform.LayerNorm.weight"), \
             get(p + "transform.LayerNorm.bias")
-        s["mlm_head.bias"] = ids.rows(get(p + "bias"))
+        # a row BERT lacks (qkv's BOS, EOS) gets no probability: every other token keeps BERT's own
+        s["mlm_head.bias"] = ids.rows(get(p + "bias"), fill=ADDED_ROW_LOGIT)
     return s
