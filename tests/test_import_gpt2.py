@@ -219,3 +219,21 @@ def test_viz_attention_on_the_import(imported, tmp_path):
 
     assert main(["viz", "attention", str(imported), "The Time Traveller", "--out", str(tmp_path / "att")]) == 0
     assert (tmp_path / "att.html").is_file()
+
+
+def test_finetune_from_the_import(imported, tmp_path):
+    """``qkv train --task lm --init-from`` the import: its architecture, tokenizer and weights continue."""
+    from qkv.checkpoint import read_checkpoint, read_config
+    from qkv.cli import main
+
+    (tmp_path / "book.txt").write_text("\n".join(TEXT * 4) + "\n")
+    out = tmp_path / "run"
+    assert main(["train", "--task", "lm", "--init-from", str(imported), "--train", str(tmp_path / "book.txt"),
+                 "--max-steps", "4", "--eval-every", "4", "--max-len", "32", "--max-tokens", "256",
+                 "--schedule", "constant", "--lr", "0.0003", "--valid-fraction", "0.2", "--out", str(out)]) == 0
+    a, b = read_checkpoint(imported), read_checkpoint(out / "last")
+    cfg = read_config(b, "model")
+    assert (cfg.activation, cfg.scale_embeddings, cfg.norm_first) == ("gelu_tanh", False, True)
+    assert (out / "last" / "tokenizer.json").is_file()
+    moved = [n for n in a.state_dict if not torch.equal(a.state_dict[n], b.state_dict[n])]
+    assert len(moved) > len(a.state_dict) // 2
