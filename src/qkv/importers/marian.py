@@ -23,7 +23,6 @@ Nothing is converted approximately: an option qkv cannot compute is refused by n
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -43,36 +42,15 @@ ACTIVATIONS = {"relu": "relu", "swish": "silu", "silu": "silu", "gelu": "gelu", 
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise QkvError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise QkvError(f"{path}: not readable JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise QkvError(f"{path}: expected a JSON object")
-    return data
+    from qkv.importers import read_json as read
+
+    return read(path)
 
 
 def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """``model.safetensors`` (or ``pytorch_model.bin``, read with ``weights_only``) as a state dict."""
-    st, pt = hf_dir / "model.safetensors", hf_dir / "pytorch_model.bin"
-    if st.is_file():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+    from qkv.importers import read_weights as read
 
-        try:
-            return load_file(str(st))
-        except (SafetensorError, OSError) as e:
-            raise QkvError(f"{st}: not a readable safetensors file: {e}") from None
-    if pt.is_file():
-        try:
-            return torch.load(pt, map_location="cpu", weights_only=True)
-        except Exception as e:  # unpickling errors come in many types
-            raise QkvError(f"{pt}: not a readable PyTorch state dict: {e}") from None
-    if (hf_dir / "model.safetensors.index.json").is_file() or (hf_dir / "pytorch_model.bin.index.json").is_file():
-        raise QkvError(f"{hf_dir}: sharded weights are not supported (save the model in one file)")
-    raise QkvError(f"{hf_dir}: no weights (expected model.safetensors or pytorch_model.bin)")
+    return read(hf_dir)
 
 
 def refused(message: str) -> QkvError:
