@@ -405,3 +405,13 @@ def test_serve_translates_and_scores_with_the_import(imported):
         assert [x["hypotheses"][0]["text"] for x in r.json()["results"]] == want
         r = c.post("/score", json={"sources": EN[:2], "targets": DE[:2]})
         assert r.status_code == 200, r.text
+
+
+def test_load_of_the_folder_converts_in_memory(marian_dir, imported):
+    """``qkv.load(folder)`` is the import without the checkpoint: the same translations, the folder's
+    search settings (4 beams)."""
+    import qkv
+
+    direct, saved = qkv.load(marian_dir), qkv.load(imported)
+    assert direct.decode_cfg == saved.decode_cfg and direct.decode_cfg.beam_size == 4
+    assert direct.translate(EN[:3]) == saved.translate(EN[:3])
