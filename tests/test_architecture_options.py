@@ -133,3 +133,23 @@ def test_encoder_only_options_are_refused_elsewhere(field, value):
     for task in ("translate", "lm"):
         with pytest.raises(ConfigError, match=f"'{field}': only the Transformer encoder of classify and mlm"):
             ModelConfig(**{**ENC.__dict__, "task": task, field: value}).validate()
+
+
+@pytest.mark.parametrize("fmt", ["hf", "ctranslate2"])
+def test_export_refuses_an_option_its_format_does_not_write(tmp_path, fmt):
+    import shutil
+    from pathlib import Path
+
+    from qkv.checkpoint import read_checkpoint, save_checkpoint
+    from qkv.errors import QkvError
+    from qkv.export import export
+
+    fixture = Path(__file__).parent / "fixtures" / "checkpoints" / "translate-transformer"
+    ckpt = read_checkpoint(fixture)
+    config = {**ckpt.config, "model": {**ckpt.config["model"], "activation": "gelu"}}
+    model = build_model(ModelConfig(**config["model"]))
+    model.load_state_dict(ckpt.state_dict)
+    save_checkpoint(tmp_path / "gelu", model, config, write_extra=lambda d: shutil.copy(fixture / "spm.model", d))
+    with pytest.raises(QkvError, match=f"has activation = 'gelu': --format {fmt} writes only the paper's 'relu'"):
+        export(tmp_path / "gelu", fmt, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

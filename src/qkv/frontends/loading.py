@@ -125,10 +125,20 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
 
 
 def is_pretrained_folder(path: str | Path) -> bool:
-    """A Hugging Face model folder (config.json and no qkv manifest), which :func:`load` converts."""
+    """A Hugging Face model folder, which :func:`load` converts: no qkv manifest, and a sentence-transformers
+    modules.json or a config.json of Hugging Face's (``model_type`` or ``architectures``, none of qkv's sections)."""
+    import json
+
     p = Path(path)
-    return p.is_dir() and not (p / "manifest.json").exists() and ((p / "config.json").is_file() or
-                                                                  (p / "modules.json").is_file())
+    if not p.is_dir() or (p / "manifest.json").exists():
+        return False
+    if (p / "modules.json").is_file():
+        return True
+    try:
+        config = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and ("model_type" in config or "architectures" in config) and "model" not in config
 
 
 def _load_pretrained(path: Path, device, quantize: str | None, compile: bool):

@@ -121,7 +121,7 @@ def _weights(base: Path, arch: str) -> dict[str, torch.Tensor]:
 
 
 def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | None):
-    from qkv.importers import Imported, read_json
+    from qkv.importers import Imported
     from qkv.models import build_model
 
     where = base / "config.json"
