@@ -110,7 +110,7 @@ def main() -> None:
             (out / f"{name}.{lang}").write_text("\n".join(lines(data / f"{split}.{lang}.gz")) + "\n")
     qkv("train", "--init-from", str(out / "import"), "--src-train", str(out / "train.en"), "--tgt-train",
         str(out / "train.de"), "--src-valid", str(out / "val.en"), "--tgt-valid", str(out / "val.de"),
-        "--max-steps", str(args.steps), "--eval-every", str(max(1, args.steps // 3)), "--max-tokens", "4096",
+        "--max-steps", str(args.steps), "--eval-every", str(max(1, args.steps // 3)), "--max-tokens", "2048",
         "--schedule", "inverse_sqrt", "--lr", "0.001", "--warmup-steps", str(max(1, args.steps // 5)),
         "--eval-bleu-samples", "100", "--threads", str(args.threads), "--out", str(out / "finetuned"))
     records = [json.loads(x) for x in (out / "finetuned" / "metrics.jsonl").read_text().splitlines() if x.strip()]
