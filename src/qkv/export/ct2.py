@@ -18,8 +18,9 @@ What carries over, and how:
   (torch's default, which qkv uses; CTranslate2's own default is 1e-6);
 * attention: qkv's fused ``in_proj = [W^Q; W^K; W^V]`` is CTranslate2's fused self-attention
   ``linear[0]``; cross-attention splits it into the query ``linear[0]`` and the fused key/value
-  ``linear[1]``; ReLU feed-forward;
-* the output projection (tied to the target embedding, or its own matrix), no bias but -1e4 on
+  ``linear[1]``; ReLU feed-forward (SWISH for ``activation = "silu"``, an imported Marian model's);
+* the output projection (tied to the target embedding, or its own matrix), no bias (an imported Marian
+  model's ``output_bias``: that bias) but -1e4 on
   the special tokens qkv's decoders never emit (:func:`qkv.decoding.banned_ids`: PAD, UNK, BOS,
   and ``<cls>``, ``[MASK]``, ``<sep>`` where the tokenizer has them); with this bias CTranslate2
   never emits them either, whatever options it is called with. The other logits are unchanged;

@@ -19,6 +19,12 @@ what qkv's encoder-decoder computes, up to float rounding (every export checks t
     a·|x| + b tokens per source           max_new_tokens: one per call (see length_limit)
     stop when no live hypothesis wins     early_stopping = False (qkv's early_stopping: True)
 
+An imported Marian model (``qkv import`` of an OPUS-MT folder: Marian's tokenizer, ``activation =
+"silu"``, ``sinusoid_layout = "halves"``, ``output_bias``) goes back as it came: swish,
+final_logits_bias, no permutation (its dimensions are already Marian's), the vocabulary rows in
+its vocab.json's order (qkv's BOS row is Marian's ``<pad>``, the decoder's start) and its own
+source.spm, target.spm and vocab.json.
+
 The permutation. qkv's positional encoding interleaves sin and cos per dimension pair
 (``PE[:, 2i] = sin(pos / 10000^(2i/d))``, ``PE[:, 2i+1] = cos(...)``); Marian's puts
 ``sin(pos / 10000^(2i/d))`` at dimension ``i`` and the cosine at ``d/2 + i``. So Marian's
