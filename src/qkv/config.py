@@ -35,6 +35,8 @@ POOLINGS = ("cls", "mean", "last")
 # ReLU, GELU exact (BERT) or tanh-approximated (GPT-2), SiLU/swish (Marian)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 INITS = ("xavier", "fairseq")  # ModelConfig.init: how the Transformer layers' linear maps start
+FINAL_NORMS = ("auto", "on", "off")  # ModelConfig.final_norm: a LayerNorm after a stack's last layer
+SINUSOID_LAYOUTS = ("interleaved", "halves")  # ModelConfig.sinusoid_layout: where sin and cos sit
 
 RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq2seq.py)
 ARCHS = ("transformer",) + RNN_ARCHS
@@ -132,6 +134,15 @@ class ModelConfig:
         "xavier",
         "initialisation of the Transformer layers' linear maps: xavier (Xavier-uniform weights, zero biases) | "
         "fairseq (as fairseq's Transformer: FFN weights and biases and the Q, K, V biases U(±1/√fan_in))")
+    final_norm: str = setting(
+        "auto",
+        "a LayerNorm after the last layer of each stack: auto (with pre-norm layers, as GPT-2's ln_f; none with "
+        "the paper's post-norm ones) | on | off")
+    sinusoid_layout: str = setting(
+        "interleaved",
+        "sinusoidal positions: interleaved (the paper's PE(pos, 2i) = sin, PE(pos, 2i+1) = cos) | halves "
+        "(Marian's: the sines in the first d/2 dimensions, the cosines in the second)")
+    output_bias: bool = setting(False, "a learned bias on the output logits (Marian's final_logits_bias)")
     share_embeddings: bool = setting(True, 'share source/target/output embeddings (needs a joint vocabulary)')
     tie_output: bool = setting(True, 'share the target embedding with the pre-softmax projection')
     # the recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
@@ -190,6 +201,10 @@ class ModelConfig:
                    "pools 'mean' (over valid positions) or 'last' (the final states)")
         for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(self.final_norm in FINAL_NORMS, "final_norm",
+               f"must be one of {', '.join(FINAL_NORMS)}, got {self.final_norm!r}")
+        _check(self.sinusoid_layout in SINUSOID_LAYOUTS, "sinusoid_layout",
+               f"must be one of {', '.join(SINUSOID_LAYOUTS)}, got {self.sinusoid_layout!r}")
         _check(self.activation in ACTIVATIONS, "activation",
                f"unknown activation {self.activation!r}{did_you_mean(self.activation, ACTIVATIONS)}; choose one of "
                f"{', '.join(ACTIVATIONS)}")
@@ -224,6 +239,11 @@ class ModelConfig:
                 f"sharing needs one vocabulary, got {self.src_vocab_size} and {self.tgt_vocab_size}",
             )
         return self
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Whether each stack ends with a LayerNorm (``final_norm``; auto: with pre-norm layers)."""
+        return self.norm_first if self.final_norm == "auto" else self.final_norm == "on"
 
     @property
     def d_k(self) -> int:

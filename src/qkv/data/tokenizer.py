@@ -36,6 +36,7 @@ MODEL_TYPES = ("bpe", "unigram", "char")
 # checkpoint holds for it -> "module:Class" with load_pair(directory) / save_pair(pair, directory).
 BACKENDS: dict[tuple[str, ...], str] = {
     ("tokenizer.json", "tokenizer_ids.json"): "qkv.data.pretrained:HFTokenizer",
+    ("source.spm", "target.spm", "vocab.json", "marian_specials.json"): "qkv.data.marian_tokenizer:MarianTokenizerPair",
 }
 SPECIAL_PIECES = {CLS: CLS_PIECE, MASK: MASK_PIECE, SEP: SEP_PIECE}
 SP_THREADED_FROM = 1024  # texts: SentencePiece's batch calls start a thread pool, ~0.6 ms a call

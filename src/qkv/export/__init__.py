@@ -45,14 +45,21 @@ def check_out(out: str | Path) -> Path:
 # architecture options (qkv.config.ModelConfig) the converters write only at the paper's values: a model with
 # another value is refused by name rather than exported wrong
 PAPER_OPTIONS = {"activation": "relu", "layer_norm_eps": 1e-5, "scale_embeddings": True}
+# activations both formats compute (Marian's swish is SiLU): an imported OPUS-MT model exports back
+EXPORTED_ACTIVATIONS = ("relu", "silu")
 
 
 def check_supported(src: Source, fmt: str) -> None:
     from qkv.export import ct2, hf
 
     {"ctranslate2": ct2.check, "hf": hf.check}[fmt](src)
+    if src.model.has_final_norm != src.model.norm_first:
+        raise QkvError(f"{src.path} has final_norm = {src.model.final_norm!r} with norm_first = {src.model.norm_first}: "
+                       f"--format {fmt} writes a final LayerNorm with pre-norm layers only, none with post-norm ones")
     for name, paper in PAPER_OPTIONS.items():
         value = getattr(src.model, name, paper)
+        if name == "activation" and value in EXPORTED_ACTIVATIONS:
+            continue
         if value != paper:
             raise QkvError(f"{src.path} has {name} = {value!r}: --format {fmt} writes only the paper's {paper!r}")
 

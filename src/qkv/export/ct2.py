@@ -18,8 +18,9 @@ What carries over, and how:
   (torch's default, which qkv uses; CTranslate2's own default is 1e-6);
 * attention: qkv's fused ``in_proj = [W^Q; W^K; W^V]`` is CTranslate2's fused self-attention
   ``linear[0]``; cross-attention splits it into the query ``linear[0]`` and the fused key/value
-  ``linear[1]``; ReLU feed-forward;
-* the output projection (tied to the target embedding, or its own matrix), no bias but -1e4 on
+  ``linear[1]``; ReLU feed-forward (SWISH for ``activation = "silu"``, an imported Marian model's);
+* the output projection (tied to the target embedding, or its own matrix), no bias (an imported Marian
+  model's ``output_bias``: that bias) but -1e4 on
   the special tokens qkv's decoders never emit (:func:`qkv.decoding.banned_ids`: PAD, UNK, BOS,
   and ``<cls>``, ``[MASK]``, ``<sep>`` where the tokenizer has them); with this bias CTranslate2
   never emits them either, whatever options it is called with. The other logits are unchanged;
@@ -100,7 +101,7 @@ def model_spec(src: Source):
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = src.model
-    relu = common_spec.Activation.RELU
+    relu = {"relu": common_spec.Activation.RELU, "silu": common_spec.Activation.SWISH}[cfg.activation]
     if src.task == "translate":
         spec = transformer_spec.TransformerSpec.from_config(
             (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu,
@@ -143,7 +144,7 @@ def _positions(src: Source, learned_name: str) -> np.ndarray:
         return _np(src.w(learned_name))
     if src.model.positional == "none":  # a table of zeros: the same sums as no positions
         return np.zeros((max(POSITIONS, src.model.max_positions), src.model.d_model), dtype=np.float32)
-    return _np(sinusoidal_table(max(POSITIONS, src.model.max_positions), src.model.d_model))
+    return _np(sinusoidal_table(max(POSITIONS, src.model.max_positions), src.model.d_model, src.model.sinusoid_layout))
 
 
 def _self_attention(spec, src: Source, prefix: str, norm: str) -> None:
@@ -185,8 +186,8 @@ def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_nor
     spec.position_encodings.encodings = _positions(src, pos)
     output = src.w("output_proj.weight") if src.has("output_proj.weight") else src.w(embed)
     spec.projection.weight = _np(output)  # tied: the same array as the embedding, which CTranslate2 aliases
-    bias = np.zeros(output.shape[0], dtype=np.float32)
-    bias[list(banned_ids(src.tokenizers.tgt))] = NEVER_EMITTED
+    bias = _np(src.w("output_bias")) if src.has("output_bias") else np.zeros(output.shape[0], dtype=np.float32)
+    bias[list(banned_ids(src.tokenizers.tgt))] = NEVER_EMITTED  # (Marian's final_logits_bias on the others)
     spec.projection.bias = bias
     for i, layer in enumerate(spec.layer):
         p = f"{layers}.{i}"

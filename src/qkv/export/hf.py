@@ -19,6 +19,12 @@ what qkv's encoder-decoder computes, up to float rounding (every export checks t
     a·|x| + b tokens per source           max_new_tokens: one per call (see length_limit)
     stop when no live hypothesis wins     early_stopping = False (qkv's early_stopping: True)
 
+An imported Marian model (``qkv import`` of an OPUS-MT folder: Marian's tokenizer, ``activation =
+"silu"``, ``sinusoid_layout = "halves"``, ``output_bias``) goes back as it came: swish,
+final_logits_bias, no permutation (its dimensions are already Marian's), the vocabulary rows in
+its vocab.json's order (qkv's BOS row is Marian's ``<pad>``, the decoder's start) and its own
+source.spm, target.spm and vocab.json.
+
 The permutation. qkv's positional encoding interleaves sin and cos per dimension pair
 (``PE[:, 2i] = sin(pos / 10000^(2i/d))``, ``PE[:, 2i+1] = cos(...)``); Marian's puts
 ``sin(pos / 10000^(2i/d))`` at dimension ``i`` and the cosine at ``d/2 + i``. So Marian's
@@ -66,16 +72,40 @@ def check(src: Source) -> None:
                        "represent it; use --format ctranslate2, which converts learned positions and none")
 
 
-def marian_order(d_model: int) -> torch.Tensor:
-    """Marian's dimension m holds qkv's dimension order[m]: the sines (even dims), then the cosines (odd dims)."""
+def marian_order(d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """Marian's dimension m holds qkv's dimension order[m]: the sines (even dims), then the cosines (odd
+    dims); a model with Marian's own layout (``sinusoid_layout = "halves"``, an imported one) keeps its order."""
+    if layout == "halves":
+        return torch.arange(d_model)
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_vocabulary(src: Source) -> torch.Tensor | None:
+    """For an imported Marian model (its tokenizer is Marian's own), the qkv id of each Marian id: the
+    export puts the rows back in the original vocab.json's order (``<pad>`` last, no BOS row); None for
+    a model of qkv's own tokenizer, whose ids are written as they are."""
+    from qkv.data.marian_tokenizer import MarianTokenizerPair, marian_index
+
+    if not isinstance(src.tokenizers, MarianTokenizerPair):
+        return None
+    return torch.tensor(marian_index(src.tokenizers.rows))
+
+
+def marian_ids(src: Source) -> dict[str, int]:
+    """The Marian ids of PAD, UNK, EOS and of the decoder's start (BOS, or an imported model's <pad>)."""
+    rows = src.tokenizers.rows if marian_vocabulary(src) is not None else list(range(src.model.tgt_vocab_size))
+    return {"pad": rows[PAD], "unk": rows[UNK], "bos": rows[BOS], "eos": rows[EOS]}
 
 
 def marian_state_dict(src: Source) -> dict[str, torch.Tensor]:
     """qkv's weights under MarianMTModel's names, the residual stream permuted by :func:`marian_order`."""
     d = src.model.d_model
-    order = marian_order(d)
+    order = marian_order(d, src.model.sinusoid_layout)
+    vocab = marian_vocabulary(src)
     out: dict[str, torch.Tensor] = {}
+
+    def rows(w: torch.Tensor) -> torch.Tensor:  # an embedding or output matrix in Marian's id order
+        return w if vocab is None else w[vocab]
 
     def reads(w: torch.Tensor) -> torch.Tensor:  # (out, d) reads the residual stream: permute its columns
         return w[:, order].contiguous()
@@ -115,12 +145,14 @@ def marian_state_dict(src: Source) -> dict[str, torch.Tensor]:
         layer_norm(dst + ".encoder_attn_layer_norm", name + ".res_cross.norm")
         ffn(dst, name)
     if src.model.share_embeddings:
-        out["model.shared.weight"] = reads(src.w("src_embed.weight"))
+        out["model.shared.weight"] = reads(rows(src.w("src_embed.weight")))
     else:
-        out["model.encoder.embed_tokens.weight"] = reads(src.w("src_embed.weight"))
-        out["model.decoder.embed_tokens.weight"] = reads(src.w("tgt_embed.weight"))
+        out["model.encoder.embed_tokens.weight"] = reads(rows(src.w("src_embed.weight")))
+        out["model.decoder.embed_tokens.weight"] = reads(rows(src.w("tgt_embed.weight")))
     if not src.model.tie_output:
-        out["lm_head.weight"] = reads(src.w("output_proj.weight"))
+        out["lm_head.weight"] = reads(rows(src.w("output_proj.weight")))
+    if src.has("output_bias"):
+        out["final_logits_bias"] = rows(src.w("output_bias"))[None].contiguous()
     return out
 
 
@@ -128,14 +160,18 @@ def marian_config(src: Source):
     from transformers import MarianConfig
 
     cfg = src.model
+    ids = marian_ids(src)
+    vocab = cfg.src_vocab_size - (marian_vocabulary(src) is not None)  # an imported model: no BOS row
     return MarianConfig(
-        vocab_size=cfg.src_vocab_size, decoder_vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model,
+        vocab_size=vocab, decoder_vocab_size=vocab if cfg.share_embeddings else cfg.tgt_vocab_size, d_model=cfg.d_model,
         encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+        activation_function={"relu": "relu", "silu": "swish"}[getattr(cfg, "activation", "relu")],
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=0.0,
         max_position_embeddings=max(POSITIONS, cfg.max_positions), scale_embedding=True,
-        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS,
+        pad_token_id=ids["pad"], eos_token_id=ids["eos"], bos_token_id=ids["bos"], decoder_start_token_id=ids["bos"],
+        forced_eos_token_id=ids["eos"],
         share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.tie_output,
         architectures=["MarianMTModel"],
     )
@@ -161,9 +197,15 @@ def generation_config(src: Source):
     dec = src.decode
     beam = {"num_beams": dec.beam_size, "length_penalty": dec.length_penalty,
             "early_stopping": dec.early_stopping} if dec.beam_size > 1 else {"num_beams": 1}
+    ids = marian_ids(src)
+    vocab = marian_vocabulary(src)
+    banned = list(banned_ids(src.tokenizers.tgt))
+    if vocab is not None:  # Marian's ids of what qkv never emits (its <pad> is qkv's PAD and BOS)
+        rows = src.tokenizers.rows
+        banned = sorted({rows[i] for i in banned_ids(src.tokenizers.tgt)})
     return GenerationConfig(
-        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS,
-        suppress_tokens=list(banned_ids(src.tokenizers.tgt)), max_new_tokens=length_limit(src),
+        decoder_start_token_id=ids["bos"], bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"],
+        forced_eos_token_id=ids["eos"], suppress_tokens=banned, max_new_tokens=length_limit(src),
         num_return_sequences=dec.nbest, **beam,
         **({"min_new_tokens": dec.min_len} if dec.min_len else {}),
     )
@@ -197,6 +239,17 @@ def _write_tokenizer(src: Source, out: Path) -> None:
     tokenizer_config.json, written by MarianTokenizer.save_pretrained itself."""
     from transformers import MarianTokenizer
 
+    if marian_vocabulary(src) is not None:  # an imported Marian model: its own files back, as they came
+        tok = src.tokenizers
+        t = out / ".tokenizer-inputs"
+        tok.save(t)
+        try:
+            MarianTokenizer(str(t / "source.spm"), str(t / "target.spm"), str(t / "vocab.json"),
+                            unk_token=tok.specials["unk"], eos_token=tok.specials["eos"], pad_token=tok.specials["pad"],
+                            model_max_length=src.model.max_positions).save_pretrained(str(out))
+        finally:
+            shutil.rmtree(t, ignore_errors=True)
+        return
     pieces_src, pieces_tgt = src.vocabulary("src"), src.vocabulary("tgt")
     t = out / ".tokenizer-inputs"  # inside the export's own temporary: never left in a system temp folder
     t.mkdir()
@@ -238,7 +291,8 @@ def _write(src: Source, out: Path, version: str) -> dict:
     torch.manual_seed(0)  # the random init that the checkpoint's weights then replace
     model = MarianMTModel(marian_config(src))
     missing, unexpected = model.load_state_dict(marian_state_dict(src), strict=False)
-    computed = {"final_logits_bias", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    computed = {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    computed |= set() if src.has("output_bias") else {"final_logits_bias"}
     tied = {"lm_head.weight"} if src.model.tie_output else set()
     tied |= {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"} if src.model.share_embeddings \
         else set()
@@ -246,7 +300,8 @@ def _write(src: Source, out: Path, version: str) -> dict:
         raise QkvError(f"internal: MarianMTModel names differ (missing {sorted(set(missing) - computed - tied)}, "
                        f"unexpected {sorted(unexpected)})")
     with torch.no_grad():
-        model.final_logits_bias.zero_()
+        if not src.has("output_bias"):
+            model.final_logits_bias.zero_()
     model.tie_weights()
     model.generation_config = generation_config(src)
     model.eval()
@@ -272,18 +327,24 @@ def verify(src: Source, out: Path) -> dict:
     ref = translation_logits(reference_model(src), sources, targets)
     batch = collate(sources, targets)
     hf = MarianMTModel.from_pretrained(str(out)).eval()
+    vocab = marian_vocabulary(src)
+    to_marian = torch.tensor(src.tokenizers.rows) if vocab is not None else torch.arange(src.model.tgt_vocab_size)
     with torch.inference_mode():
-        got = hf(input_ids=batch.src, attention_mask=batch.src != PAD, decoder_input_ids=batch.tgt_in).logits.float()
+        got = hf(input_ids=to_marian[batch.src], attention_mask=batch.src != PAD,
+                 decoder_input_ids=to_marian[batch.tgt_in]).logits.float()[..., to_marian]
     real = torch.zeros_like(batch.tgt_in, dtype=torch.bool)
     for i, t in enumerate(targets):
         real[i, : len(t) + 1] = True  # BOS and the target: the positions that are not padding
+    if vocab is not None:  # Marian's <pad> column is BOS's row: PAD's own (never emitted, never read) has none
+        keep = torch.tensor([q for q in range(ref.size(-1)) if q != PAD])
+        got, ref = got[..., keep], ref[..., keep]
     delta = float((got - ref)[real].abs().max())
     if not delta <= LOGIT_TOLERANCE:
         raise QkvError(f"the exported MarianMTModel disagrees with {src.path}: max |delta logit| = {delta:.3g} "
                        f"(expected < {LOGIT_TOLERANCE:g})")
     tok = MarianTokenizer.from_pretrained(str(out))
     texts = src.tokenizer("src").decode(sources) + ["Hello, world! 123"]
-    want = [ids + [EOS] for ids in src.tokenizer("src").encode(texts)]
+    want = [[int(to_marian[i]) for i in ids + [EOS]] for ids in src.tokenizer("src").encode(texts)]
     got_ids = tok(texts)["input_ids"]
     if got_ids != want:
         raise QkvError(f"the exported tokenizer disagrees with {src.path}'s on {texts!r}: {got_ids} != {want}")

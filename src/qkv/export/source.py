@@ -65,8 +65,8 @@ class Source:
 
     def vocabulary(self, side: str) -> list[str]:
         """The pieces of the ``src`` or ``tgt`` SentencePiece model in the order of their ids."""
-        sp = self.tokenizer(side).sp
-        return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        tok = self.tokenizer(side)  # (an imported model's tokenizer numbers pieces its own way: ask it)
+        return [tok.id_to_piece(i) for i in range(tok.vocab_size)]
 
     def tokenizer(self, side: str) -> Tokenizer:
         return getattr(self.tokenizers, side)

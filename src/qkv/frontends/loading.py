@@ -152,8 +152,10 @@ def _load_pretrained(path: Path, device, quantize: str | None, compile: bool):
     model = imported.model.to(device).eval()
     if quantize == "int8":
         quantize_int8(model)
+    decode = imported.extra.get("decode")  # the folder's search settings (a Marian model's generation_config)
+    decode_cfg = DecodeConfig(**decode).validate() if decode else DecodeConfig()
     return frontend_for(imported.model_cfg.task).from_checkpoint(model, imported.tokenizers, dict(imported.extra),
-                                                                 DecodeConfig(), imported.train_cfg)
+                                                                 decode_cfg, imported.train_cfg)
 
 
 def load_ensemble(paths: list[str | Path], device: str | torch.device = "cpu", quantize: str | None = None) -> Translator:

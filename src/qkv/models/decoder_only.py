@@ -82,6 +82,7 @@ class DecoderOnlyTransformer(nn.Module):
         self.embed = ScaledEmbedding(cfg.tgt_vocab_size, d, scale=cfg.scale_embeddings)
         self.output_proj = None if cfg.tie_output else nn.Linear(d, cfg.tgt_vocab_size, bias=False)
         self.pos, self.layers, self.final_norm = stack_modules(cfg, cfg.n_decoder_layers, EncoderLayer)
+        self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
 
     @property
     def decoder(self) -> TransformerStack:
@@ -91,7 +92,8 @@ class DecoderOnlyTransformer(nn.Module):
     # --- pieces ------------------------------------------------------------------------------------
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
+        logits = self.embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
+        return logits if self.output_bias is None else logits + self.output_bias
 
     @property
     def output_weight(self) -> torch.Tensor:

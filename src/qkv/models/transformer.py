@@ -127,6 +127,8 @@ class Transformer(nn.Module):
         self.src_pos, self.tgt_pos = src_pos, tgt_pos
         self.encoder_layers, self.decoder_layers = encoder_layers, decoder_layers
         self.encoder_norm, self.decoder_norm = encoder_norm, decoder_norm
+        # Marian's final_logits_bias (cfg.output_bias); registered last, after every older parameter
+        self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
 
     @property
     def encoder(self) -> TransformerStack:
@@ -142,7 +144,8 @@ class Transformer(nn.Module):
     # --- pieces ------------------------------------------------------------------------------------
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tgt_embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
+        logits = self.tgt_embed.logits(x) if self.output_proj is None else self.output_proj(x)  # (B, T, V)
+        return logits if self.output_bias is None else logits + self.output_bias
 
     def memory_kv(self, memory: torch.Tensor) -> list[KVCache]:
         """Every decoder layer's cross-attention keys/values of the encoder output ``memory (B, S, d)``."""

@@ -17,30 +17,36 @@ import torch
 from torch import nn
 
 
-def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
-    """The ``(n_positions, d_model)`` table PE above (d_model even)."""
+def sinusoidal_table(n_positions: int, d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """The ``(n_positions, d_model)`` table PE above (d_model even). ``layout="halves"``: the same
+    sinusoids with the sines in the first d/2 dimensions and the cosines in the second
+    (``PE[:, i] = sin(pos / 10000^(2i/d))``, ``PE[:, d/2 + i] = cos(...)``), as Marian's models have them."""
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (P, d/2)
     pe = torch.empty(n_positions, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angle)
-    pe[:, 1::2] = torch.cos(angle)
+    if layout == "halves":
+        pe[:, : d_model // 2] = torch.sin(angle)
+        pe[:, d_model // 2:] = torch.cos(angle)
+    else:
+        pe[:, 0::2] = torch.sin(angle)
+        pe[:, 1::2] = torch.cos(angle)
     return pe.float()
 
 
 class SinusoidalPositionalEncoding(nn.Module):
     """Adds nothing learnable: a fixed table, extended on the fly for longer inputs."""
 
-    def __init__(self, d_model: int, max_positions: int = 1024):
+    def __init__(self, d_model: int, max_positions: int = 1024, layout: str = "interleaved"):
         super().__init__()
-        self.d_model = d_model
-        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+        self.d_model, self.layout = d_model, layout
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model, layout), persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> torch.Tensor:
         """Encodings of positions ``offset .. offset + length - 1``, ``(1, length, d_model)``."""
         end = offset + length
         if end > self.table.size(0):  # longer than ever seen: grow the table (no limit by design)
-            self.table = sinusoidal_table(max(end, 2 * self.table.size(0)), self.d_model).to(self.table.device)
+            self.table = sinusoidal_table(max(end, 2 * self.table.size(0)), self.d_model, self.layout).to(self.table.device)
         return self.table[offset:end][None]  # (1, T, d_model)
 
 
@@ -74,11 +80,11 @@ class NoPositionalEncoding(nn.Module):
         return self.anchor.new_zeros(1, length, self.d_model)
 
 
-def positional_encoding(kind: str, d_model: int, max_positions: int) -> nn.Module:
+def positional_encoding(kind: str, d_model: int, max_positions: int, layout: str = "interleaved") -> nn.Module:
     if kind == "none":
         return NoPositionalEncoding(d_model, max_positions)
     if kind == "sinusoidal":
-        return SinusoidalPositionalEncoding(d_model, max_positions)
+        return SinusoidalPositionalEncoding(d_model, max_positions, layout)
     if kind == "learned":
         return LearnedPositionalEncoding(d_model, max_positions)
     raise ValueError(f"unknown positional encoding {kind!r}")

@@ -40,13 +40,13 @@ def stack_modules(
     """The positional encoding, ``n_layers`` layers (``EncoderLayer`` or ``DecoderLayer``) and the
     final norm of one stack: a LayerNorm with pre-norm layers (the residual stream is otherwise
     never normalised), nothing with the paper's post-norm ones."""
-    pos = positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions)
+    pos = positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions, cfg.sinusoid_layout)
     args = (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
     options = dict(activation=cfg.activation, layer_norm_eps=cfg.layer_norm_eps)
     layers = nn.ModuleList(layer(*args, **options) for _ in range(n_layers))
     if cfg.init == "fairseq":
         fairseq_init(layers)
-    norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+    norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.has_final_norm else nn.Identity()
     return pos, layers, norm
 
 

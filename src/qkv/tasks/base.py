@@ -117,7 +117,8 @@ def token_loss(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, tra
     called, the weight is read from inside.
     """
     model = unwrap(module)
-    if train_cfg.fused_loss and target.device.type in FUSED_LOSS_DEVICES and hasattr(model, "output_weight"):
+    if train_cfg.fused_loss and target.device.type in FUSED_LOSS_DEVICES and hasattr(model, "output_weight") \
+            and getattr(model, "output_bias", None) is None:  # the fused loss has no bias term
         hidden = module(*inputs, features=True)  # (B, T, d)
         return linear_label_smoothed_nll_loss(hidden, model.output_weight, target, train_cfg.label_smoothing)
     return label_smoothed_nll_loss(module(*inputs), target, train_cfg.label_smoothing)
@@ -135,7 +136,8 @@ def require_positions(model_cfg: ModelConfig, train_cfg: TrainConfig, need: int,
 
 ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "positional",
                "max_positions", "norm_first", "share_embeddings", "tie_output", "activation", "layer_norm_eps",
-               "scale_embeddings", "type_vocab_size", "embedding_norm")
+               "scale_embeddings", "type_vocab_size", "embedding_norm", "final_norm",
+               "sinusoid_layout", "output_bias")
 
 
 def checkpoint_tokenizers(path: str | Path) -> TokenizerPair:

@@ -1,0 +1,239 @@
+"""Importing a Hugging Face GPT2LMHeadModel folder as a qkv language model.
+
+The folder is built as GPT-2's looks: a GPT2Config with GPT-2's options (pre-norm blocks, ln_f,
+gelu_new, learned positions, tied output, ``<|endoftext|>`` last in the vocabulary) at a test's
+size, a byte-level BPE trained on a small text and saved by ``GPT2TokenizerFast.save_pretrained``
+(tokenizer.json), weights trained a little in transformers (so that greedy continuations are not
+ties among near-uniform logits). The references are transformers' ``GPT2LMHeadModel`` and
+``GPT2TokenizerFast`` on that folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+INSTALL = 'pip install -c constraints.txt -e ".[export]"'
+HAS_HF = importlib.util.find_spec("transformers") is not None and importlib.util.find_spec("tokenizers") is not None
+pytestmark = pytest.mark.skipif(not HAS_HF, reason=f"transformers and tokenizers are not installed: {INSTALL}")
+
+TEXT = ["The Time Traveller (for so it will be convenient to speak of him) was expounding a recondite matter to us.",
+        "His grey eyes shone and twinkled, and his usually pale face was flushed and animated.",
+        "The fire burned brightly, and the soft radiance of the incandescent lights in the lilies of silver caught "
+        "the bubbles that flashed and passed in our glasses.",
+        "Größere Häuser, café, naïve façade.", "東京で寿司を食べました。", "Emoji: 💖 🎉"]
+# accents, CJK, emoji, long words, several spaces, line breaks, a special token written in the text
+SAMPLE = ["Größere Häuser: café, naïve, Ærø.", "東京で寿司を食べました。", "I 💖 emoji 🎉!",
+          "Donaudampfschifffahrtsgesellschaftskapitänswitwe antidisestablishmentarianism",
+          "   spaces   around   ", "two\nlines", "end<|endoftext|>start", ""]
+
+
+def build_gpt2(out: Path, seed: int = 0, train_steps: int = 40) -> Path:
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(TEXT * 5, vocab_size=400, min_frequency=1, show_progress=False)
+    t = out / "bpe"
+    t.mkdir()
+    bpe.save_model(str(t))
+    tok = GPT2TokenizerFast(vocab=str(t / "vocab.json"), merges=str(t / "merges.txt"))
+    for f in t.iterdir():
+        f.unlink()
+    t.rmdir()
+    tok.save_pretrained(str(out))
+    tok = GPT2TokenizerFast.from_pretrained(str(out))
+    eos = tok.eos_token_id
+    assert eos == len(tok) - 1 and len(tok) > 300  # as GPT-2's 50256: the last id of a real vocabulary
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                     activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
+                     layer_norm_epsilon=1e-5, bos_token_id=eos, eos_token_id=eos, architectures=["GPT2LMHeadModel"])
+    model = GPT2LMHeadModel(cfg)
+    ids = [tok(x)["input_ids"][:60] + [eos] for x in TEXT]
+    width = max(map(len, ids))
+    batch = torch.tensor([x + [eos] * (width - len(x)) for x in ids])
+    labels = torch.tensor([x + [-100] * (width - len(x)) for x in ids])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(train_steps):
+        opt.zero_grad()
+        model(input_ids=batch, labels=labels).loss.backward()
+        opt.step()
+    model.eval().save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory) -> Path:
+    return build_gpt2(tmp_path_factory.mktemp("gpt2") / "gpt2-tiny")
+
+
+@pytest.fixture(scope="module")
+def imported(gpt2_dir, tmp_path_factory) -> Path:
+    from qkv.importers import import_model
+
+    return import_model(gpt2_dir, tmp_path_factory.mktemp("runs") / "gpt2", log=lambda *a: None)
+
+
+def reference(gpt2_dir):
+    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+
+    return GPT2LMHeadModel.from_pretrained(str(gpt2_dir)).eval(), GPT2TokenizerFast.from_pretrained(str(gpt2_dir))
+
+
+def test_token_ids_equal_gpt2_tokenizer(gpt2_dir, imported):
+    import qkv
+
+    _, tok = reference(gpt2_dir)
+    lm = qkv.load(imported)
+    t = lm.tokenizer
+    got = [t.to_model_ids(ids) for ids in t.encode(SAMPLE)]
+    assert got == tok(SAMPLE)["input_ids"]
+    assert sum(map(len, got)) > 100 and max(map(len, got)) > 10
+    assert any(tok.eos_token_id in ids for ids in got)  # "<|endoftext|>" written in a text is that token
+    assert t.decode(t.encode(SAMPLE[:5])) == SAMPLE[:5]  # byte-level: every text comes back
+
+
+def test_logits_equal_transformers_on_a_padded_batch(gpt2_dir, imported):
+    import qkv
+    from qkv.config import PAD
+
+    hf, _ = reference(gpt2_dir)
+    lm = qkv.load(imported)
+    t = lm.tokenizer
+    ids = t.encode(TEXT[:4])
+    width = max(map(len, ids))
+    tokens = torch.tensor([x + [PAD] * (width - len(x)) for x in ids])  # right-padded, as qkv's batches
+    real = tokens != PAD
+    model_ids = torch.tensor([m if m is not None else 0 for m in t.ids.model_ids])
+    have = torch.tensor([m is not None for m in t.ids.model_ids])
+    with torch.inference_mode():
+        want = hf(input_ids=model_ids[tokens], attention_mask=real.long()).logits[..., model_ids]
+        got = lm.model(tokens)
+    assert float((got - want)[real][:, have].abs().max()) <= 1e-4
+    assert want[real].std() > 1.0  # logits that discriminate
+
+
+def test_greedy_continuation_equals_generate(gpt2_dir, imported):
+    import qkv
+    from qkv.decoding.greedy import banned_ids
+    from qkv.decoding.sampling import sample
+
+    hf, tok = reference(gpt2_dir)
+    lm = qkv.load(imported)
+    t = lm.tokenizer
+    outputs = set()
+    for prompt in ["The Time Traveller", "His grey eyes", "The fire", "Größere"]:
+        ids = t.encode([prompt])[0]
+        got = t.to_model_ids(sample(lm.model, ids, 20, temperature=0, stop_at_eos=True, banned=banned_ids(t)))
+        x = torch.tensor([t.to_model_ids(ids)])
+        out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, num_beams=1, max_new_tokens=20,
+                          pad_token_id=tok.eos_token_id)[0, x.size(1):].tolist()
+        if tok.eos_token_id in out:
+            out = out[: out.index(tok.eos_token_id)]
+        assert got == out, prompt
+        outputs.add(tuple(got))
+    assert len(outputs) == 4
+
+
+def test_imported_settings(imported):
+    from qkv.checkpoint import read_config
+
+    cfg = read_config(imported, "model")
+    assert (cfg.task, cfg.norm_first, cfg.has_final_norm, cfg.activation, cfg.positional, cfg.scale_embeddings) == \
+        ("lm", True, True, "gelu_tanh", "learned", False)
+
+
+def test_generate_command(imported, capsys):
+    """``qkv generate`` continues a prompt with the imported model (greedy: as the API's sample)."""
+    import qkv
+    from qkv.cli import main
+
+    lm = qkv.load(imported)
+    want = "".join(lm.generate("The Time Traveller", max_new_tokens=8, temperature=0))
+    capsys.readouterr()
+    assert main(["generate", str(imported), "--prefix", "The Time Traveller", "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    assert want.strip() and want.strip() in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"add_cross_attention": True}, "add_cross_attention"),
+    ({"activation_function": "tanh"}, "activation_function 'tanh'"),
+    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    ({"architectures": ["GPT2ForSequenceClassification"]}, "GPT2ForSequenceClassification"),
+])
+def test_unsupported_options_are_refused_by_name(gpt2_dir, tmp_path, change, message):
+    import shutil
+
+    from qkv.errors import QkvError
+    from qkv.importers import import_model
+
+    d = tmp_path / "g"
+    shutil.copytree(gpt2_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(change)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(QkvError, match=message):
+        import_model(d, tmp_path / "out", log=lambda *a: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_serve_generates_with_the_import(imported):
+    """``qkv serve``'s /generate on the imported GPT-2 answers as the front-end does."""
+    pytest.importorskip("fastapi", reason='qkv serve needs fastapi: pip install -c constraints.txt -e ".[serve]"')
+    pytest.importorskip("httpx", reason='the serve tests need httpx: pip install -c constraints.txt -e ".[serve]"')
+    import qkv
+    from fastapi.testclient import TestClient
+    from qkv.serve.app import create_app
+    from qkv.serve.limits import Limits
+    from qkv.serve.service import load_models
+
+    limits = Limits()
+    args = dict(prefix="The fire", max_new_tokens=12, temperature=0.8, top_k=0, top_p=1.0, seed=7)
+    want = "".join(qkv.load(imported).generate(**args))
+    with TestClient(create_app(load_models([str(imported)], limits), limits), base_url="http://127.0.0.1") as c:
+        r = c.post("/generate", json=args)
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == want
+
+
+def test_export_is_refused_by_name(imported, tmp_path, capsys):
+    """GPT-2's options are not the paper's: each export format refuses the model by name (exit 2)."""
+    from qkv.cli import main
+
+    for fmt in ("hf", "ctranslate2"):
+        assert main(["export", str(imported), "--format", fmt, "--out", str(tmp_path / fmt)]) == 2
+        err = capsys.readouterr().err
+        assert "lm" in err or "gelu_tanh" in err or "scale_embeddings" in err, err
+        assert not (tmp_path / fmt).exists()
+
+
+def test_viz_attention_on_the_import(imported, tmp_path):
+    from qkv.cli import main
+
+    assert main(["viz", "attention", str(imported), "The Time Traveller", "--out", str(tmp_path / "att")]) == 0
+    assert (tmp_path / "att.html").is_file()
+
+
+def test_finetune_from_the_import(imported, tmp_path):
+    """``qkv train --task lm --init-from`` the import: its architecture, tokenizer and weights continue."""
+    from qkv.checkpoint import read_checkpoint, read_config
+    from qkv.cli import main
+
+    (tmp_path / "book.txt").write_text("\n".join(TEXT * 4) + "\n")
+    out = tmp_path / "run"
+    assert main(["train", "--task", "lm", "--init-from", str(imported), "--train", str(tmp_path / "book.txt"),
+                 "--max-steps", "4", "--eval-every", "4", "--max-len", "32", "--max-tokens", "256",
+                 "--schedule", "constant", "--lr", "0.0003", "--valid-fraction", "0.2", "--out", str(out)]) == 0
+    a, b = read_checkpoint(imported), read_checkpoint(out / "last")
+    cfg = read_config(b, "model")
+    assert (cfg.activation, cfg.scale_embeddings, cfg.norm_first) == ("gelu_tanh", False, True)
+    assert (out / "last" / "tokenizer.json").is_file()
+    moved = [n for n in a.state_dict if not torch.equal(a.state_dict[n], b.state_dict[n])]
+    assert len(moved) > len(a.state_dict) // 2
