@@ -146,3 +146,36 @@ def test_workers_end_with_the_program_that_started_them(ckpt, how):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_calls_take_as_many_cores_as_their_translator_has_threads_and_wait_while_they_are_taken():
+    """Two 2-thread translators decoding at once on 2 cores answered a tenth of one alone
+    (benchmarks/serve_models.py): the program's workers take turns on the cores instead."""
+    import threading
+
+    from qkv.export.ct2_worker import Cores
+
+    cores = Cores(2)
+    assert cores.take(2) == 2 and cores.free == 0
+    started, done = threading.Event(), threading.Event()
+
+    def second():
+        started.set()
+        cores.take(1)
+        done.set()
+    threading.Thread(target=second, daemon=True).start()
+    started.wait(5)
+    assert not done.wait(0.3)  # waits while the cores are taken
+    cores.give(2)
+    assert done.wait(5) and cores.free == 1
+    assert cores.take(1) == 1 and cores.free == 0  # two 1-thread calls run side by side
+    cores.give(1), cores.give(1)
+    assert cores.take(8) == 2  # more threads than cores: the whole machine, not a wait forever
+    cores.give(2)
+
+
+def test_a_translator_with_the_default_threads_takes_every_core(ckpt):
+    from qkv.export.ct2_worker import CORES
+
+    assert qkv.load(ckpt, engine="ctranslate2", threads=0).ct2.threads == CORES.total
+    assert qkv.load(ckpt, engine="ctranslate2", threads=1).ct2.threads == 1
