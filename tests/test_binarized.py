@@ -367,8 +367,8 @@ def test_tensorboard_scalars_equal_metrics(data, tmp_path):
     expected: dict[str, list[tuple[int, float]]] = {}
     for r in records(run):
         for k, v in r.items():
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                expected.setdefault(k, []).append((r["step"], float(v)))
+            if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                expected.setdefault(k, []).append((r["step"], float(v)))  # time: when, not a scalar to plot
     assert set(events.Tags()["scalars"]) == set(expected)
     for tag, points in expected.items():
         got = [(e.step, e.value) for e in events.Scalars(tag)]

@@ -129,7 +129,8 @@ def test_errors_of_ctranslate2_come_back_as_their_type(ckpt):
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_workers_end_with_the_program_that_started_them(ckpt, how):
-    code = (f"import qkv, sys\nm = qkv.load({str(ckpt)!r}, engine='ctranslate2', threads=1)\n"
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # a terminal's program gets ^C
+            f"import qkv, sys\nm = qkv.load({str(ckpt)!r}, engine='ctranslate2', threads=1)\n"
             "m.translate(['seven'], beam_size=1)\nprint(m.ct2.pid, flush=True)\nimport time; time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": SRC}, start_new_session=True)
