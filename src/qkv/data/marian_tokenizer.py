@@ -26,7 +26,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from qkv.config import BOS, EOS, PAD, UNK
-from qkv.data.tokenizer import TokenizerPair
+from qkv.data.tokenizer import TokenizerPair, until_eos
 from qkv.errors import QkvError
 
 SOURCE_SPM, TARGET_SPM, VOCAB, SPECIALS = "source.spm", "target.spm", "vocab.json", "marian_specials.json"
@@ -108,14 +108,8 @@ class MarianSide:
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """qkv ids -> texts: cut at the first EOS, PAD and BOS dropped, the pieces joined by SentencePiece."""
-        texts = []
-        for row in ids:
-            row = list(row)
-            if EOS in row:
-                row = row[: row.index(EOS)]
-            pieces = [self.pieces[i] for i in row if i not in (PAD, BOS)]
-            texts.append(self.sp.decode_pieces(pieces).strip())
-        return texts
+        return [self.sp.decode_pieces([self.pieces[i] for i in until_eos(row) if i not in (PAD, BOS)]).strip()
+                for row in ids]
 
     def piece_ids(self, pieces: Sequence[str], where: str) -> list[int]:
         out = []

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from qkv.config import BOS, CLS, EOS, MASK, PAD, SEP, UNK
+from qkv.data.tokenizer import until_eos
 from qkv.errors import QkvError
 
 SLOTS = (PAD, UNK, BOS, EOS, CLS, MASK, SEP)  # qkv's special ids, 0..6
@@ -194,10 +195,7 @@ class HFTokenizer:
         """qkv ids -> texts. Everything from the first EOS on is cut; special tokens are dropped."""
         texts = []
         for row in ids:
-            row = list(row)
-            if EOS in row:
-                row = row[: row.index(EOS)]
-            model = [m for m in self.to_model_ids(i for i in row if i >= len(SLOTS)) if m is not None]
+            model = [m for m in self.to_model_ids(i for i in until_eos(row) if i >= len(SLOTS)) if m is not None]
             texts.append(self.tok.decode(model, skip_special_tokens=True))
         return texts
 

@@ -42,6 +42,12 @@ SPECIAL_PIECES = {CLS: CLS_PIECE, MASK: MASK_PIECE, SEP: SEP_PIECE}
 SP_THREADED_FROM = 1024  # texts: SentencePiece's batch calls start a thread pool, ~0.6 ms a call
 
 
+def until_eos(row: Iterable[int]) -> list[int]:
+    """A row of ids up to its first EOS (EOS and everything after it cut)."""
+    row = list(row)
+    return row[: row.index(EOS)] if EOS in row else row
+
+
 def sp_threads(n: int) -> int:
     """Threads for a SentencePiece batch call of ``n`` texts: one below :data:`SP_THREADED_FROM` (its
     pool costs more than it saves there: a sentence takes microseconds; a translation call of one
@@ -189,12 +195,7 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Ids -> texts. Everything from the first EOS on is cut; PAD and BOS are dropped."""
-        cleaned = []
-        for row in ids:
-            row = list(row)
-            if EOS in row:
-                row = row[: row.index(EOS)]
-            cleaned.append([i for i in row if i not in (PAD, BOS)])
+        cleaned = [[i for i in until_eos(row) if i not in (PAD, BOS)] for row in ids]
         return self.sp.decode(cleaned, num_threads=sp_threads(len(cleaned)))
 
     def piece_ids(self, pieces: Sequence[str], where: str) -> list[int]:
