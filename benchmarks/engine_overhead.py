@@ -61,28 +61,11 @@ def engine_side(setup: dict):
 
     torch.set_num_threads(setup["threads"])
     model = qkv.load(setup["model"], engine="ctranslate2", threads=setup["threads"])
-    real = model.ct2
-    calls = {"translate_batch": 0, "score_batch": 0}
-
-    class Counted:  # the warm-up run only: the timed runs call CTranslate2 directly
-        def translate_batch(self, *a, **k):
-            calls["translate_batch"] += 1
-            return real.translate_batch(*a, **k)
-
-        def score_batch(self, *a, **k):
-            calls["score_batch"] += 1
-            return real.score_batch(*a, **k)
-
     def run(cell: dict, counted: bool = False) -> dict:
-        for name in calls:
-            calls[name] = 0
-        model.ct2 = Counted() if counted else real
-        try:
-            texts = model.translate(cell["sentences"], **cell["settings"], beam_size=cell["beam"],
-                                    batch_size=cell["batch"])
-        finally:
-            model.ct2 = real
-        return {"texts": texts, **({"calls": dict(calls)} if counted else {})}
+        before = dict(model.ct2.calls)  # the worker counts its calls (translate_batch, score_batch)
+        texts = model.translate(cell["sentences"], **cell["settings"], beam_size=cell["beam"], batch_size=cell["batch"])
+        calls = {name: n - before[name] for name, n in model.ct2.calls.items()}
+        return {"texts": texts, **({"calls": calls} if counted else {})}
 
     cfg = model.decode_cfg
     src_ids = model.tokenizers.src.encode(setup["sentences"])

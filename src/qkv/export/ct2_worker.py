@@ -178,6 +178,7 @@ class TranslatorProcess:
         self.name = name
         self.lock = threading.Lock()
         self.threads = int(kwargs.get("intra_threads") or 0) or CORES.total
+        self.calls = dict.fromkeys(FIELDS, 0)  # calls made so far, per method (what benchmarks and tests count)
         self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      close_fds=True)
         self._finalizer = weakref.finalize(self, _close, self.proc)
@@ -192,6 +193,8 @@ class TranslatorProcess:
         message = (method, kwargs) if method == "init" else (method, args, kwargs)
         with self.lock:
             taken = CORES.take(self.threads) if method in FIELDS else 0
+            if method in FIELDS:
+                self.calls[method] += 1
             try:
                 pickle.dump(message, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 self.proc.stdin.flush()
