@@ -133,6 +133,11 @@ def rnn_attention(t: Tour):
 def transformer(t: Tour):
     """A Transformer on the same task; look inside at its cross-attention."""
     start(t, "transformer-reverse", "transformer")
+    return look_inside(t)
+
+
+def look_inside(t: Tour):
+    """The Transformer run's cross-attention for TEXT, in the main page's look-inside panel."""
     page = t.page
     page.select_option("#inside-run", t.transformer)
     page.fill("#inside-text", TEXT)
@@ -297,13 +302,7 @@ def shown_run_step(t: Tour, step):
         page.select_option("#metric", "valid_exact")
         page.wait_for_timeout(1500)
         return page.locator("#curves-panel")
-    page.select_option("#inside-run", t.transformer)
-    page.fill("#inside-text", TEXT)
-    with page.expect_response(lambda r: r.url.endswith("/inside")):
-        page.click("#look")
-    page.wait_for_selector("#heads table, #heads figure")
-    page.select_option("#kind", "cross")
-    return page.locator("#inside-panel")
+    return look_inside(t)
 
 
 if __name__ == "__main__":
