@@ -14,6 +14,18 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-g
                                                               "(or set QKV_CHROMIUM to its executable)")
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium through Playwright, one per browser test module (which marks itself
+    ``needs_chromium`` and skips without Playwright)."""
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason='the browser test needs playwright: pip install -c constraints.txt -e ".[test]"')
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
 # Long tests (minutes each, beyond the suite's budget on a 2-core machine) are marked ``@pytest.mark.long`` and
 # skipped unless QKV_LONG_TESTS=1; docs/training.md#tests names them.
 LONG_SKIP = "long test (minutes): QKV_LONG_TESTS=1 python -m pytest -q -m long"

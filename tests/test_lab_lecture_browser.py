@@ -23,7 +23,7 @@ from qkv.lab.app import create_app  # noqa: E402
 from qkv.lab.runs import Lab, LabLimits  # noqa: E402
 from qkv.serve import BackgroundServer  # noqa: E402
 
-from conftest import CHROMIUM, needs_chromium  # noqa: E402
+from conftest import needs_chromium  # noqa: E402
 from lab_tour import choose  # noqa: E402
 
 pytestmark = needs_chromium
@@ -46,14 +46,6 @@ def server(tmp_path_factory):
     fixture_runs(root)
     with BackgroundServer(create_app(Lab(root, LabLimits()))) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 @pytest.fixture

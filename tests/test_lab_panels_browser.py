@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, Response  # noqa: E402
 from qkv.lab import panels  # noqa: E402
 from qkv.serve import BackgroundServer, Limits  # noqa: E402
 
-from conftest import CHROMIUM, needs_chromium  # noqa: E402
+from conftest import needs_chromium  # noqa: E402
 
 pytestmark = needs_chromium
 PAGE_MS = 120_000  # a loaded machine
@@ -45,18 +45,16 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def page(server):
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1300, "height": 900})
-        page.set_default_timeout(PAGE_MS)
-        page.problems, page.asked = [], []
-        page.on("request", lambda r: page.asked.append(r.url) if "/api/panels/" in r.url else None)
-        page.on("request", lambda r: None if r.url.startswith(server.url) else page.problems.append(r.url))
-        page.on("pageerror", lambda e: page.problems.append(str(e)))
-        page.goto(server.url + "/")
-        yield page
-        browser.close()
+def page(browser, server):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.set_default_timeout(PAGE_MS)
+    page.problems, page.asked = [], []
+    page.on("request", lambda r: page.asked.append(r.url) if "/api/panels/" in r.url else None)
+    page.on("request", lambda r: None if r.url.startswith(server.url) else page.problems.append(r.url))
+    page.on("pageerror", lambda e: page.problems.append(str(e)))
+    page.goto(server.url + "/")
+    yield page
+    page.close()
 
 
 def test_nothing_is_fetched_before_a_panel_opens(page):

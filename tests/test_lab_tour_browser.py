@@ -28,7 +28,7 @@ from qkv.lab.runs import Lab, LabLimits  # noqa: E402
 from qkv.serve import BackgroundServer  # noqa: E402
 
 import lab_tour  # noqa: E402
-from conftest import CHROMIUM, needs_chromium  # noqa: E402
+from conftest import needs_chromium  # noqa: E402
 
 pytestmark = needs_chromium
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_the_docs_tour_has_a_screenshot_per_step_in_order():
 
 
 @pytest.fixture
-def tour(tmp_path, monkeypatch):
+def tour(browser, tmp_path, monkeypatch):
     monkeypatch.setattr(lab_runs, "subprocess", Spawning())
     root = tmp_path / "runs"
     for name, checkpoint, arch in (("tr", "translate-transformer", "transformer"),
@@ -78,8 +78,7 @@ def tour(tmp_path, monkeypatch):
         (root / name / "lab.json").write_text(json.dumps({"name": name, "task": "reverse", "preset": arch,
                                                           "model": {"arch": arch}}))
     lab = Lab(root, LabLimits(max_runs=4))
-    with BackgroundServer(create_app(lab)) as server, sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+    with BackgroundServer(create_app(lab)) as server:
         page = browser.new_page(viewport={"width": 1100, "height": 900})
         page.set_default_timeout(PAGE_MS)
         problems = []
@@ -87,7 +86,7 @@ def tour(tmp_path, monkeypatch):
         page.goto(server.url + "/")
         page.wait_for_selector("#task option", state="attached")
         yield lab_tour.Tour(page, transformer="tr", rnn="lstm", rnn_plain="lstm"), lab
-        browser.close()
+        page.close()
         assert problems == []
     assert not lab.running()
 

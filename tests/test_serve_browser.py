@@ -26,7 +26,7 @@ from qkv.serve.app import create_app  # noqa: E402
 from qkv.serve.service import load_models  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints"
-from conftest import CHROMIUM, needs_chromium  # noqa: E402
+from conftest import needs_chromium  # noqa: E402
 
 pytestmark = needs_chromium
 # On a loaded machine a model's answer can take long: each test waits for the answer itself, up to
@@ -40,14 +40,6 @@ def server():
     served = load_models([model, str(FIXTURES / "lm-transformer")], Limits())
     with BackgroundServer(create_app(served, Limits())) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def new_page(browser, **options):
