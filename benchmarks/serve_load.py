@@ -263,7 +263,8 @@ async def soak(url: str, models: list[str], seconds: float, clients: int, senten
 
 
 def read_lines(path: Path, n: int) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
+    """The first ``n`` non-empty lines of ``path`` (gzip or plain), stripped."""
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as fh:
         return [line.strip() for line, _ in zip(fh, range(n)) if line.strip()]
 
 

@@ -34,16 +34,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from peers.common import cpu_name, git_commit  # noqa: E402
-from serve_load import Server, load_level  # noqa: E402
+from serve_load import Server, load_level, read_lines  # noqa: E402
 
 TEST_SET = Path("/work/shared/data/multi30k/test_2016_flickr.de.gz")
-
-
-def read_lines(path: Path, n: int) -> list[str]:
-    import gzip
-
-    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as fh:
-        return [line.strip() for line, _ in zip(fh, range(n)) if line.strip()]
 
 
 def measure(server: Server, models: list[str], sentences: list[str], concurrency: int, n: int) -> dict[str, float]:
