@@ -226,3 +226,49 @@ def test_bilstm_learns_from_cli(run, tmp_path):
 def test_translate_with_a_classifier_is_a_clear_error(run):
     code, _, err = cli("translate", str(run["model"]), "a superb film")
     assert code == 2 and "'classify' model, not a translation model" in err
+
+
+def test_truncate_head_and_head_plus_tail_hand_computed():
+    from qkv.tasks.classify import truncate
+    rows = [[1, 2, 3, 4, 5, 6, 7, 8, 99], [1, 2, 99]]
+    assert truncate(rows, 6, [99]) == ([[1, 2, 3, 4, 5, 99], [1, 2, 99]], 1)
+    assert truncate(rows, 6, [99], tail=3) == ([[1, 2, 3, 7, 8, 99], [1, 2, 99]], 1)  # 3 head, 3 tail (with [SEP])
+    assert truncate([[1, 2, 3, 4, 5]], 3, (), tail=1) == ([[1, 2, 5]], 1)
+    with pytest.raises(ValueError):
+        truncate(rows, 6, [99], tail=6)
+
+
+def test_keep_tail_reads_a_verdict_at_the_end_in_training_and_at_classify_time(tmp_path):
+    """Long reviews whose only sentiment word is the last: with max_len 8, the head alone holds no
+    signal (chance), head + tail (keep_tail 3) holds it, and the saved model truncates the same way."""
+    rng = random.Random(5)
+
+    def write(path: Path, n: int) -> Path:
+        rows = []
+        for _ in range(n):
+            pos = rng.random() < 0.5
+            words = [rng.choice(NEUTRAL) for _ in range(rng.randint(12, 20))] + [rng.choice(GOOD if pos else BAD)]
+            rows.append(json.dumps({"text": " ".join(words), "label": "pos" if pos else "neg"}))
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        return path
+
+    train, valid = write(tmp_path / "train.jsonl", 400), write(tmp_path / "valid.jsonl", 80)
+    models = {}
+    for tail in (0, 3):
+        out = tmp_path / f"tail{tail}"
+        code, _, err = cli("train", *FLAGS, "--pooling", "mean", "--max-len", "8",
+                           "--keep-tail", str(tail), "--train", str(train), "--valid", str(valid),
+                           "--max-steps", "150", "--eval-every", "150", "--out", str(out))
+        assert code == 0, err
+        assert (f"first 5 and last 3 of max_len=8" if tail else "first max_len=8 tokens") in err
+        models[tail] = json.loads((out / "best" / "config.json").read_text())["train"]["keep_tail"], \
+            qkv.load(out / "best")
+    assert models[0][0] == 0 and models[3][0] == 3
+    texts = [json.loads(line)["text"] for line in valid.read_text().splitlines()]
+    labels = [json.loads(line)["label"] for line in valid.read_text().splitlines()]
+    right = {t: sum(p[0] == y for p, y in zip(m.classify(texts), labels)) / len(texts) for t, (_, m) in models.items()}
+    assert right[3] >= 0.9 > 0.75 >= right[0], right
+    # the frontend cuts as training did: the last token of a long text is read with keep_tail only
+    enc = models[3][1]
+    ids = enc.tokenizers.src.encode([texts[0]])[0]
+    assert enc.input_tokens(texts[0])[0, 1:].tolist() == ids[:5] + ids[-3:]

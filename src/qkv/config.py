@@ -266,6 +266,10 @@ class TrainConfig:
         256,
         'translate: skip (and count) training pairs longer than this many tokens; classify/mlm: keep the '
         'first max_len tokens of each text', bound=whole(1, MAX_WIDTH))
+    keep_tail: int = setting(
+        0,
+        'classify/mlm: a text longer than max_len keeps its first max_len - keep_tail tokens and its last '
+        'keep_tail (head + tail, Sun et al. 2019); 0: the head only', bound=whole(0, MAX_WIDTH))
     max_tokens: int = setting(4096, "token budget per batch (padded), as fairseq's --max-tokens", bound=whole(1, 10**8))
     # optimisation
     schedule: str = setting(
@@ -359,6 +363,7 @@ class TrainConfig:
         _check(self.tokenizer in ("bpe", "unigram", "char"), "tokenizer", "must be bpe, unigram or char")
         for name in ("vocab_size", "max_len", "max_tokens", "warmup_steps", "update_freq", "max_steps", "eval_every"):
             _check(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)}")
+        _check(self.keep_tail < self.max_len, "keep_tail", f"must be below max_len={self.max_len}, got {self.keep_tail}")
         _check(self.max_tokens >= self.max_len + 2, "max_tokens", f"must hold one sentence of max_len={self.max_len} (+2)")
         _check(self.lr_scale > 0, "lr_scale", "must be positive")
         _check(self.cooldown_steps >= 0, "cooldown_steps", f"must be >= 0, got {self.cooldown_steps}")

@@ -7,7 +7,8 @@
     [[('great', 0.21), ('good', 0.12), ('bad', 0.08)]]
 
 Texts are cleaned as the training data were (:func:`qkv.data.labelled.clean_text`), tokenized,
-truncated to the model's ``max_len`` (the head is kept) and run in batches of similar length.
+truncated to the model's ``max_len`` as in training (the head, or head + tail with ``keep_tail``) and run
+in batches of similar length.
 Embeddings (:meth:`Encoder.embed`) pool the encoder states: the ``<cls>`` state or the mean over
 the valid positions; :meth:`Encoder.search` ranks a corpus by cosine similarity to a query,
 
@@ -46,6 +47,7 @@ class Encoder(Frontend):
         self.normalize, self.pooling = normalize, pooling
         self.labels = list(labels) if labels else None
         self.max_len = min(self.train_cfg.max_len, getattr(model.cfg, "max_positions", 10**9) - 1)
+        self.keep_tail = min(self.train_cfg.keep_tail, self.max_len - 1)  # head + tail, as in training
         self.batch_size = batch_size
 
     @property
@@ -72,7 +74,7 @@ class Encoder(Frontend):
         cut = [i for i, row in enumerate(ids) if len(row) > self.max_len]
         if cut and on_truncate is not None:
             on_truncate(cut, self.max_len)
-        return truncate(ids, self.max_len, getattr(self.tokenizers.src, "suffix", ()))[0]
+        return truncate(ids, self.max_len, getattr(self.tokenizers.src, "suffix", ()), self.keep_tail)[0]
 
     def _batches(self, ids: list[list[int]]):
         """(indices, (B, T) tokens on the device), similar lengths together."""
@@ -93,7 +95,7 @@ class Encoder(Frontend):
             # whole piece such as "▁great", so the lone "▁" goes.
             lone = self.tokenizers.src.sp.piece_to_id("▁")
             ids = [t for j, t in enumerate(ids) if not (t == lone and j + 1 < len(ids) and ids[j + 1] == MASK)]
-        ids = truncate([ids], self.max_len, getattr(self.tokenizers.src, "suffix", ()))[0][0]
+        ids = truncate([ids], self.max_len, getattr(self.tokenizers.src, "suffix", ()), self.keep_tail)[0][0]
         return encoder_input([ids]).to(self.device)  # (1, T)
 
     # --- classify --------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Classification (seq2vec): labelled text -> one label per text.
 
-    input  = <cls> x_1 .. x_n         (truncated to the first max_len subword tokens: the head is kept)
+    input  = <cls> x_1 .. x_n         (truncated to max_len subword tokens: the head, or head + tail)
     logits = model(input)              (B, C)
     loss   = sum over the batch of H(q_ls, softmax(logits)),  q_ls the label-smoothed one-hot label
 
@@ -31,10 +31,17 @@ def encoder_input(ids: list[list[int]]) -> torch.Tensor:
     return _pad([[CLS, *row] for row in ids])
 
 
-def truncate(ids: list[list[int]], max_len: int, suffix: list[int] | tuple = ()) -> tuple[list[list[int]], int]:
+def truncate(ids: list[list[int]], max_len: int, suffix: list[int] | tuple = (),
+             tail: int = 0) -> tuple[list[list[int]], int]:
     """Keep the first ``max_len`` tokens of each text; also return how many were cut. ``suffix``: the
-    tokens the tokenizer puts after every text (an imported BERT's ``[SEP]``), kept at the end of a cut one."""
+    tokens the tokenizer puts after every text (an imported BERT's ``[SEP]``), kept at the end of a cut one.
+    ``tail`` > 0: a cut text keeps its first ``max_len - tail`` tokens and its last ``tail`` (whose end
+    is the suffix already)."""
     cut = sum(len(row) > max_len for row in ids)
+    if tail:
+        if not 0 < tail < max_len or tail < len(suffix):
+            raise ValueError(f"tail={tail} must lie in [{max(len(suffix), 1)}, max_len={max_len})")
+        return [row if len(row) <= max_len else row[:max_len - tail] + row[len(row) - tail:] for row in ids], cut
     keep = max_len - len(suffix)
     return [row if len(row) <= max_len else row[:keep] + list(suffix) for row in ids], cut
 
@@ -98,13 +105,16 @@ def read_text_data(paths: DataPaths, labelled: bool, log, task: str):
     return train, valid
 
 
-def encode_texts(data: TextData, tokenizers: TokenizerPair, max_len: int | None, log, task: str) -> list[list[int]]:
+def encode_texts(data: TextData, tokenizers: TokenizerPair, max_len: int | None, log, task: str,
+                 keep_tail: int = 0) -> list[list[int]]:
     tokenizers.src.require_specials(task)
     ids = tokenizers.src.encode(data.texts)
     if max_len is not None:
-        ids, cut = truncate(ids, max_len, getattr(tokenizers.src, "suffix", ()))
+        ids, cut = truncate(ids, max_len, getattr(tokenizers.src, "suffix", ()), keep_tail)
         if cut:
-            log(f"{data.name}: truncated {cut} of {len(ids)} texts to their first max_len={max_len} tokens")
+            kept = (f"their first {max_len - keep_tail} and last {keep_tail} of max_len={max_len} tokens"
+                    if keep_tail else f"their first max_len={max_len} tokens")
+            log(f"{data.name}: truncated {cut} of {len(ids)} texts to {kept}")
     return ids
 
 
@@ -151,7 +161,7 @@ class ClassifyTask(Task):
 
     def encode(self, data: TextData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> TextSplit:
         index = {label: i for i, label in enumerate(self.labels)}
-        ids = encode_texts(data, tokenizers, train_cfg.max_len, log, self.name)
+        ids = encode_texts(data, tokenizers, train_cfg.max_len, log, self.name, train_cfg.keep_tail)
         labels = [index[label] for label in data.labels] if data.labels is not None else None
         return TextSplit(ids, labels, data.texts)
 

@@ -89,7 +89,7 @@ class MlmTask(Task):
         return read_text_data(paths, False, log, self.name)
 
     def encode(self, data: TextData, tokenizers, train_cfg: TrainConfig, log, train: bool) -> MaskedSplit:
-        ids = encode_texts(data, tokenizers, train_cfg.max_len, log, self.name)
+        ids = encode_texts(data, tokenizers, train_cfg.max_len, log, self.name, train_cfg.keep_tail)
         keep = [i for i, row in enumerate(ids) if row]
         return MaskedSplit([ids[i] for i in keep], [data.texts[i] for i in keep], train_cfg.mask_prob,
                            tokenizers.src.vocab_size, train)
