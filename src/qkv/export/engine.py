@@ -311,6 +311,8 @@ class CT2Translator(Translator):
         limit ended (``forced``: their log-probabilities with EOS last, by hypothesis) get EOS's
         log-probability and are ranked again."""
         alpha, n = cfg.length_penalty, lambda tokens: len(tokens) - len(prefix)
+        if not forced:  # CTranslate2's order (best first, by the same scores) is qkv's: its first nbest
+            hyps, scores = hyps[: cfg.nbest], scores[: cfg.nbest]
         out = []
         for k, (tokens, score) in enumerate(zip(hyps, scores)):
             if k in forced:
