@@ -546,6 +546,25 @@ def answer_of(sock: socket.socket) -> tuple[bytes, dict]:
     return head.split(b"\r\n")[0], json.loads(body)
 
 
+def test_a_client_that_sends_its_whole_oversize_body_before_reading_gets_the_413():
+    """As curl or a plain socket client does: the whole 10 or 30 MB body, then read. The server reads
+    and drops a refused body of up to 64 x --max-body-bytes before it answers; a server that answered
+    and closed at once would leave unread data, and the client's system would reset the connection
+    (ConnectionResetError) before the answer is read."""
+    served = load_models([str(FIXTURES / "translate-transformer")], Limits())
+    head = "POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n"
+    with BackgroundServer(create_app(served, Limits())) as server:
+        for mb in (10, 30):
+            body = b'{"texts": ["' + b"one " * (mb * 250_000) + b'"]}'
+            with socket.create_connection(server.sock.getsockname()[:2], timeout=30) as sock:
+                sock.sendall(head.format(len(body)).encode() + body)
+                status, answer = answer_of(sock)
+            assert status == b"HTTP/1.1 413 Request Entity Too Large", (mb, status)
+            assert "(its Content-Length)" in answer["error"] and "at most 1,000,000" in answer["error"]
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.post("/translate", json={"texts": ["red cat"]}).status_code == 200
+
+
 def test_a_declared_oversize_body_is_refused_before_it_arrives_and_a_stalled_body_times_out():
     """A Content-Length over --max-body-bytes is answered 413 at once, with nothing of the body sent;
     a body that stops halfway is answered 408 when --body-timeout (1 s here) runs out, and the connection

@@ -49,11 +49,16 @@ def closing(response: JSONResponse) -> JSONResponse:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` gets 413, at once when its Content-Length says
-    so (nothing of it is read), else once that much has come (read on a little, so that the client
-    sees the answer); a body not whole ``timeout`` seconds after the request's head gets 408 (a client
-    that stalls cannot hold the connection); both close the connection. A body that is not UTF-8 gets
-    400; others reach the app whole."""
+    """ASGI middleware: a request body over ``max_bytes`` gets 413. Where its Content-Length says so, the
+    answer comes at once if the body would be over ``DRAIN`` × ``max_bytes`` (nothing of it is read),
+    else once the body has come, read and dropped: a server that answers and closes while the client
+    is still sending makes the client's system reset the connection, and the client never reads the
+    answer. A body without a length gets 413 once ``max_bytes`` have come (read on a little, for the
+    same reason). A body not whole ``timeout`` seconds after the request's head gets 408 (a client
+    that stalls cannot hold the connection); all three close the connection. A body that is not UTF-8
+    gets 400; others reach the app whole."""
+
+    DRAIN = 64  # a refused body up to this many times max_bytes is read (and dropped) before the answer
 
     def __init__(self, app, max_bytes: int, timeout: float = 30.0):
         self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
@@ -62,11 +67,21 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            return await closing(error(413, f"the request body is {int(declared):,} bytes (its Content-Length); this "
-                                            f"server takes at most {self.max_bytes:,}"))(scope, receive, send)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            too_big = closing(error(413, f"the request body is {int(declared):,} bytes (its Content-Length); this "
+                                         f"server takes at most {self.max_bytes:,}"))
+            more = int(declared) <= self.DRAIN * self.max_bytes
+            while more:  # read and drop the body, so that the client is done sending when the answer comes
+                try:
+                    message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+                except asyncio.TimeoutError:
+                    break
+                if message["type"] == "http.disconnect":
+                    return
+                more = message.get("more_body", False)
+            return await too_big(scope, receive, send)
         body, size, more = bytearray(), 0, True
         while more:
             try:
@@ -81,7 +96,7 @@ class BodyLimit:
             if size <= self.max_bytes:
                 body += chunk
             more = message.get("more_body", False)
-            if size > 64 * self.max_bytes:  # enough read: answer and let the connection close
+            if size > self.DRAIN * self.max_bytes:  # enough read: answer and let the connection close
                 break
         if size > self.max_bytes:
             return await error(413, f"the request body is {size:,}{'+' if more else ''} bytes; this server takes at "
