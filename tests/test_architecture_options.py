@@ -150,6 +150,6 @@ def test_export_refuses_an_option_its_format_does_not_write(tmp_path, fmt):
     model = build_model(ModelConfig(**config["model"]))
     model.load_state_dict(ckpt.state_dict)
     save_checkpoint(tmp_path / "gelu", model, config, write_extra=lambda d: shutil.copy(fixture / "spm.model", d))
-    with pytest.raises(QkvError, match=f"has activation = 'gelu': --format {fmt} writes only the paper's 'relu'"):
+    with pytest.raises(QkvError, match=f"has activation = 'gelu': --format {fmt} writes 'relu' or 'silu' \\(the paper's ReLU, Marian's swish\\) only"):
         export(tmp_path / "gelu", fmt, tmp_path / "out")
     assert not (tmp_path / "out").exists()

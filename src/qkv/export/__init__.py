@@ -60,6 +60,9 @@ def check_supported(src: Source, fmt: str) -> None:
         value = getattr(src.model, name, paper)
         if name == "activation" and value in EXPORTED_ACTIVATIONS:
             continue
+        if name == "activation" and value != paper:
+            raise QkvError(f"{src.path} has activation = {value!r}: --format {fmt} writes "
+                           f"{' or '.join(map(repr, EXPORTED_ACTIVATIONS))} (the paper's ReLU, Marian's swish) only")
         if value != paper:
             raise QkvError(f"{src.path} has {name} = {value!r}: --format {fmt} writes only the paper's {paper!r}")
 
