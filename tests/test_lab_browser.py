@@ -107,7 +107,7 @@ def test_train_compare_look_inside_and_open_the_panels(lab_server, browser, tmp_
     small = {"max_steps": 400, "eval_every": 50}
     start(page, "transformer", "transformer", {"d_model": 32, "d_ff": 64, **small})
     start(page, "lstm", "lstm+attention", {"d_model": 64, **small})
-    page.wait_for_selector('#runs tr[data-run="lstm"]')
+    page.wait_for_selector('#runs tr[data-run="lstm"]', timeout=3 * PAGE_MS)  # a start on a loaded 2-core machine
 
     # both validation curves rise: the newest exact match above the first
     page.select_option("#metric", "valid_exact")
