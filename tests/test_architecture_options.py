@@ -135,21 +135,38 @@ def test_encoder_only_options_are_refused_elsewhere(field, value):
             ModelConfig(**{**ENC.__dict__, "task": task, field: value}).validate()
 
 
-@pytest.mark.parametrize("fmt", ["hf", "ctranslate2"])
-def test_export_refuses_an_option_its_format_does_not_write(tmp_path, fmt):
+def _with_options(tmp_path, **options):
     import shutil
     from pathlib import Path
 
     from qkv.checkpoint import read_checkpoint, save_checkpoint
-    from qkv.errors import QkvError
-    from qkv.export import export
 
     fixture = Path(__file__).parent / "fixtures" / "checkpoints" / "translate-transformer"
     ckpt = read_checkpoint(fixture)
-    config = {**ckpt.config, "model": {**ckpt.config["model"], "activation": "gelu"}}
+    config = {**ckpt.config, "model": {**ckpt.config["model"], **options}}
     model = build_model(ModelConfig(**config["model"]))
     model.load_state_dict(ckpt.state_dict)
-    save_checkpoint(tmp_path / "gelu", model, config, write_extra=lambda d: shutil.copy(fixture / "spm.model", d))
-    with pytest.raises(QkvError, match=f"has activation = 'gelu': --format {fmt} writes 'relu' or 'silu' \\(the paper's ReLU, Marian's swish\\) only"):
-        export(tmp_path / "gelu", fmt, tmp_path / "out")
+    out = tmp_path / "_".join(f"{k}-{v}" for k, v in options.items())
+    save_checkpoint(out, model, config, write_extra=lambda d: shutil.copy(fixture / "spm.model", d))
+    return out
+
+
+def test_hf_export_refuses_an_option_its_format_does_not_write(tmp_path):
+    from qkv.errors import QkvError
+    from qkv.export import export
+
+    with pytest.raises(QkvError, match="has activation = 'gelu': --format hf writes 'relu', 'silu' only"):
+        export(_with_options(tmp_path, activation="gelu"), "hf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("options", [{"activation": "gelu"}, {"activation": "gelu_tanh", "scale_embeddings": False,
+                                                                "layer_norm_eps": 1e-6}])
+def test_ctranslate2_export_writes_gelu_unscaled_embeddings_and_another_epsilon(tmp_path, options):
+    """What an imported GPT-2 needs: the export's own check scores probe sequences with the converted model
+    and with the checkpoint in PyTorch (|delta log p| < 1e-3, else it refuses): a wrong mapping fails here."""
+    pytest.importorskip("ctranslate2", reason='pip install -c constraints.txt -e ".[export]"')
+    from qkv.export import export
+
+    info = export(_with_options(tmp_path, **options), "ctranslate2", tmp_path / "out")
+    assert info["verified"]["checked"] and info["verified"]["max_abs_log_prob_difference"] < 1e-4, info["verified"]

@@ -203,15 +203,44 @@ def test_serve_generates_with_the_import(imported):
         assert r.json()["text"] == want
 
 
-def test_export_is_refused_by_name(imported, tmp_path, capsys):
-    """GPT-2's options are not the paper's: each export format refuses the model by name (exit 2)."""
+def test_export_to_ctranslate2_generates_as_transformers_and_hf_is_refused(gpt2_dir, imported, tmp_path, capsys):
+    """``--format ctranslate2`` writes a ``ctranslate2.Generator`` with GPT-2's tokenizer.json (GELU-tanh,
+    unscaled embeddings, learned positions, final LayerNorm): its greedy continuations equal
+    transformers' ``generate``, and its card's code runs as written. ``--format hf`` writes translation
+    models only (MarianMTModel) and refuses a language model by name."""
+    import re
+    import subprocess
+    import sys
+
     from qkv.cli import main
 
-    for fmt in ("hf", "ctranslate2"):
-        assert main(["export", str(imported), "--format", fmt, "--out", str(tmp_path / fmt)]) == 2
-        err = capsys.readouterr().err
-        assert "lm" in err or "gelu_tanh" in err or "scale_embeddings" in err, err
-        assert not (tmp_path / fmt).exists()
+    pytest.importorskip("ctranslate2", reason=INSTALL)
+    import ctranslate2
+    import tokenizers
+
+    assert main(["export", str(imported), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+    assert "'lm' model" in capsys.readouterr().err and not (tmp_path / "hf").exists()
+    out = tmp_path / "gpt2-ct2"
+    assert main(["export", str(imported), "--format", "ctranslate2", "--out", str(out)]) == 0
+    info = json.loads((out / "qkv_export.json").read_text())
+    assert info["verified"]["checked"] and info["tokenizer_json"] == {"tgt": "tokenizer.json"}
+    hf, hf_tok = reference(gpt2_dir)
+    generator = ctranslate2.Generator(str(out), device="cpu", intra_threads=1)
+    tok = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    for prompt in ["The Time Traveller", "His grey eyes", "Größere"]:
+        pieces = tok.encode(prompt, add_special_tokens=False).tokens
+        got = generator.generate_batch([pieces], max_length=20, sampling_topk=1, include_prompt_in_result=False,
+                                       end_token=["<|endoftext|>"])[0].sequences[0]
+        x = torch.tensor([hf_tok(prompt)["input_ids"]])
+        want = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, num_beams=1, max_new_tokens=20,
+                           pad_token_id=hf_tok.eos_token_id)[0, x.size(1):].tolist()
+        if hf_tok.eos_token_id in want:
+            want = want[: want.index(hf_tok.eos_token_id)]
+        assert [tok.token_to_id(p) for p in got] == want, prompt
+    code = dict(re.findall(r"^```(\w*)\n(.*?)^```$", (out / "README.md").read_text(), flags=re.M | re.S))
+    assert code["bash"].startswith("pip install") and "tokenizers" in code["bash"] and "sentencepiece" not in code["bash"]
+    run = subprocess.run([sys.executable, "-c", code["python"]], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr[-2000:]
 
 
 def test_viz_attention_on_the_import(imported, tmp_path):

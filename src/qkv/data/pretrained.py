@@ -132,6 +132,7 @@ class HFTokenizer:
         self.suffix = [self._to_qkv[i] for i in suffix]
         self.model_bytes = tokenizer_json + b"\0" + ids_json
         self._json, self._ids_json = tokenizer_json, ids_json
+        self.tokenizer_json = tokenizer_json  # the model's own tokenizer.json, as it came (what an export copies)
 
     @classmethod
     def create(cls, tokenizer_json: bytes, roles: Mapping[int, int | None], suffix: Sequence[int] = (),

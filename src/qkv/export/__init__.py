@@ -47,6 +47,8 @@ def check_out(out: str | Path) -> Path:
 PAPER_OPTIONS = {"activation": "relu", "layer_norm_eps": 1e-5, "scale_embeddings": True}
 # activations both formats compute (Marian's swish is SiLU): an imported OPUS-MT model exports back
 EXPORTED_ACTIVATIONS = ("relu", "silu")
+# what CTranslate2 also writes: GELU (exact and tanh), any LayerNorm epsilon, unscaled embeddings (an imported GPT-2)
+CT2_OPTIONS = {"activation": ("relu", "silu", "gelu", "gelu_tanh")}
 
 
 def check_supported(src: Source, fmt: str) -> None:
@@ -60,9 +62,12 @@ def check_supported(src: Source, fmt: str) -> None:
         value = getattr(src.model, name, paper)
         if name == "activation" and value in EXPORTED_ACTIVATIONS:
             continue
+        if fmt == "ctranslate2" and value in CT2_OPTIONS.get(name, (value,)):
+            continue
         if name == "activation" and value != paper:
+            can = CT2_OPTIONS["activation"] if fmt == "ctranslate2" else EXPORTED_ACTIVATIONS
             raise QkvError(f"{src.path} has activation = {value!r}: --format {fmt} writes "
-                           f"{' or '.join(map(repr, EXPORTED_ACTIVATIONS))} (the paper's ReLU, Marian's swish) only")
+                           f"{', '.join(map(repr, can))} only")
         if value != paper:
             raise QkvError(f"{src.path} has {name} = {value!r}: --format {fmt} writes only the paper's {paper!r}")
 

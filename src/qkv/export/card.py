@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from qkv.config import BOS, EOS
 from qkv.decoding.greedy import MAX_OUTPUT_LEN
 from qkv.errors import QkvError
 from qkv.export.source import Source
@@ -271,6 +272,8 @@ INSTALL = {"hf": ("transformers", ["sentencepiece", "torch"]), "ctranslate2": ("
 def install_line(fmt: str, export_info: dict) -> str:
     """``pip install ...``: every package the card's code needs; the runtime no older than the one that wrote it."""
     runtime, others = INSTALL[fmt]
+    if "tokenizer_json" in export_info:  # a Hugging Face tokenizer (an imported GPT-2's), not SentencePiece
+        others = ["tokenizers"]
     version = export_info.get(f"{runtime}_version")
     return "pip install " + " ".join([f'"{runtime}>={version}"' if version else runtime, *others])
 
@@ -309,6 +312,24 @@ results = translator.translate_batch(pieces, beam_size={src.decode.beam_size}, l
                                      min_decoding_length={src.decode.min_len})
 print([target.decode(r.hypotheses[0]) for r in results])
 ```"""
+    from qkv.export.ct2 import HF_TOKENIZER, hf_tokenizer
+
+    # learned positions end: the prompt and what is generated fit the table
+    budget = (f"min(100, {src.model.max_positions} - len(prompt))" if src.model.positional == "learned" else "100")
+    if hf_tokenizer(src):
+        pieces = src.vocabulary("tgt")
+        return f"""```python
+import os
+import ctranslate2, tokenizers
+
+{here}
+generator = ctranslate2.Generator(model_dir)
+tok = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "{HF_TOKENIZER}"))
+prompt = tok.encode("the text to continue", add_special_tokens=False).tokens   # or [{pieces[BOS]!r}] for no prompt
+result = generator.generate_batch([prompt], max_length={budget}, sampling_topk=1, include_prompt_in_result=False,
+                                  end_token=[])   # {pieces[EOS]!r} is a line break, not the end
+print(tok.decode([tok.token_to_id(p) for p in result[0].sequences[0]]))
+```"""
     prompt = ("sp.encode('your sentence', out_type=str) + ['</s>', '<sep>', '<s>']" if src.task == "prefix_lm"
               else "sp.encode('the text to continue', out_type=str)   # or ['<s>'] for no prompt")
     ending = ("end_token='</s>')" if src.task == "prefix_lm"
@@ -321,7 +342,7 @@ import ctranslate2, sentencepiece as spm
 generator = ctranslate2.Generator(model_dir)
 sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
 prompt = {prompt}
-result = generator.generate_batch([prompt], max_length=100, sampling_topk=1, include_prompt_in_result=False,
+result = generator.generate_batch([prompt], max_length={budget}, sampling_topk=1, include_prompt_in_result=False,
                                   {ending}
 print(sp.decode(result[0].sequences[0]))
 ```"""

@@ -8,7 +8,8 @@ converters are (a ``ctranslate2.converters.Converter`` whose ``_load`` fills a `
 
 What carries over, and how:
 
-* token embeddings × √d_model: CTranslate2's ``scale_embeddings`` (on by default);
+* token embeddings × √d_model: CTranslate2's ``scale_embeddings`` (on by default; off for a model with
+  ``scale_embeddings = false``, an imported GPT-2);
 * positions: qkv's table itself. Sinusoidal positions interleave sin and cos per dimension pair
   (``PE[:, 2i] = sin``, ``PE[:, 2i+1] = cos``, :func:`qkv.nn.positional.sinusoidal_table`), where
   CTranslate2's built-in table puts sin in the first half and cos in the second, so the exact
@@ -18,7 +19,8 @@ What carries over, and how:
   (torch's default, which qkv uses; CTranslate2's own default is 1e-6);
 * attention: qkv's fused ``in_proj = [W^Q; W^K; W^V]`` is CTranslate2's fused self-attention
   ``linear[0]``; cross-attention splits it into the query ``linear[0]`` and the fused key/value
-  ``linear[1]``; ReLU feed-forward (SWISH for ``activation = "silu"``, an imported Marian model's);
+  ``linear[1]``; ReLU feed-forward (SWISH for ``activation = "silu"``, an imported Marian model's;
+  GELU and GELUTanh for ``gelu`` and ``gelu_tanh``, an imported GPT-2's); LayerNorm ε as the model's;
 * the output projection (tied to the target embedding, or its own matrix), no bias (an imported Marian
   model's ``output_bias``: that bias) but -1e4 on
   the special tokens qkv's decoders never emit (:func:`qkv.decoding.banned_ids`: PAD, UNK, BOS,
@@ -30,7 +32,10 @@ What carries over, and how:
 * the source ends with EOS (``add_source_eos``), the decoder starts from BOS ``<s>``
   (``decoder_start_token``), as ``qkv.data.batching.collate`` and qkv's decoders do;
 * the vocabularies: the SentencePiece pieces in the order of their ids, so CTranslate2's token
-  ids are qkv's; the SentencePiece models themselves are copied into the model directory.
+  ids are qkv's; the SentencePiece models themselves are copied into the model directory. An
+  imported model's Hugging Face tokenizer (GPT-2's byte-level BPE) is copied as its
+  ``tokenizer.json``: its tokens are the vocabulary's strings (qkv's special rows have names of
+  their own), so CTranslate2 reads what ``tokenizers`` writes.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ SUPPORTED = {("translate", "transformer"): "Translator", ("lm", "transformer"): 
              ("prefix_lm", "transformer"): "Generator"}
 SPM_FILES = {"src": "source.spm", "tgt": "target.spm"}  # translation; a language model has one: spm.model
 LM_SPM = "spm.model"
+HF_TOKENIZER = "tokenizer.json"  # a language model whose tokenizer is Hugging Face's (an imported GPT-2)
 
 
 def _require():
@@ -101,7 +107,8 @@ def model_spec(src: Source):
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = src.model
-    relu = {"relu": common_spec.Activation.RELU, "silu": common_spec.Activation.SWISH}[cfg.activation]
+    relu = {"relu": common_spec.Activation.RELU, "silu": common_spec.Activation.SWISH,
+            "gelu": common_spec.Activation.GELU, "gelu_tanh": common_spec.Activation.GELUTanh}[cfg.activation]
     if src.task == "translate":
         spec = transformer_spec.TransformerSpec.from_config(
             (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu,
@@ -119,7 +126,7 @@ def model_spec(src: Source):
         spec.register_vocabulary(src.vocabulary("tgt"))
     pieces = src.vocabulary("tgt")
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = pieces[UNK], pieces[BOS], pieces[EOS]
-    spec.config.layer_norm_epsilon = 1e-5
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     return spec
 
 
@@ -170,7 +177,7 @@ def _ffn(spec, src: Source, prefix: str) -> None:
 
 def _set_encoder(spec, src: Source) -> None:
     spec.embeddings[0].weight = _np(src.w("src_embed.weight"))
-    spec.scale_embeddings = True
+    spec.scale_embeddings = src.model.scale_embeddings
     spec.position_encodings.encodings = _positions(src, "src_pos.weight")
     for i, layer in enumerate(spec.layer):
         p = f"encoder_layers.{i}"
@@ -182,7 +189,7 @@ def _set_encoder(spec, src: Source) -> None:
 
 def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_norm: str, self_only: bool = False) -> None:
     spec.embeddings.weight = _np(src.w(embed))
-    spec.scale_embeddings = True
+    spec.scale_embeddings = src.model.scale_embeddings
     spec.position_encodings.encodings = _positions(src, pos)
     output = src.w("output_proj.weight") if src.has("output_proj.weight") else src.w(embed)
     spec.projection.weight = _np(output)  # tied: the same array as the embedding, which CTranslate2 aliases
@@ -226,8 +233,18 @@ def _write_tokenizers(src: Source, out: Path) -> dict[str, str]:
         for side, name in SPM_FILES.items():
             (out / name).write_bytes(src.tokenizer(side).model_bytes)
         return dict(SPM_FILES)
+    if hf_tokenizer(src):
+        (out / HF_TOKENIZER).write_bytes(src.tokenizer("tgt").tokenizer_json)
+        return {"tgt": HF_TOKENIZER}
     (out / LM_SPM).write_bytes(src.tokenizer("tgt").model_bytes)
     return {"tgt": LM_SPM}
+
+
+def hf_tokenizer(src: Source) -> bool:
+    """Whether the model's tokenizer is a Hugging Face tokenizer.json (an imported GPT-2's), not SentencePiece."""
+    from qkv.data.pretrained import HFTokenizer
+
+    return isinstance(src.tokenizer("tgt"), HFTokenizer)
 
 
 def describe(src: Source, spm: dict[str, str], quantization: str | None, check: dict, version: str) -> dict:
@@ -246,7 +263,7 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
         "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
                                                "norm_first", "positional", "share_embeddings", "tie_output")},
         "positions": positions,
-        "sentencepiece": spm,
+        **({"tokenizer_json": spm} if hf_tokenizer(src) else {"sentencepiece": spm}),
         "special_tokens": {"pad": pieces[PAD], "unk": pieces[UNK], "bos": pieces[BOS], "eos": pieces[EOS]},
         "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
         "never_emitted": [pieces[i] for i in banned_ids(src.tokenizers.tgt)],
@@ -267,6 +284,11 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
                             "max_input_length": positions},  # counts the </s> it appends: qkv's cut exactly
             "differences": _differences(dec),
         }
+    elif hf_tokenizer(src):
+        info["tokenize"] = ("tok = tokenizers.Tokenizer.from_file('tokenizer.json'); pieces = tok.encode(line, "
+                            f"add_special_tokens=False).tokens; lines of a prompt are joined by {pieces[EOS]!r} "
+                            f"(the training stream ends each line with it); an empty prompt is [{pieces[BOS]!r}]")
+        info["detokenize"] = (f"tok.decode([tok.token_to_id(p) for p in pieces]); {pieces[EOS]!r} ends a line")
     else:
         info["tokenize"] = ("pieces = sentencepiece.SentencePieceProcessor(model_file='spm.model').encode(line, "
                             "out_type=str); lines of a prompt are joined by '</s>' (the training stream ends each "
