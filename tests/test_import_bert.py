@@ -198,6 +198,33 @@ def test_minilm_equals_sentence_transformers_itself(minilm):
     assert (qkv.load(out).embed(MINILM_TEXTS) - want).abs().max() < 1e-5
 
 
+def test_minilm_served_embeddings_are_sentence_transformers_definition(minilm):
+    """``qkv serve``'s /embed on the import: mean pooling, L2-normalised, as sentence-transformers defines them."""
+    pytest.importorskip("fastapi", reason='pip install -c constraints.txt -e ".[serve]"')
+    from fastapi.testclient import TestClient
+
+    from qkv.serve import Limits
+    from qkv.serve.app import create_app
+    from qkv.serve.service import load_models
+
+    folder, out, _ = minilm
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ref = transformers.AutoModel.from_pretrained(str(folder)).eval()
+    enc = tok(MINILM_TEXTS, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.no_grad():
+        h = ref(**enc).last_hidden_state
+    m = enc["attention_mask"][:, :, None].float()
+    want = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+    limits = Limits()
+    with TestClient(create_app(load_models([str(out)], limits), limits), base_url="http://127.0.0.1") as client:
+        r = client.post("/embed", json={"texts": MINILM_TEXTS})
+        assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["pooling"], body["normalized"], body["dimension"]) == ("mean", True, 384)
+    got = torch.tensor([row["embedding"] for row in body["results"]])
+    assert (got - want).abs().max() < 1e-5
+
+
 def test_minilm_long_text_keeps_its_sep_like_sentence_transformers(minilm):
     folder, out, _ = minilm
     loaded = qkv.load(out)
@@ -235,8 +262,20 @@ def test_the_commands_take_an_imported_model(tmp_path):
         assert [row["label"] for row in r.json()["results"]] == [label for label, _ in want]
         r = client.post("/fill", json={"model": "mlm", "texts": ["the quick [MASK] fox"], "k": 2})
         assert r.status_code == 200, r.text
-    with pytest.raises(QkvError, match="qkv serve has no endpoint .* use qkv embed and qkv search"):
-        load_models([str(tmp_path / "q-bare")], limits)
+    # a headless encoder serves /embed (its only endpoint), equal to qkv's own embed
+    models = load_models([f"bare={tmp_path / 'q-bare'}", f"clf={tmp_path / 'q-clf'}"], limits)
+    assert models[0].endpoints == ["/embed"] and "/embed" in models[1].endpoints
+    with TestClient(create_app(models, limits), base_url="http://127.0.0.1") as client:
+        for pooling in (None, "cls"):
+            r = client.post("/embed", json={"model": "bare", "texts": TEXTS[:3], "pooling": pooling})
+            assert r.status_code == 200, r.text
+            got = torch.tensor([row["embedding"] for row in r.json()["results"]])
+            want = qkv.load(tmp_path / "q-bare").embed(TEXTS[:3], pooling)
+            assert r.json()["pooling"] == (pooling or "mean") and (got - want).abs().max() < 1e-6
+        r = client.post("/embed", json={"model": "bare", "texts": TEXTS[:1], "pooling": "max"})
+        assert r.status_code == 422 and "pooling" in r.text
+        r = client.post("/classify", json={"model": "bare", "texts": TEXTS[:1]})
+        assert r.status_code == 422 and "it serves /embed, not /classify" in r.json()["error"]
     with pytest.raises(QkvError, match="imported without its masked-LM head"):
         check_serves(tmp_path / "q-bare", "fill")
     data = attention_data(qkv.load(tmp_path / "q-bare"), "the quick fox")

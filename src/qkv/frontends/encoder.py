@@ -176,6 +176,12 @@ class Encoder(Frontend):
 
     # --- embed and search ------------------------------------------------------------------------------
 
+    @property
+    def default_pooling(self) -> str:
+        """The pooling :meth:`embed` uses when given none: an imported sentence-transformers model's, a
+        classifier's own, else "mean"."""
+        return self.pooling or (self.model.cfg.pooling if "classify" in self.offers else "mean")
+
     @torch.inference_mode()
     def embed(self, texts: list[str], pooling: str | None = None) -> torch.Tensor:
         """``(N, d)`` sentence embeddings: ``pooling`` "mean" or "cls" (default: the model's own,
@@ -183,7 +189,7 @@ class Encoder(Frontend):
         sentence-transformers model with its Normalize module)."""
         self.model.eval()
         if pooling is None:
-            pooling = self.pooling or (self.model.cfg.pooling if "classify" in self.offers else "mean")
+            pooling = self.default_pooling
         if pooling not in ("mean", "cls"):
             raise QkvError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         ids = self._ids(texts)

@@ -33,7 +33,8 @@ from qkv.serve.batcher import Busy
 from qkv.serve.hosts import answered, host_allowed
 from qkv.serve.limits import Limits
 from qkv.serve.optional import INSTALL
-from qkv.serve.schemas import (ClassifyRequest, FillRequest, GenerateRequest, ScoreRequest, TranslateRequest)
+from qkv.serve.schemas import (ClassifyRequest, EmbedRequest, FillRequest, GenerateRequest, ScoreRequest,
+                               TranslateRequest)
 from qkv.serve.service import ENDPOINTS, RequestError, Served
 
 
@@ -311,6 +312,10 @@ def create_app(models: list[Served], limits: Limits, allowed_hosts: tuple[str, .
     @app.post("/classify", summary="the label of each text and the probability of every label")
     async def classify(req: ClassifyRequest):
         return await pick(req.model, "classify").classify(req.texts)
+
+    @app.post("/embed", summary="sentence embeddings of texts (encoder models: mean or <cls> pooling)")
+    async def embed(req: EmbedRequest):
+        return await pick(req.model, "embed").embed(req.texts, req.pooling)
 
     @app.post("/fill", summary="the most probable pieces for each [MASK] (masked language models)")
     async def fill(req: FillRequest):

@@ -3,6 +3,8 @@ the endpoint does not know or a value out of range is refused with 422 before an
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from qkv.decoding.sampling import MIN_TEMPERATURE
@@ -33,6 +35,13 @@ class ScoreRequest(Request):
 
 class ClassifyRequest(Request):
     texts: list[str] = Field(min_length=1, description="texts to label")
+
+
+class EmbedRequest(Request):
+    texts: list[str] = Field(min_length=1, description="texts to embed", examples=[["a dog runs on the beach"]])
+    pooling: Literal["mean", "cls"] | None = Field(
+        None, description="mean over the real tokens or the <cls> state (default: the model's own; an imported "
+                          "sentence-transformers model's pooling)")
 
 
 class FillRequest(Request):

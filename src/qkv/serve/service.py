@@ -19,7 +19,7 @@ from qkv.serve.limits import Limits
 
 # what a task offers (qkv.tasks.base.Task.offers) -> the endpoint that serves it
 ENDPOINTS = {"translate": "/translate", "score": "/score", "classify": "/classify", "fill": "/fill",
-             "generate": "/generate"}
+             "embed": "/embed", "generate": "/generate"}
 
 
 class RequestError(Exception):
@@ -197,6 +197,18 @@ class Served:
                         "probabilities": dict(zip(labels, probs))})
         return {"model": self.name, "results": out}
 
+    async def embed(self, texts: list[str], pooling: str | None) -> dict:
+        """Sentence embeddings as :meth:`qkv.frontends.Encoder.embed` gives them (L2-normalised where the
+        model says so: an imported sentence-transformers model with its Normalize module)."""
+        self.require("embed")
+        tokens = self.check_texts(texts)
+        f = self.frontend
+        pooling = pooling or f.default_pooling
+        rows = await self.submit(("embed", pooling), texts, tokens)
+        return {"model": self.name, "pooling": pooling, "normalized": bool(f.normalize),
+                "dimension": len(rows[0]) if rows else f.model.cfg.d_model,
+                "results": [{"text": t, "embedding": row} for t, row in zip(texts, rows)]}
+
     async def fill(self, texts: list[str], k: int) -> dict:
         self.require("fill")
         tokens = self.check_texts(texts)
@@ -237,6 +249,8 @@ class Served:
             return f.probabilities(items).tolist()
         if key[0] == "fill":
             return [f.fill(text, key[1]) for text in items]
+        if key[0] == "embed":
+            return f.embed(items, key[1]).tolist()
         raise ValueError(f"unknown batch kind {key[0]!r}")
 
 
@@ -266,8 +280,8 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
                 raise QkvError(f"{path}: {e}") from None
         model = Served(unique, frontend, limits, str(path))
         if not model.endpoints:
-            raise QkvError(f"{path}: qkv serve has no endpoint for what this model offers ({', '.join(sorted(frontend.offers))}"
-                           "): an encoder imported without its masked-LM head embeds; use qkv embed and qkv search")
+            raise QkvError(f"{path}: qkv serve has no endpoint for what this model offers "
+                           f"({', '.join(sorted(frontend.offers))})")
         if "translate" in frontend.offers:  # the beam a request without beam_size gets: refused now, not then
             beam = frontend.decode_cfg.beam_size
             try:
