@@ -37,7 +37,7 @@ REPLY_MS, PAGE_MS = 300_000, 60_000
 @pytest.fixture(scope="module")
 def server():
     model = os.environ.get("QKV_SERVE_MODEL", str(FIXTURES / "translate-transformer"))
-    served = load_models([model, str(FIXTURES / "lm-transformer")], Limits())
+    served = load_models([model, str(FIXTURES / "lm-transformer"), str(FIXTURES / "classify-transformer")], Limits())
     with BackgroundServer(create_app(served, Limits())) as s:
         yield s
 
@@ -107,6 +107,27 @@ def test_generate_streams_into_the_page(server, browser):
                            "document.querySelector('#gen-out').textContent.length > 'red cat'.length")
     assert page.locator("#gen-out .prompt").inner_text() == "red cat"
     assert not page.locator("#gen-out .error").count()
+
+
+def test_compare_texts_draws_the_cosine_similarities_of_their_embeddings(server, browser):
+    import torch
+
+    import qkv
+
+    page = new_page(browser)
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model option", state="attached")
+    page.select_option("#model", label="classify-transformer (classify)")
+    page.wait_for_selector("#embed-panel:not([hidden])")
+    texts = ["a wonderful film", "a great movie", "the plot was dull"]
+    page.fill("#emb-text", "\n".join(texts))
+    answered(page, "/embed", "#embed")
+    page.wait_for_selector("#embed-out table.sims")
+    shown = [[float(c) for c in row] for row in page.eval_on_selector_all(
+        "#embed-out table.sims tr:not(:first-child)", "rows => rows.map(r => [...r.querySelectorAll('td')].map(td => td.textContent))")]
+    v = qkv.load(FIXTURES / "classify-transformer").embed(texts)
+    want = torch.nn.functional.cosine_similarity(v[:, None], v[None], dim=-1)
+    assert torch.allclose(torch.tensor(shown), want, atol=2e-3), (shown, want)
 
 
 def offline_page(browser, server):
