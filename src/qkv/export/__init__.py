@@ -42,33 +42,33 @@ def check_out(out: str | Path) -> Path:
     return p
 
 
-# architecture options (qkv.config.ModelConfig) the converters write only at the paper's values: a model with
+# architecture options (qkv.config.ModelConfig) --format hf (MarianMTModel) writes only at the paper's values, and
+# the activations it computes (Marian's swish is SiLU: an imported OPUS-MT model exports back); a model with
 # another value is refused by name rather than exported wrong
 PAPER_OPTIONS = {"activation": "relu", "layer_norm_eps": 1e-5, "scale_embeddings": True}
-# activations both formats compute (Marian's swish is SiLU): an imported OPUS-MT model exports back
 EXPORTED_ACTIVATIONS = ("relu", "silu")
-# what CTranslate2 also writes: GELU (exact and tanh), any LayerNorm epsilon, unscaled embeddings (an imported GPT-2)
-CT2_OPTIONS = {"activation": ("relu", "silu", "gelu", "gelu_tanh")}
+# --format ctranslate2 writes any LayerNorm epsilon, scaled or unscaled embeddings, and these activations
+# (GELU exact and tanh: an imported GPT-2's)
+CT2_ACTIVATIONS = ("relu", "silu", "gelu", "gelu_tanh")
 
 
 def check_supported(src: Source, fmt: str) -> None:
     from qkv.export import ct2, hf
 
     {"ctranslate2": ct2.check, "hf": hf.check}[fmt](src)
-    if src.model.has_final_norm != src.model.norm_first:
-        raise QkvError(f"{src.path} has final_norm = {src.model.final_norm!r} with norm_first = {src.model.norm_first}: "
+    cfg = src.model
+    if cfg.has_final_norm != cfg.norm_first:
+        raise QkvError(f"{src.path} has final_norm = {cfg.final_norm!r} with norm_first = {cfg.norm_first}: "
                        f"--format {fmt} writes a final LayerNorm with pre-norm layers only, none with post-norm ones")
+    can = CT2_ACTIVATIONS if fmt == "ctranslate2" else EXPORTED_ACTIVATIONS
+    if cfg.activation not in can:
+        raise QkvError(f"{src.path} has activation = {cfg.activation!r}: --format {fmt} writes "
+                       f"{', '.join(map(repr, can))} only")
+    if fmt == "ctranslate2":
+        return
     for name, paper in PAPER_OPTIONS.items():
-        value = getattr(src.model, name, paper)
-        if name == "activation" and value in EXPORTED_ACTIVATIONS:
-            continue
-        if fmt == "ctranslate2" and value in CT2_OPTIONS.get(name, (value,)):
-            continue
-        if name == "activation" and value != paper:
-            can = CT2_OPTIONS["activation"] if fmt == "ctranslate2" else EXPORTED_ACTIVATIONS
-            raise QkvError(f"{src.path} has activation = {value!r}: --format {fmt} writes "
-                           f"{', '.join(map(repr, can))} only")
-        if value != paper:
+        value = getattr(cfg, name, paper)
+        if name != "activation" and value != paper:
             raise QkvError(f"{src.path} has {name} = {value!r}: --format {fmt} writes only the paper's {paper!r}")
 
 
