@@ -219,8 +219,11 @@ def test_minilm_served_embeddings_are_sentence_transformers_definition(minilm):
     with TestClient(create_app(load_models([str(out)], limits), limits), base_url="http://127.0.0.1") as client:
         r = client.post("/embed", json={"texts": MINILM_TEXTS})
         assert r.status_code == 200, r.text
+        described = client.get("/models").json()["models"][0]
     body = r.json()
     assert (body["pooling"], body["normalized"], body["dimension"]) == ("mean", True, 384)
+    assert described["endpoints"] == ["/embed"]
+    assert described["embedding"] == {"pooling": "mean", "normalized": True, "dimension": 384}
     got = torch.tensor([row["embedding"] for row in body["results"]])
     assert (got - want).abs().max() < 1e-5
 

@@ -76,6 +76,9 @@ class Served:
                        max_tokens=self.max_tokens())
         if "classify" in f.offers:
             out["labels"] = list(f.labels or [])
+        if "embed" in f.offers:
+            out["embedding"] = {"pooling": f.default_pooling, "normalized": bool(f.normalize),
+                                "dimension": f.model.cfg.d_model}
         return out
 
     def max_tokens(self) -> int:
