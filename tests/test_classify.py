@@ -272,3 +272,15 @@ def test_keep_tail_reads_a_verdict_at_the_end_in_training_and_at_classify_time(t
     enc = models[3][1]
     ids = enc.tokenizers.src.encode([texts[0]])[0]
     assert enc.input_tokens(texts[0])[0, 1:].tolist() == ids[:5] + ids[-3:]
+
+
+def test_evaluate_reports_progress_batch_by_batch(run):
+    """``qkv evaluate --test`` on a long file shows a progress bar (on a terminal): the classifier
+    reports each batch it has done, and the batches add up to every text."""
+    enc = qkv.load(run["model"])
+    rows = [json.loads(line) for line in run["test"].read_text().splitlines()]
+    enc.batch_size = 16
+    done: list[int] = []
+    report = enc.evaluate([r["text"] for r in rows], [r["label"] for r in rows], on_batch=done.append)
+    assert sum(done) == len(rows) and len(done) == -(-len(rows) // 16)
+    assert report.preds == enc.probabilities([r["text"] for r in rows]).argmax(dim=-1).tolist()

@@ -302,7 +302,8 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
                        "(score translations with --src and --ref)")
     model = open_model(args.model, "classify")
     data = read_labelled(args.test, args.text_field, args.label_field)
-    report = model.evaluate(data.texts, data.labels, lambda i: f"{args.test}:{data.line(i)}")
+    with progress(len(data.texts), "evaluate") as bar:
+        report = model.evaluate(data.texts, data.labels, lambda i: f"{args.test}:{data.line(i)}", bar.update)
     if args.output:
         write_lines(args.output, [model.labels[p] for p in report.preds])
     print(report.text(args.test))

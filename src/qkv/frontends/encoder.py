@@ -101,10 +101,12 @@ class Encoder(Frontend):
     # --- classify --------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def probabilities(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> torch.Tensor:
+    def probabilities(self, texts: list[str], on_truncate: TruncationHandler | None = None,
+                      on_batch: Callable[[int], object] | None = None) -> torch.Tensor:
         """``(N, C)`` class probabilities, columns in the order of :attr:`labels`. A text longer than
-        ``max_len`` tokens is classified by its head, as in training; ``on_truncate(indices, max_len)``
-        hears which texts (0-based) were cut."""
+        ``max_len`` tokens is classified as in training (its head, or head + tail); ``on_truncate(indices,
+        max_len)`` hears which texts (0-based) were cut, ``on_batch(n)`` each batch of ``n`` texts done
+        (a progress bar)."""
         if "classify" not in self.offers:
             raise QkvError(f"this is a {self.task!r} model, not a classifier (train one with --task classify)")
         self.model.eval()
@@ -112,6 +114,8 @@ class Encoder(Frontend):
         out = torch.zeros(len(ids), len(self.labels))
         for idx, tokens in self._batches(ids):
             out[idx] = torch.softmax(self.model(tokens).float(), dim=-1).cpu()  # (B, C)
+            if on_batch is not None:
+                on_batch(len(idx))
         return out
 
     def classify_lines(self, lines: list[str], on_truncate: TruncationHandler | None = None,
@@ -128,16 +132,17 @@ class Encoder(Frontend):
                 yield rows.get(i)
 
     def evaluate(self, texts: list[str], labels: list[str], where: Callable[[int], str] | None = None,
-                 ) -> "ClassifierReport":
+                 on_batch: Callable[[int], object] | None = None) -> "ClassifierReport":
         """Accuracy, macro-F1 and the confusion matrix on labelled texts; a label the model does not
-        know is an error naming ``where(i)`` (e.g. the file and line of example ``i``)."""
+        know is an error naming ``where(i)`` (e.g. the file and line of example ``i``); ``on_batch(n)``
+        hears each batch of ``n`` texts classified."""
         index = {label: i for i, label in enumerate(self.labels or [])}
         for i, label in enumerate(labels):
             if label not in index:
                 raise QkvError(f"{where(i) if where else f'example {i + 1}'}: label {label!r} is not one of the "
                                f"model's labels ({', '.join(self.labels or [])})")
         golds = [index[label] for label in labels]
-        preds = self.probabilities(texts).argmax(dim=-1).tolist()
+        preds = self.probabilities(texts, on_batch=on_batch).argmax(dim=-1).tolist()
         return ClassifierReport(list(self.labels), golds, preds)
 
     def classify(self, texts: list[str]) -> list[tuple[str, float]]:
