@@ -176,16 +176,22 @@ def minilm(minilm_dir, tmp_path_factory):
     return minilm_dir, out, time.perf_counter() - start
 
 
-def test_minilm_embeddings_are_sentence_transformers_definition(minilm):
-    folder, out, seconds = minilm
-    assert seconds < 10, f"import took {seconds:.1f} s"
+def sentence_embeddings(folder) -> torch.Tensor:
+    """sentence-transformers' definition, computed with transformers: the mean of the last hidden states
+    over the real tokens of each of MINILM_TEXTS (cut to 256), L2-normalised."""
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
     ref = transformers.AutoModel.from_pretrained(str(folder)).eval()
     enc = tok(MINILM_TEXTS, padding=True, truncation=True, max_length=256, return_tensors="pt")
     with torch.no_grad():
         h = ref(**enc).last_hidden_state
     m = enc["attention_mask"][:, :, None].float()
-    want = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)  # mean over real tokens, L2
+    return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+
+
+def test_minilm_embeddings_are_sentence_transformers_definition(minilm):
+    folder, out, seconds = minilm
+    assert seconds < 10, f"import took {seconds:.1f} s"
+    want = sentence_embeddings(folder)
     got = qkv.load(out).embed(MINILM_TEXTS)
     assert (got - want).abs().max() < 1e-5
     torch.testing.assert_close(got.norm(dim=-1), torch.ones(len(MINILM_TEXTS)))
@@ -208,13 +214,7 @@ def test_minilm_served_embeddings_are_sentence_transformers_definition(minilm):
     from qkv.serve.service import load_models
 
     folder, out, _ = minilm
-    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
-    ref = transformers.AutoModel.from_pretrained(str(folder)).eval()
-    enc = tok(MINILM_TEXTS, padding=True, truncation=True, max_length=256, return_tensors="pt")
-    with torch.no_grad():
-        h = ref(**enc).last_hidden_state
-    m = enc["attention_mask"][:, :, None].float()
-    want = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+    want = sentence_embeddings(folder)
     limits = Limits()
     with TestClient(create_app(load_models([str(out)], limits), limits), base_url="http://127.0.0.1") as client:
         r = client.post("/embed", json={"texts": MINILM_TEXTS})

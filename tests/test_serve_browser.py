@@ -48,6 +48,16 @@ def new_page(browser, **options):
     return page
 
 
+def model_page(browser, server, label: str, panel: str):
+    """The page with the model ``label`` chosen, once its ``panel`` shows."""
+    page = new_page(browser)
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model option", state="attached")
+    page.select_option("#model", label=label)
+    page.wait_for_selector(f"{panel}:not([hidden])")
+    return page
+
+
 def answered(page, path: str, click: str):
     """Click ``click`` and wait for the server's whole answer to the POST to ``path`` it sends."""
     with page.expect_response(lambda r: r.url.endswith(path) and r.request.method == "POST",
@@ -94,11 +104,7 @@ def test_translate_click_a_word_see_its_attention(server, browser, tmp_path):
 
 
 def test_generate_streams_into_the_page(server, browser):
-    page = new_page(browser)
-    page.goto(server.url + "/")
-    page.wait_for_selector("#model option", state="attached")
-    page.select_option("#model", label="lm-transformer (lm)")
-    page.wait_for_selector("#generate-panel:not([hidden])")
+    page = model_page(browser, server, "lm-transformer (lm)", "#generate-panel")
     assert page.locator("#translate-panel").is_hidden()
     page.fill("#gen-prefix", "red cat")
     page.fill("#gen-n", "20")
@@ -114,11 +120,7 @@ def test_compare_texts_draws_the_cosine_similarities_of_their_embeddings(server,
 
     import qkv
 
-    page = new_page(browser)
-    page.goto(server.url + "/")
-    page.wait_for_selector("#model option", state="attached")
-    page.select_option("#model", label="classify-transformer (classify)")
-    page.wait_for_selector("#embed-panel:not([hidden])")
+    page = model_page(browser, server, "classify-transformer (classify)", "#embed-panel")
     texts = ["a wonderful film", "a great movie", "the plot was dull"]
     page.fill("#emb-text", "\n".join(texts))
     answered(page, "/embed", "#embed")
