@@ -129,11 +129,21 @@ def progress(total: int, what: str):
                 disable=not sys.stderr.isatty() or total < 64)
 
 
-def open_model(path: str, command: str, **kwargs):
-    """:func:`qkv.frontends.open_model`, imported when a command needs it (``--help`` stays fast)."""
+def open_model(path: str, command: str, args: argparse.Namespace | None = None, **kwargs):
+    """:func:`qkv.frontends.open_model`, imported when a command needs it (``--help`` stays fast); with
+    ``args``, the command's --threads (torch's CPU threads) and --batch-size (texts a forward pass) set."""
     from qkv.frontends import open_model as open_
 
-    return open_(path, command, **kwargs)
+    threads = getattr(args, "threads", 0)
+    if threads:
+        check_option_bounds(threads=threads)
+        import torch
+
+        torch.set_num_threads(threads)
+    model = open_(path, command, **kwargs)
+    if getattr(args, "batch_size", None) and hasattr(model, "batch_size"):
+        model.batch_size = args.batch_size
+    return model
 
 
 def load_ensemble(paths: list[str], **kwargs):
@@ -252,7 +262,7 @@ def evaluate_lm(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     check_option_bounds(seed=args.seed, temperature=args.temperature, top_p=args.top_p)
-    model = open_model(args.model, "generate")
+    model = open_model(args.model, "generate", args)
     temperature = 0.0 if args.greedy else args.temperature
     out = sys.stdout
     out.write(args.prefix)
@@ -300,7 +310,7 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     if checkpoint_task(args.model) not in (None, "classify"):
         raise QkvError(f"{args.model} is not a classifier: --test evaluates --task classify and --task lm models "
                        "(score translations with --src and --ref)")
-    model = open_model(args.model, "classify")
+    model = open_model(args.model, "classify", args)
     data = read_labelled(args.test, args.text_field, args.label_field)
     with progress(len(data.texts), "evaluate") as bar:
         report = model.evaluate(data.texts, data.labels, lambda i: f"{args.test}:{data.line(i)}", bar.update)
@@ -328,7 +338,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from qkv.data.corpus import read_lines
 
     check_output(args.output, src=args.src, tgt=args.tgt)
-    model = open_model(args.model, "score", device=args.device)
+    model = open_model(args.model, "score", args, device=args.device)
     src, tgt = read_lines(args.src), read_lines(args.tgt)
     if len(src) != len(tgt):
         raise QkvError(f"{args.src} has {len(src)} lines but {args.tgt} has {len(tgt)}")
@@ -367,7 +377,7 @@ def target_pieces(lines: list[str], path: str, fmt: str, tokenizer):
 
 def cmd_classify(args: argparse.Namespace) -> int:
     check_output(args.output, input=args.input)
-    model = open_model(args.model, "classify")
+    model = open_model(args.model, "classify", args)
     warn = truncation_warning("classify", args, "classified")
     with output_stream(args.output) as out_fh:
         for p in model.classify_lines(read_inputs(args.text, args.input), warn):
@@ -382,7 +392,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 
 def cmd_fill(args: argparse.Namespace) -> int:
-    model = open_model(args.model, "fill")
+    model = open_model(args.model, "fill", args)
     for text in args.text:
         print(text)
         for m, preds in enumerate(model.fill(text, args.top_k)):
@@ -398,11 +408,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if Path(args.output).suffix not in (".npy", ".tsv"):
         raise QkvError(f"--output {args.output}: choose a .npy (NumPy array) or .tsv (one vector a line) file")
     check_output(args.output, input=args.input)
-    model = open_model(args.model, "embed")
-    lines = read_lines(args.input)
-    empty = next((i for i, line in enumerate(lines, start=1) if not line.strip()), None)
-    if empty:
-        raise QkvError(f"{args.input}:{empty}: empty line (every line is one text to embed)")
+    model = open_model(args.model, "embed", args)
+    lines = read_lines(args.input)  # a blank line is a text too: embedded as the model reads an empty text
     vectors = model.embed(lines, args.pooling)
     write_vectors(vectors, args.output)
     pooling = args.pooling or "the model's"
@@ -413,7 +420,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from qkv.data.corpus import read_lines
 
-    model = open_model(args.model, "search")
+    model = open_model(args.model, "search", args)
     corpus = read_lines(args.corpus)
     rows = [i for i, line in enumerate(corpus) if line.strip()]
     if not rows:

@@ -348,6 +348,7 @@ def add_score_parser(sub, handlers: dict) -> None:
                          "pieces (an output line per hypothesis), so a beam output scores its beam log-probability")
     sc.add_argument("--output", "-o", help="write the scores here instead of stdout (all or nothing)")
     sc.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    add_run_flags(sc, batch=False)
     sc.set_defaults(func=handlers["score"])
 
 
@@ -378,11 +379,23 @@ def add_evaluate_parser(sub, handlers: dict) -> None:
     ev.add_argument("--output", "-o", help="also save MODEL's translations (or predicted labels) here")
     ev.add_argument("--int8", action="store_true", help=INT8_HELP)
     ev.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    ev.add_argument("--threads", type=count(0, MAX_THREADS), default=0, help=THREADS_HELP)
     ev.add_argument("--ensemble", action="append", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     ev.add_argument("--lang", help="target language for the Moses tokenizer of the lowercased BLEU "
                                    "(default: from the --ref file name, e.g. test.de)")
     add_config_flags(ev, DecodeConfig, "decoding (default: the model's saved settings)")
     ev.set_defaults(func=handlers["evaluate"])
+
+
+THREADS_HELP = "torch CPU threads (default: 0, torch's default: one per core)"
+BATCH_HELP = "texts per forward pass, similar lengths batched together (default: 64)"
+
+
+def add_run_flags(parser: argparse.ArgumentParser, batch: bool = True) -> None:
+    """--threads (and --batch-size, for the commands that run many texts at once) of an inference command."""
+    parser.add_argument("--threads", type=count(0, MAX_THREADS), default=0, help=THREADS_HELP)
+    if batch:
+        parser.add_argument("--batch-size", type=count(1, MAX_WIDTH), default=64, dest="batch_size", help=BATCH_HELP)
 
 
 def add_generate_parser(sub, handlers: dict) -> None:
@@ -405,6 +418,7 @@ def add_generate_parser(sub, handlers: dict) -> None:
     g.add_argument("--top-p", type=amount(0, 1), default=1.0, help="sample from the nucleus of mass p (1: all)")
     g.add_argument("--seed", type=count(0, MAX_SEED), default=None, help="random seed (default: a fresh draw each run)")
     g.add_argument("--greedy", action="store_true", help="always the most probable token (temperature 0)")
+    add_run_flags(g, batch=False)  # one prefix, one token a step
     g.set_defaults(func=handlers["generate"])
 
 
@@ -420,6 +434,7 @@ def add_classify_parser(sub, handlers: dict) -> None:
     c.add_argument("--input", "-i", help="file with one text a line, plain or gzip ('-' = stdin)")
     c.add_argument("--output", "-o", help="write the labels here instead of stdout")
     c.add_argument("--all", action="store_true", help="also print every label's probability")
+    add_run_flags(c)
     c.set_defaults(func=handlers["classify"])
 
 
@@ -431,6 +446,7 @@ def add_fill_parser(sub, handlers: dict) -> None:
     fl.add_argument("model", help="checkpoint directory of a --task mlm run")
     fl.add_argument("text", nargs="+", help="texts with one or more [MASK]")
     fl.add_argument("--top-k", type=count(1, MAX_VOCAB), default=5, dest="top_k", help="predictions per mask (default: %(default)s)")
+    add_run_flags(fl, batch=False)  # one text a forward pass
     fl.set_defaults(func=handlers["fill"])
 
 
@@ -438,13 +454,16 @@ def add_embed_parser(sub, handlers: dict) -> None:
     em = sub.add_parser("embed", help="sentence embeddings from an encoder",
                         description="Embed every line of --input with a classify or mlm model: the encoder's "
                                     "states pooled into one vector (mean over the tokens, or the <cls> state). "
-                                    "Writes an N x d_model array: .npy (NumPy) or .tsv (one vector a line).",
+                                    "Writes an N x d_model array: .npy (NumPy) or .tsv (one vector a line). A blank line is "
+                                    "embedded as the model reads an empty text (<cls> and the tokenizer's own "
+                                    "markers, as sentence-transformers embeds it).",
                         epilog="example:\n  qkv embed runs/mlm/best --input sentences.txt --output vectors.npy")
     em.add_argument("model", help="checkpoint directory of a --task classify or mlm run")
     em.add_argument("--input", "-i", required=True, help="one text a line (plain or gzip)")
     em.add_argument("--output", "-o", required=True, help="FILE.npy or FILE.tsv")
     em.add_argument("--pooling", choices=["mean", "cls"],
                     help="mean over the tokens or the <cls> state (default: a classifier's own, mean for mlm)")
+    add_run_flags(em)
     em.set_defaults(func=handlers["embed"])
 
 
@@ -458,6 +477,7 @@ def add_search_parser(sub, handlers: dict) -> None:
     se.add_argument("--corpus", required=True, help="one text a line (plain or gzip)")
     se.add_argument("--top-k", type=count(1, 10**9), default=5, dest="top_k", help="results per query (default: %(default)s)")
     se.add_argument("--pooling", choices=["mean", "cls"], help="as for qkv embed")
+    add_run_flags(se)
     se.set_defaults(func=handlers["search"])
 
 

@@ -326,6 +326,10 @@ class TrainConfig:
     # evaluation and checkpoints
     eval_every: int = setting(1000, 'validate and checkpoint every this many updates', bound=whole(1, MAX_STEPS))
     eval_bleu_samples: int = setting(200, 'validation sentences decoded greedily for BLEU', bound=whole(0, 10**8))
+    clean_html: bool = setting(
+        True,
+        'classify / mlm: HTML line breaks (<br />, as in IMDb reviews) become spaces in the training texts and in '
+        'every text the saved model reads later (recorded with the model; an imported model reads texts as given)')
     mask_prob: float = setting(
         0.15,
         'mlm: share of tokens chosen for prediction (of those 80% -> [MASK], 10% random, 10% kept)', bound=real(0, 1))

@@ -9,8 +9,9 @@ Formats (plain or gzip, UTF-8, told apart by the file name, else by the first li
 
 Every problem is a :class:`~qkv.errors.CorpusError` naming the file and line: invalid UTF-8, a
 line that is not a JSON object, a missing field, a wrong number of TSV columns, an empty text.
-HTML line breaks (``<br />``, as in the IMDb reviews) become spaces (:func:`clean_text`); the
-same cleaning is applied to what a trained model reads later.
+HTML line breaks (``<br />``, as in the IMDb reviews) become spaces (:func:`clean_text`) unless the
+run's ``clean_html`` is off; the model records it, and the same cleaning is applied to what it reads
+later (an imported model reads texts as given).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ _BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
 _SPACES = re.compile(r"[ \t]{2,}")
 
 
-def clean_text(text: str) -> str:
-    """``<br />`` -> a space; runs of spaces squeezed; surrounding whitespace stripped."""
-    return _SPACES.sub(" ", _BR.sub(" ", text)).strip()
+def clean_text(text: str, html: bool = True) -> str:
+    """``<br />`` -> a space; runs of spaces squeezed; surrounding whitespace stripped. ``html=False``
+    (a model trained without the cleaning, or an imported one): the text as given."""
+    return _SPACES.sub(" ", _BR.sub(" ", text)).strip() if html else text
 
 
 def file_format(path: str | Path, first_line: str | None = None) -> str:
@@ -119,13 +121,14 @@ class TextData:
 
 
 
-def read_labelled(path: str | Path, text_field: str = "text", label_field: str = "label"):
-    """Labelled examples of a JSONL or TSV file -> :class:`TextData` (texts cleaned)."""
+def read_labelled(path: str | Path, text_field: str = "text", label_field: str = "label", clean: bool = True):
+    """Labelled examples of a JSONL or TSV file -> :class:`TextData` (texts cleaned unless ``clean`` is
+    False: :func:`clean_text`)."""
     rows, numbers, _ = _records(path, [text_field, label_field])
     texts, labels = [], []
     for (text, label), n in zip(rows, numbers):
-        text = clean_text(text)
-        if not text:
+        text = clean_text(text, clean)
+        if not text.strip():
             raise CorpusError(f"{path}:{n}: empty text in field {text_field!r}")
         if not label.strip():
             raise CorpusError(f"{path}:{n}: empty label in field {label_field!r}")
@@ -136,13 +139,14 @@ def read_labelled(path: str | Path, text_field: str = "text", label_field: str =
     return TextData(texts, labels, str(path), numbers)
 
 
-def read_texts(path: str | Path, text_field: str = "text"):
-    """Unlabelled texts: plain lines, or the ``text_field`` of JSONL/TSV -> TextData (empty ones skipped)."""
+def read_texts(path: str | Path, text_field: str = "text", clean: bool = True):
+    """Unlabelled texts: plain lines, or the ``text_field`` of JSONL/TSV -> TextData (empty ones skipped;
+    cleaned unless ``clean`` is False)."""
     rows, numbers, fmt = _records(path, [text_field])
     texts, kept = [], []
     for (text,), n in zip(rows, numbers):
-        text = clean_text(text)
-        if text:
+        text = clean_text(text, clean)
+        if text.strip():
             texts.append(text)
             kept.append(n)
         elif fmt != "text":

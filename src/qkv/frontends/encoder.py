@@ -6,7 +6,8 @@
     >>> qkv.load("runs/imdb-mlm/best").fill("the movie was [MASK]", k=3)
     [[('great', 0.21), ('good', 0.12), ('bad', 0.08)]]
 
-Texts are cleaned as the training data were (:func:`qkv.data.labelled.clean_text`), tokenized,
+Texts are cleaned as the training data were (:func:`qkv.data.labelled.clean_text`, where the run's
+``clean_html`` says so; an imported model reads them as given), tokenized,
 truncated to the model's ``max_len`` as in training (the head, or head + tail with ``keep_tail``) and run
 in batches of similar length.
 Embeddings (:meth:`Encoder.embed`) pool the encoder states: the ``<cls>`` state or the mean over
@@ -41,8 +42,10 @@ class Encoder(Frontend):
 
     def __init__(self, model: torch.nn.Module, tokenizers: TokenizerPair, labels: list[str] | None = None,
                  train_cfg: TrainConfig | None = None, batch_size: int = 64, normalize: bool = False,
-                 pooling: str | None = None):
+                 pooling: str | None = None, clean: bool | None = None):
         super().__init__(model, tokenizers, train_cfg)
+        # <br /> -> space as in training (the run's clean_html); never for an imported model
+        self.clean = self.train_cfg.clean_html if clean is None else clean
         # an imported sentence-transformers model's own embedding: its Pooling (mean | cls), its Normalize
         self.normalize, self.pooling = normalize, pooling
         self.labels = list(labels) if labels else None
@@ -59,18 +62,17 @@ class Encoder(Frontend):
     @classmethod
     def from_checkpoint(cls, model, tokenizers, config, decode_cfg, train_cfg) -> "Encoder":
         sentence = config.get("sentence_embedding") or {}
+        clean = None if not config.get("imported") else False  # an import written before clean_html was recorded
         return cls(model, tokenizers, config.get("labels"), train_cfg, normalize=bool(sentence.get("normalize")),
-                   pooling=sentence.get("pooling"))
+                   pooling=sentence.get("pooling"), clean=clean)
 
     def _ids(self, texts: list[str], on_truncate: TruncationHandler | None = None) -> list[list[int]]:
         """Token lists cut to ``max_len``; ``on_truncate(indices, max_len)`` hears which were cut."""
         if isinstance(texts, str):
             raise TypeError("pass a list of texts, not a single string")
-        cleaned = [clean_text(t) for t in texts]
-        for i, t in enumerate(cleaned):
-            if not t:
-                raise QkvError(f"text {i + 1} is empty")
-        ids = self.tokenizers.src.encode(cleaned)
+        # a blank text is read as the model reads any text: <cls> (+ the tokenizer's own suffix, an imported
+        # BERT's [SEP]), as sentence-transformers embeds it
+        ids = self.tokenizers.src.encode([clean_text(t, self.clean) for t in texts])
         cut = [i for i, row in enumerate(ids) if len(row) > self.max_len]
         if cut and on_truncate is not None:
             on_truncate(cut, self.max_len)
@@ -86,8 +88,8 @@ class Encoder(Frontend):
     def input_tokens(self, text: str) -> torch.Tensor:
         """One text as the model reads it: ``(1, T)`` = ``<cls>`` + its pieces, cleaned as the
         training data were and truncated to ``max_len``, on the model's device."""
-        cleaned = clean_text(text)
-        if not cleaned:
+        cleaned = clean_text(text, self.clean)
+        if not cleaned.strip():
             raise QkvError("the text is empty")
         ids = self.tokenizers.src.encode([cleaned])[0]
         if "fill" in self.offers and hasattr(self.tokenizers.src, "sp"):

@@ -115,10 +115,21 @@ def convert(folder: str | Path) -> Imported:
             raise ImportRefused(f"{base / 'config.json'}: architecture {', '.join(map(str, architectures))} of "
                                 f"model_type {model_type!r} is not supported; qkv imports {', '.join(family.ARCHITECTURES)}")
         if arch is not None:
-            return family.convert(folder, base, config, arch, sentence)
+            return as_given(family.convert(folder, base, config, arch, sentence))
     known = [a for n in FAMILIES for a in importlib.import_module(n).ARCHITECTURES]
     what = ", ".join(map(str, architectures)) or f"model_type {model_type!r}"
     raise ImportRefused(f"{base / 'config.json'}: {what} is not supported; qkv imports {', '.join(known)}")
+
+
+def as_given(imported: Imported) -> Imported:
+    """An imported model reads its texts as given: qkv's own text cleaning (``clean_html``, <br /> ->
+    space) belongs to the models trained with it, never to an import."""
+    from dataclasses import replace
+
+    from qkv.config import TrainConfig
+
+    imported.train_cfg = replace(imported.train_cfg or TrainConfig(), clean_html=False)
+    return imported
 
 
 def import_model(folder: str | Path, out: str | Path, log=print) -> Path:

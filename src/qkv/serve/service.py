@@ -204,7 +204,7 @@ class Served:
         """Sentence embeddings as :meth:`qkv.frontends.Encoder.embed` gives them (L2-normalised where the
         model says so: an imported sentence-transformers model with its Normalize module)."""
         self.require("embed")
-        tokens = self.check_texts(texts)
+        tokens = self.check_texts(texts, may_be_empty=True)  # a blank text is embedded, as sentence-transformers does
         f = self.frontend
         pooling = pooling or f.default_pooling
         rows = await self.submit(("embed", pooling), texts, tokens)

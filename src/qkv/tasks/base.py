@@ -29,6 +29,7 @@ class DataPaths:
     label_field: str = "label"  # JSONL key / TSV column of the label (classify)
     strip_gutenberg: bool = False  # lm: keep only the book between the "*** START" and "*** END" lines
     valid_fraction: float = 0.0  # lm: without a valid file, hold out this last fraction of the training text
+    clean_html: bool = True  # classify, mlm: <br /> -> space in the texts (TrainConfig.clean_html)
     data: str | None = None  # translate: a directory written by qkv preprocess (instead of the text files)
     verify_data: bool = True  # check its files' checksums (a resumed run checks their sizes only)
 

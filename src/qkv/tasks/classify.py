@@ -94,8 +94,8 @@ def read_text_data(paths: DataPaths, labelled: bool, log, task: str):
                        + (f"; --src-train/--tgt-train are for translate and prefix_lm" if paths.src_train else ""))
     if paths.src_train or paths.src_valid:
         raise QkvError(f"--task {task} reads --train/--valid; --src-train/--tgt-train are for translate and prefix_lm")
-    read = (lambda p: read_labelled(p, paths.text_field, paths.label_field)) if labelled else \
-        (lambda p: read_texts(p, paths.text_field))
+    read = (lambda p: read_labelled(p, paths.text_field, paths.label_field, paths.clean_html)) if labelled else \
+        (lambda p: read_texts(p, paths.text_field, paths.clean_html))
     train = read(paths.train)
     log(f"{paths.train}: {len(train)} {'examples' if labelled else 'texts'}")
     valid = None

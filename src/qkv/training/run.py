@@ -84,7 +84,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, decode_cfg: Dec
             # sizes: none of them trains before rank 0 has checked (the process group, then a barrier,
             # wait for it), and a mismatch stops rank 0, then torchrun stops the others.
             paths = replace(paths, verify_data=not resume and distributed.env_rank() == 0)
-        train_data, valid_data = task.read_data(paths, log)
+        train_data, valid_data = task.read_data(replace(paths, clean_html=train_cfg.clean_html), log)
     else:
         log("no data given: training on the embedded default task, English number words -> German number words")
         splits = toy.default_splits()
