@@ -246,6 +246,10 @@ def fetch(sources: list[Source], out: Path, mirror: str | None = None, log=print
         raise UsageError(f"--out {out}: is a file, not a folder")
     if mirror is not None:
         check_url(mirror, "--mirror")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot make the folder: {e.strerror or e}") from None
     limits = (limits or Limits()).started()
     written = []
     for s in sources:

@@ -293,6 +293,8 @@ def test_http_errors_short_bodies_and_bad_options_are_one_line(hostile, tmp_path
     a_file.write_text("mine")
     assert fetch.main("x", src, a_file, argv=["--out", str(a_file), "--mirror", hostile]) == 2
     assert f"--out {a_file}: is a file, not a folder" in one_line_error(capsys)
+    assert fetch.main("x", src, a_file, argv=["--out", str(a_file / "sub"), "--mirror", hostile]) == 2
+    assert f"--out {a_file / 'sub'}: cannot make the folder: " in one_line_error(capsys)
     assert a_file.read_text() == "mine"
     assert not out.exists() and not list(tmp_path.rglob("*.part"))
 
@@ -353,3 +355,13 @@ def test_the_default_data_folder_is_the_clones_own_and_shared_only_when_present(
                                    capture_output=True, text=True, timeout=60,
                                    env={**os.environ, "COLUMNS": "400"}).stdout
         assert f"(default: {ROOT / 'data' / name})" in " ".join(help_text.split()), help_text
+
+
+def test_a_bad_wmt14_archive_is_one_line_and_no_archive_is_kept(hostile, tmp_path, capsys):
+    wmt = recipe("wmt14")
+    out = tmp_path / "wmt14"
+    assert wmt.fetch.main("w", wmt.SOURCES, out, after=wmt.concatenate,
+                          argv=["--out", str(out), "--mirror", hostile + "nontar/"]) == 1
+    err = one_line_error(capsys)
+    assert err.startswith("fetch: error: training-parallel-europarl-v7.tgz: not a readable tar archive"), err
+    assert not out.exists() or not list(out.iterdir())
