@@ -346,6 +346,158 @@ def test_a_stale_temporary_directory_is_removed_by_the_next_run(data, files, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".out.tmp-{live}", "out"]
 
 
+def test_workers_capped_by_the_cores_and_the_corpus_and_said(tmp_path, capsys, monkeypatch):
+    """--workers 1000 on a 50-line corpus starts one worker, not 1000, and says why on stderr; with
+    more chunks, the cores are the cap."""
+    import qkv.data.binarized as binarized
+
+    src, tgt = corpus(50)
+    a, b = write(tmp_path / "a.en", src), write(tmp_path / "a.de", tgt)
+    used = []
+    write_split = binarized._write_split
+    monkeypatch.setattr(binarized, "_write_split", lambda *args: used.append(args[7]) or write_split(*args))
+    assert main(["preprocess", "--src-train", a, "--tgt-train", b, "--vocab-size", "300", "--workers", "1000",
+                 "--out", str(tmp_path / "o1")]) == 0
+    err = capsys.readouterr().err
+    assert f"--workers 1000: 1 worker process used ({a} makes 1 chunk of up to 20,000 lines)" in err \
+        or f"; {a} makes 1 chunk of up to 20,000 lines)" in err, err
+    assert used == [1]
+    monkeypatch.setattr(binarized, "available_cores", lambda: 2)  # 50 lines in chunks of 10: 5 chunks, 2 cores
+    used.clear()
+    messages = []
+    preprocess(a, b, tmp_path / "o2", tokenizer_from=tmp_path / "o1", workers=1000, chunk_lines=10,
+               log=messages.append)
+    assert used == [2]
+    assert "--workers 1000: 2 worker processes used (this process may use 2 cores)" in messages
+    used.clear()
+    preprocess(a, b, tmp_path / "o3", tokenizer_from=tmp_path / "o1", workers=2, chunk_lines=10, log=messages.append)
+    assert used == [2] and not [m for m in messages if m.startswith("--workers 2")]  # not capped: not said
+    assert (tmp_path / "o3" / "train.src.tokens.npy").read_bytes() == (tmp_path / "o1" / "train.src.tokens.npy").read_bytes()
+    assert binarized.capped_workers(8, chunks=3, cores=16) == 3 and binarized.capped_workers(8, 100, 4) == 4
+    assert binarized.capped_workers(8, 0, 4) == 1
+
+
+def _children(pid: int) -> set[int]:
+    """The live (not zombie) child processes of ``pid``, from /proc."""
+    kids = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids.update(int(k) for k in (task / "children").read_text().split())
+        except OSError:
+            pass
+    return {k for k in kids if _alive(k)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("big")
+    src, tgt = corpus(200_000, seed=2)
+    return write(d / "big.en", src), write(d / "big.de", tgt)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from /proc (Linux)")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_no_worker_outlives_a_stopped_or_killed_preprocess(data, big, tmp_path, sig):
+    """SIGTERM in the middle of the encoding pass ends the whole process tree within seconds, and so
+    does kill -9 of the main process alone: its workers notice and end (no orphans)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from qkv.data.binarized import available_cores
+
+    if available_cores() < 2:
+        pytest.skip("one core: --workers 2 is capped to 1 and starts no worker process")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "preprocess", "--src-train", big[0], "--tgt-train", big[1],
+                             "--tokenizer-from", data, "--workers", "2", "--out", str(tmp_path / "out")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 or not any(p.name.startswith(".out.tmp-") and any(p.iterdir()) for p in tmp_path.iterdir()):
+            assert proc.poll() is None, f"ended (status {proc.returncode}) before it could be stopped midway"
+            assert time.monotonic() < deadline, "never reached the encoding pass with two workers"
+            workers |= _children(proc.pid)
+            time.sleep(0.02)
+        workers |= _children(proc.pid)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == (130 if sig == "SIGTERM" else -signal.SIGKILL), err
+        deadline = time.monotonic() + 5
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [w for w in workers if _alive(w)], f"workers still running {time.monotonic() - deadline + 5:.1f} s " \
+                                                      "after the main process ended"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork") or not Path("/proc/self/stat").is_file(),
+                    reason="forks, and reads process states from /proc")
+@pytest.mark.parametrize("how", ["prctl", "polling"])
+def test_a_busy_worker_ends_when_its_parent_is_killed(how):
+    """A worker in the middle of a long chunk, its parent killed outright (kill -9), ends within seconds:
+    the kernel's parent-death signal (Linux), or the thread that watches the parent's pid elsewhere."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = f"""
+import os, sys, time
+from qkv.data.binarized import _die_with_parent
+parent = os.getpid()
+child = os.fork()
+if child == 0:
+    if {how == "polling"!r}:
+        sys.platform = "elsewhere"  # the portable path
+    _die_with_parent(parent)
+    print("armed", flush=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # busy, as a worker encoding a chunk is
+        pass
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        lines = {proc.stdout.readline().strip() for _ in range(2)}
+        assert "armed" in lines, lines
+        child = int((lines - {"armed"}).pop())
+        assert _alive(child)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the child outlived its parent by 5 s"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
 def test_translate_streams_a_file(data, files, tmp_path):
     run = tmp_path / "run"
     assert main(["train", "--data", data, *TRAIN, "--max-steps", "2", "--out", str(run)]) == 0

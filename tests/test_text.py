@@ -24,7 +24,10 @@ The last line of the book.
 Licence text that must not be kept.
 """
 
-TIMEMACHINE = Path("/work/shared/data/timemachine/timemachine.txt")
+TIMEMACHINE = next((p for p in (Path(__file__).resolve().parents[1] / "data" / "timemachine" / "timemachine.txt",
+                                 Path(__file__).resolve().parents[2] / "shared" / "data" / "timemachine" / "timemachine.txt",
+                                 Path("/work/shared/data/timemachine/timemachine.txt")) if p.is_file()),
+                   Path(__file__).resolve().parents[1] / "data" / "timemachine" / "timemachine.txt")
 
 
 def test_strip_gutenberg_keeps_only_the_book(tmp_path):

@@ -1,6 +1,6 @@
 """Split the IMDb training reviews into train (22,500) and validation (2,500), seeded.
 
-    python recipes/imdb/prepare.py [--data ../shared/data/imdb] [--out runs/imdb/data]
+    python recipes/imdb/prepare.py [--data data/imdb] [--out runs/imdb/data]
 
 The shared train file is ordered by label, so the validation reviews are a seeded random
 sample (seed 1), not the last lines. The test file is used as it is, once, at the end.
@@ -12,11 +12,16 @@ import argparse
 import gzip
 import json
 import random
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fetch import data_dir  # noqa: E402 (recipes/fetch.py)
+
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument("--data", default=str(Path(__file__).resolve().parents[2].parent / "shared" / "data" / "imdb"),
-               help="folder with train.jsonl.gz (default: ../shared/data/imdb beside the repository)")
+p.add_argument("--data", default=str(data_dir("imdb")),
+               help="folder with train.jsonl.gz (default: data/imdb in the clone, where fetch.py writes, or "
+                    "../shared/data/imdb beside it where only that is present: %(default)s)")
 p.add_argument("--out", default="runs/imdb/data")
 p.add_argument("--valid-size", type=int, default=2500)
 p.add_argument("--seed", type=int, default=1)

@@ -6,7 +6,9 @@
 # Data: python recipes/imdb/prepare.py (seeded 22,500 / 2,500 split of the training reviews).
 set -euo pipefail
 row=${1:?usage: recipes/imdb/run.sh bilstm|transformer|mlm-classify|minilm|minilm-headtail}
-data=${DATA:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/data/imdb}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+data=${DATA:-$root/data/imdb}  # where recipes/imdb/fetch.py writes; ../shared/data/imdb where only that is present
+if [ -z "${DATA:-}" ] && [ ! -e "$data" ] && [ -d "$root/../shared/data/imdb" ]; then data=$root/../shared/data/imdb; fi
 export OMP_NUM_THREADS=1
 [ -f runs/imdb/data/train.jsonl.gz ] || python recipes/imdb/prepare.py --data "$data"
 if [ "$row" = mlm-classify ] && [ ! -d runs/imdb/mlm/best ]; then

@@ -29,6 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fetch import data_dir  # noqa: E402 (recipes/fetch.py)
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -36,8 +39,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("teachers", nargs="+", help="checkpoint directories of the teacher (several: an ensemble)")
     ap.add_argument("--pair", default="en-de", help="SRC-TGT (default: %(default)s)")
-    ap.add_argument("--data", default=str(HERE.parents[1].parent / "shared" / "data" / "multi30k"),
-                    help="the raw Multi30k folder (default: ../shared/data/multi30k)")
+    ap.add_argument("--data", default=str(data_dir("multi30k")),
+                    help="the raw Multi30k folder "
+                         "(default: data/multi30k in the clone, where fetch.py writes, or ../shared/data/multi30k "
+                         "beside it where only that is present: %(default)s)")
     ap.add_argument("--length-penalty", type=float, required=True,
                     help="GNMT α of the teacher's beam search (choose it on val)")
     ap.add_argument("--chunk", type=int, default=1000, help="lines translated between progress lines and saves "

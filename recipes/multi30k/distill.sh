@@ -14,7 +14,8 @@
 #      are copied to benchmarks/results/multi30k-en-de-fairseq-tiny-bpe10k-distill4-ft-DATE.json;
 #    - scratch: a fresh model of the same size with the teachers' vocabulary, 4,880 updates
 #      (tuning/en-de-fairseq-tiny-bpe10k-distill4.toml), stopped after its choice on val (val_choice.json).
-# DATA=DIR reads Multi30k from DIR (default ../shared/data/multi30k); THREADS=N (default 2).
+# DATA=DIR reads Multi30k from DIR (default: data/multi30k in the clone, where recipes/multi30k/fetch.py writes, or
+# ../shared/data/multi30k beside it where only that is present); THREADS=N (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-finetune}
@@ -22,7 +23,9 @@ case "$mode" in
   finetune|scratch) ;;
   *) echo "distill.sh: expected no argument (fine-tune) or 'scratch', got '$mode'" >&2; exit 2 ;;
 esac
-data=${DATA:-../shared/data/multi30k}
+root=$(pwd)  # the clone (cd above)
+data=${DATA:-$root/data/multi30k}
+if [ -z "${DATA:-}" ] && [ ! -e "$data" ] && [ -d "$root/../shared/data/multi30k" ]; then data=$root/../shared/data/multi30k; fi
 threads=${THREADS:-2}
 ensemble=runs/m30k-ende-ensemble4.json
 distilled=runs/m30k-ende-distilled-data

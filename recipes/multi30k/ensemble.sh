@@ -6,11 +6,14 @@
 #    interrupted one resumes from its newest checkpoint);
 # 2. decodes val with the four chosen models as one ensemble for each length penalty, keeps the best, and
 #    decodes test_2016_flickr once (benchmarks/multi30k_ensemble.py).
-# DATA=DIR reads Multi30k from DIR (default ../shared/data/multi30k); THREADS=N (default 2); OUT=FILE writes the
+# DATA=DIR reads Multi30k from DIR (default: data/multi30k in the clone, where recipes/multi30k/fetch.py writes, or
+# ../shared/data/multi30k beside it where only that is present); THREADS=N (default 2); OUT=FILE writes the
 # result there (default benchmarks/results/multi30k-en-de-fairseq-tiny-bpe10k-ensemble4-DATE.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-data=${DATA:-../shared/data/multi30k}
+root=$(pwd)  # the clone (cd above)
+data=${DATA:-$root/data/multi30k}
+if [ -z "${DATA:-}" ] && [ ! -e "$data" ] && [ -d "$root/../shared/data/multi30k" ]; then data=$root/../shared/data/multi30k; fi
 threads=${THREADS:-2}
 result=${OUT:-benchmarks/results/multi30k-en-de-fairseq-tiny-bpe10k-ensemble4-$(date +%F).json}
 members=()

@@ -5,8 +5,10 @@
 Source: the public repository of the data set, github.com/multi30k/dataset, folder data/task1/raw
 (Elliott et al., 2016, "Multi30K: Multilingual English-German Image Descriptions"): train (29,000
 sentences), val (1,014) and test_2016_flickr (1,000) of each language, gzip, one sentence a line.
-The files go to DIR (default: ../shared/data/multi30k beside the repository, where the recipe looks);
-`python recipes/multi30k/run.py en-de --data DIR` reads them from anywhere else.
+The files go to DIR (default: data/multi30k in the clone, where the recipe looks first, then
+../shared/data/multi30k beside it where that is present); `python recipes/multi30k/run.py en-de --data
+DIR` reads them from anywhere else. The limits on a slow server (--deadline, --min-rate, --timeout)
+are recipes/fetch.py's.
 """
 
 from __future__ import annotations
@@ -35,4 +37,4 @@ SHA256 = [  # of each file as the project's machines hold it (../shared/data/mul
 SOURCES = [fetch.Source(name, URL + name, digest) for name, digest in SHA256]
 
 if __name__ == "__main__":
-    sys.exit(fetch.main(__doc__, SOURCES, fetch.SHARED / "multi30k"))
+    sys.exit(fetch.main(__doc__, SOURCES, fetch.DATA / "multi30k"))

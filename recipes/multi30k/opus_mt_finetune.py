@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fetch import data_dir  # noqa: E402 (recipes/fetch.py)
+
 
 def lines(path: Path, n: int | None = None) -> list[str]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -92,7 +95,9 @@ def qkv(*args: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="../shared/data/multi30k")
+    ap.add_argument("--data", default=str(data_dir("multi30k")),
+                    help="the raw Multi30k folder (default: data/multi30k in the clone, or ../shared/data/multi30k "
+                         "beside it where only that is present: %(default)s)")
     ap.add_argument("--out", default="runs/opus-mt-ft")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--d-model", type=int, default=256)

@@ -1,6 +1,6 @@
 """Multi30k, one command per direction: train, average, decode test_2016_flickr once, score.
 
-    python recipes/multi30k/run.py en-de [--data ../shared/data/multi30k] [--out runs/multi30k-en-de]
+    python recipes/multi30k/run.py en-de [--data data/multi30k] [--out runs/multi30k-en-de]
 
 Steps (each skipped when its output already exists, so an interrupted recipe continues):
 0. ``qkv preprocess`` of train and val into ``OUT/data-bin`` (the tokenizer the config asks for, trained
@@ -44,6 +44,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fetch import data_dir  # noqa: E402 (recipes/fetch.py)
 
 HERE = Path(__file__).resolve().parent
 PAIRS = ("en-de", "en-fr", "de-en", "en-cs")
@@ -161,8 +164,10 @@ def run_facts(out: Path, translator) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pair", choices=PAIRS, help="translation direction")
-    ap.add_argument("--data", default=str(HERE.parents[1].parent / "shared" / "data" / "multi30k"),
-                    help="folder with {train,val,test_2016_flickr}.LANG.gz (default: ../shared/data/multi30k)")
+    ap.add_argument("--data", default=str(data_dir("multi30k")),
+                    help="folder with {train,val,test_2016_flickr}.LANG.gz "
+                         "(default: data/multi30k in the clone, where fetch.py writes, or ../shared/data/multi30k "
+                         "beside it where only that is present: %(default)s)")
     ap.add_argument("--out", help="run directory (default: runs/multi30k-PAIR)")
     ap.add_argument("--config", help="config file (default: recipes/multi30k/PAIR.toml)")
     ap.add_argument("--average", type=int, default=10, help="also try the average of the newest N step checkpoints")

@@ -6,7 +6,11 @@
 #
 #   sh recipes/timemachine/run.sh [TEXT] [OUT]
 set -e
-TEXT=${1:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/data/timemachine/timemachine.txt}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TEXT=${1:-$ROOT/data/timemachine/timemachine.txt}  # where fetch.py writes; else the shared copy, where present
+if [ -z "${1:-}" ] && [ ! -e "$TEXT" ] && [ -f "$ROOT/../shared/data/timemachine/timemachine.txt" ]; then
+  TEXT=$ROOT/../shared/data/timemachine/timemachine.txt
+fi
 OUT=${2:-runs/timemachine}
 HERE=$(dirname "$0")
 for m in rnn gru lstm transformer; do

@@ -6,14 +6,17 @@ Source: the WMT 2014 news translation task's parallel training archives at statm
 Common Crawl, News Commentary v9: about 1.7 GB together), their German-English files concatenated
 line-aligned into DIR/train.en and DIR/train.de (default DIR: wmt14), 4,520,620 lines each; the line
 counts are checked, each archive's sha256 is printed (none is pinned: the project's machines hold
-no copy of these archives to pin them against). The validation and test sets (newstest2013, the
-full newstest2014) come through sacreBLEU: see recipes/wmt14/README.md, step 0.
+no copy of these archives to pin them against); on any failure the archives are removed, as nothing
+but the line counts checks them. The validation and test sets (newstest2013, the full newstest2014)
+come through sacreBLEU: see recipes/wmt14/README.md, step 0. The limits on a slow server
+(--deadline, --min-rate, --timeout) are recipes/fetch.py's.
 """
 
 from __future__ import annotations
 
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,22 +31,31 @@ SOURCES = [fetch.Source(name, base + name, None) for name, (base, _, _) in ARCHI
 
 
 def concatenate(out: Path) -> None:
-    """The de-en files of every archive in DIR, concatenated into DIR/train.en and DIR/train.de."""
-    for lang in ("en", "de"):
-        part = out / f"train.{lang}.part"
-        with open(part, "wb") as dest:
-            for name, (_, stem, lines) in ARCHIVES.items():
-                print(f"{name}: sha256 {fetch.sha256_of(out / name)} (not pinned)")
-                with tarfile.open(out / name) as tar:
-                    member = next((m for m in tar if m.name.endswith(f"{stem}.{lang}")), None)
-                    if member is None:
-                        raise fetch.FetchError(f"{name}: no {stem}.{lang} in the archive")
-                    data = tar.extractfile(member).read()
-                n = data.count(b"\n")
-                if n != lines:
-                    raise fetch.FetchError(f"{name}: {stem}.{lang} has {n:,} lines, not {lines:,}")
-                dest.write(data)
-        part.replace(out / f"train.{lang}")
+    """The de-en files of every archive in DIR, concatenated into DIR/train.en and DIR/train.de (each
+    written beside its place and renamed when complete; a damaged archive is an error naming it)."""
+    parts = [out / f"train.{lang}.part" for lang in ("en", "de")]
+    try:
+        for lang, part in zip(("en", "de"), parts):
+            with open(part, "wb") as dest:
+                for name, (_, stem, lines) in ARCHIVES.items():
+                    print(f"{name}: sha256 {fetch.sha256_of(out / name)} (not pinned)")
+                    try:
+                        with fetch.open_tar(out / name) as tar:
+                            member = next((m for m in tar if m.name.endswith(f"{stem}.{lang}")), None)
+                            if member is None:
+                                raise fetch.FetchError(f"{name}: no {stem}.{lang} in the archive")
+                            data = tar.extractfile(member).read()
+                    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+                        raise fetch.damaged(out / name, e) from None
+                    n = data.count(b"\n")
+                    if n != lines:
+                        raise fetch.FetchError(f"{name}: {stem}.{lang} has {n:,} lines, not {lines:,}")
+                    dest.write(data)
+        for lang, part in zip(("en", "de"), parts):
+            part.replace(out / f"train.{lang}")
+    finally:
+        for part in parts:
+            part.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -598,7 +598,9 @@ def add_preprocess_parser(sub, handlers: dict) -> None:
                     help="skip training pairs whose longer side has more than this many times the tokens of the "
                          "shorter (0: no such filter)")
     pp.add_argument("--keep-identical", action="store_true", help="keep training pairs whose sides are identical")
-    pp.add_argument("--workers", type=count(1, MAX_THREADS), default=1, help="encoding processes")
+    pp.add_argument("--workers", type=count(1, MAX_THREADS), default=1,
+                    help="encoding processes (no more than the cores this process may use, nor than the chunks of "
+                         "20,000 lines the training text makes: a cap is said on stderr)")
     pp.set_defaults(func=handlers["preprocess"])
 
 

@@ -36,6 +36,9 @@ invalid UTF-8, files of different line counts. Output goes to a temporary direct
 ``.DIR.tmp-PID``, renamed to ``DIR`` at the end: a failed or interrupted run (Ctrl-C, SIGTERM)
 leaves no half-written corpus, and the temporary directory of a run killed outright (``kill -9``)
 is removed by the next run on that ``DIR`` (never one of a process that is still running).
+
+Worker processes: no more than the cores this process may use and the chunks of work a split makes
+(:func:`capped_workers`); each ends with the main process, however that ends (:func:`_die_with_parent`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -50,6 +54,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -272,11 +277,60 @@ def _signals_deferred() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
-def _init_pool_worker(src_model: bytes, tgt_model: bytes) -> None:
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def capped_workers(workers: int, chunks: int, cores: int | None = None) -> int:
+    """``workers`` no more than the cores and no more than the chunks of work there are (at least 1)."""
+    return max(1, min(workers, available_cores() if cores is None else cores, chunks))
+
+
+def count_chunks(path: Path, chunk_lines: int, limit: int) -> int:
+    """How many chunks of ``chunk_lines`` lines ``path`` makes, counted only up to ``limit`` chunks."""
+    lines = sum(1 for _ in itertools.islice(stream_lines(path), limit * chunk_lines))
+    return -(-lines // chunk_lines)
+
+
+PARENT_POLL_S = 0.5  # how often a worker looks whether its parent is still there (where prctl is not)
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this process when the process ``parent`` ends, however it ends (``kill -9`` included):
+    on Linux the kernel sends SIGKILL (``prctl(PR_SET_PDEATHSIG)``); elsewhere a daemon thread looks
+    at the parent's pid every :data:`PARENT_POLL_S` seconds. A parent already gone ends it at once."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_S)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="qkv-parent-watch", daemon=True).start()
+
+
+def _init_pool_worker(src_model: bytes, tgt_model: bytes, parent: int | None = None) -> None:
     """A worker process of the pool: the tokenizers, and signals left to the main process, which
-    stops the pool (Ctrl-C reaches the whole process group; SIGTERM ends a worker quietly)."""
+    stops the pool (Ctrl-C reaches the whole process group; SIGTERM ends a worker quietly). A worker
+    ends with its parent: a main process killed outright (``kill -9``) leaves no worker behind."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if parent is not None:
+        _die_with_parent(parent)
     _init_worker(src_model, tgt_model)
 
 
@@ -437,8 +491,8 @@ def _write_split(tmp: Path, name: str, src: Path, tgt: Path, tokenizers: Tokeniz
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             with contextlib.ExitStack() as stack:
                 with _signals_deferred():  # while the workers are forked
-                    pool = stack.enter_context(ctx.Pool(workers, _init_pool_worker, (tokenizers.src.model_bytes,
-                                                                                     tokenizers.tgt.model_bytes)))
+                    pool = stack.enter_context(ctx.Pool(workers, _init_pool_worker, (
+                        tokenizers.src.model_bytes, tokenizers.tgt.model_bytes, os.getpid())))
                 pending: deque = deque()  # at most 2 chunks per worker in flight: memory stays bounded
                 for job in jobs:
                     pending.append((job, pool.apply_async(encode_chunk, (job,))))
@@ -470,6 +524,28 @@ def _write_split(tmp: Path, name: str, src: Path, tgt: Path, tokenizers: Tokeniz
         (tmp / f"{name}.{s}.lengths.raw").unlink()
     write_length_index(tmp, name)
     return counts
+
+
+def _split_workers(splits: list[tuple[str, Path, Path]], workers: int, chunk_lines: int,
+                   log: Callable[[str], None]) -> dict[str, int]:
+    """The worker processes of each split: ``workers`` capped by the cores this process may use and by
+    the split's chunks of ``chunk_lines`` lines (a process more than there are chunks would idle);
+    the cap on the training split is said through ``log``."""
+    if workers <= 1:
+        return {name: 1 for name, _, _ in splits}
+    cores = available_cores()
+    want = min(workers, cores)
+    chunks = {name: count_chunks(a, chunk_lines, want) for name, a, _ in splits}
+    used = {name: capped_workers(workers, n, cores) for name, n in chunks.items()}
+    name, src, _ = splits[0]
+    if used[name] < workers:
+        why = []
+        if cores < workers:
+            why.append(f"this process may use {cores} core{'s' * (cores != 1)}")
+        if chunks[name] < want:
+            why.append(f"{src} makes {chunks[name]} chunk{'s' * (chunks[name] != 1)} of up to {chunk_lines:,} lines")
+        log(f"--workers {workers}: {used[name]} worker process{'es' * (used[name] != 1)} used ({'; '.join(why)})")
+    return used
 
 
 def write_length_index(directory: Path, name: str) -> LengthIndex:
@@ -528,6 +604,7 @@ def preprocess(
         for p in (a, b):
             if not p.is_file():
                 raise CorpusError(f"{p}: no such file" if not p.exists() else f"{p}: is not a file")
+    split_workers = _split_workers(splits, workers, chunk_lines, log)
     for stale in remove_stale_temps(out.parent, re.escape(f".{out.name}.tmp-") + r"(?P<pid>\d+)"):
         log(f"removed {stale}, left by an interrupted run")
     if tokenizer_from:
@@ -553,7 +630,8 @@ def preprocess(
                                                                      tokenizers.tgt.vocab_size)))},
                           "splits": {}}
         for name, a, b in splits:
-            counts = _write_split(tmp, name, a, b, tokenizers, filters, name == "train", workers, chunk_lines)
+            counts = _write_split(tmp, name, a, b, tokenizers, filters, name == "train", split_workers[name],
+                                  chunk_lines)
             log(counts.summary(f"{name} ({a} / {b})"))
             if counts.pairs == 0:
                 raise QkvError(f"{a} / {b}: no pairs left after the filters ({counts.summary(name)})")
@@ -562,7 +640,7 @@ def preprocess(
                                         "skipped": counts.skipped, "skipped_lines": counts.skipped_lines}
         tokenizers.save(tmp)
         names = sorted(p.name for p in tmp.iterdir())
-        manifest["files"] = _file_entries(tmp, names, workers)
+        manifest["files"] = _file_entries(tmp, names, min(workers, available_cores()))
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         if out.exists():
             out.rmdir()  # an empty directory given as the output
