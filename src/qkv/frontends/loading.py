@@ -12,7 +12,7 @@ from qkv.errors import CheckpointError, QkvError
 from qkv.frontends.base import Frontend
 from qkv.frontends.encoder import Encoder
 from qkv.frontends.language_model import LanguageModel
-from qkv.frontends.quantize import QUANTIZE_CHOICES, quantize_int8
+from qkv.frontends.quantize import CALIBRATION, QUANTIZE_CHOICES, quantize_int8
 from qkv.frontends.translator import Translator
 from qkv.models import build_model
 from qkv.models.transformer import Transformer
@@ -114,7 +114,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
     load_into(model, ckpt)
     model.to(device).eval()
     if quantize == "int8":
-        quantize_int8(model)
+        int8(model, tokenizers, model_cfg.task)
     frontend = frontend_for(model_cfg.task).from_checkpoint(model, tokenizers, ckpt.config, decode_cfg, train_cfg)
     if compile:
         if not (isinstance(frontend, Translator) and isinstance(model, Transformer)):
@@ -122,6 +122,18 @@ def load(path: str | Path, device: str | torch.device = "cpu", quantize: str | N
                            f"a {model_cfg.task!r} model ({model_cfg.arch})")
         frontend.compile_decoding()
     return frontend
+
+
+def int8(model: torch.nn.Module, tokenizers: TokenizerPair, task: str) -> None:
+    """:func:`quantize_int8` in place; an encoder-only Transformer (what ``embed`` runs) calibrated on
+    :data:`~qkv.frontends.quantize.CALIBRATION` read by its own tokenizer (per-token int8, smoothed)."""
+    calibration = None
+    if frontend_for(task) is Encoder and hasattr(model, "encoder_layers") and hasattr(model, "encode"):
+        from qkv.tasks.classify import encoder_input
+
+        keep = getattr(model.cfg, "max_positions", 512) - 1
+        calibration = encoder_input([row[:keep - 1] for row in tokenizers.src.encode(list(CALIBRATION))])
+    quantize_int8(model, calibration=calibration)
 
 
 def is_pretrained_folder(path: str | Path) -> bool:
@@ -151,7 +163,7 @@ def _load_pretrained(path: Path, device, quantize: str | None, compile: bool):
     imported = convert(path)
     model = imported.model.to(device).eval()
     if quantize == "int8":
-        quantize_int8(model)
+        int8(model, imported.tokenizers, imported.model_cfg.task)
     decode = imported.extra.get("decode")  # the folder's search settings (a Marian model's generation_config)
     decode_cfg = DecodeConfig(**decode).validate() if decode else DecodeConfig()
     return frontend_for(imported.model_cfg.task).from_checkpoint(model, imported.tokenizers, dict(imported.extra),
