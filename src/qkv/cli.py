@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from qkv.cli_options import build_parser, command_parser
-from qkv.config import (DEFAULT_PRESET, SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml, override,
+from qkv.config import (DEFAULT_PRESET, SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml,
                         preset)
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
@@ -59,10 +59,8 @@ def resolve_configs(args: argparse.Namespace, default_preset: str = DEFAULT_PRES
     if embedded and not (args.preset or config):
         from qkv.data import toy
 
-        model = override(toy.MODEL, flags["model"], "flags")
-        base = (toy.MODEL, toy.RNN_TRAIN if model.is_recurrent else toy.TRAIN, DecodeConfig())
-    else:
-        base = (*preset(args.preset or file.get("preset") or default_preset), DecodeConfig())
+        return layered((toy.MODEL, toy.TRAIN, DecodeConfig()), file, "config", flags, recurrent=toy.RNN_SCHEDULE)
+    base = (*preset(args.preset or file.get("preset") or default_preset), DecodeConfig())
     return layered(base, file, str(config or "config"), flags)
 
 

@@ -12,7 +12,6 @@ Numbers run from 1 to 999 999; the embedded default draws its splits per number 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 from qkv.errors import QkvError
@@ -241,8 +240,18 @@ def _recipe():
 MODEL, TRAIN = _recipe()
 
 # Recurrent models (--arch lstm|gru|rnn) on the same task: the same model sizes and batches, Adam at a
-# constant rate instead of the Transformer's warmup schedule.
-RNN_TRAIN = dataclasses.replace(TRAIN, schedule="constant", lr=2e-3)
+# constant rate instead of the Transformer's warmup schedule (what qkv.config.layered gives the recipe
+# when the model is recurrent and no file or flag chooses a schedule).
+RNN_SCHEDULE = {"schedule": "constant", "lr": 2e-3}
+
+
+def _rnn_train():
+    from qkv.config import override
+
+    return override(TRAIN, RNN_SCHEDULE, "the embedded task's recurrent recipe").validate()
+
+
+RNN_TRAIN = _rnn_train()
 
 
 # The numbers the closing line of `qkv train` (and the README) invites a user to try.
