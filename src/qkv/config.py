@@ -326,7 +326,9 @@ class TrainConfig:
         'how many times the rate may shrink before patience stops training (0: stop at once)', bound=whole(0, 10**4))
     # evaluation and checkpoints
     eval_every: int = setting(1000, 'validate and checkpoint every this many updates', bound=whole(1, MAX_STEPS))
-    eval_bleu_samples: int = setting(200, 'validation sentences decoded greedily for BLEU', bound=whole(0, 10**8))
+    eval_bleu_samples: int = setting(
+        200, "validation sentences decoded greedily for BLEU, each output at most 2 x its reference's tokens + 5",
+        bound=whole(0, 10**8))
     mask_prob: float = setting(
         0.15,
         'mlm: share of tokens chosen for prediction (of those 80% -> [MASK], 10% random, 10% kept)', bound=real(0, 1))
