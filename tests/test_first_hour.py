@@ -66,3 +66,33 @@ def test_the_closing_report_decodes_at_most_twice_each_reference_plus_five():
     assert lines[0].startswith("held-out test: 0.0% exact match on 616 numbers")
     for n in default_numbers()["test"][:50]:
         assert budgets[english(n)] == 2 * len(german(n)) + 5  # characters, in this fake tokenizer
+
+
+def test_import_help_lists_every_family_of_the_importers_registry(monkeypatch, capsys):
+    """Every architecture of every converter module, the sentence-transformers folders, and a family added to
+    the registry without touching the help."""
+    import importlib
+    import sys
+    import types
+
+    import qkv.importers as importers
+    from qkv.cli import main
+
+    def shown() -> str:
+        with pytest.raises(SystemExit) as stop:
+            main(["import", "--help"])
+        assert stop.value.code == 0
+        return capsys.readouterr().out
+
+    out = shown()
+    for name in importers.FAMILIES:
+        family = importlib.import_module(name)
+        for arch in (*family.ARCHITECTURES, *family.MODEL_TYPES):
+            assert arch in out, (arch, out)
+    for named in ("BertForSequenceClassification", "GPT2LMHeadModel", "MarianMTModel", "sentence-transformers"):
+        assert named in out
+    fake = types.ModuleType("qkv_test_family")
+    fake.ARCHITECTURES, fake.MODEL_TYPES = ("T5ForConditionalGeneration",), ("t5",)
+    monkeypatch.setitem(sys.modules, "qkv_test_family", fake)
+    monkeypatch.setattr(importers, "FAMILIES", (*importers.FAMILIES, "qkv_test_family"))
+    assert "T5ForConditionalGeneration" in shown()
