@@ -60,9 +60,10 @@ def shown_examples() -> dict[str, list[str]]:
 def held_out_report_lines() -> list[str]:
     class Echo:  # the report's own lines, whatever the model says
         decode_cfg = type("D", (), {"beam_size": 4})
+        tokenizers = type("T", (), {"tgt": type("E", (), {"encode": staticmethod(lambda ts: [list(t) for t in ts])})})
 
         @staticmethod
-        def translate(sources):
+        def translate(sources, **overrides):
             return list(sources)
 
     return held_out_report(Echo(), "runs/default").splitlines()

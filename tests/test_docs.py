@@ -126,9 +126,23 @@ def _slug(heading: str) -> str:
     return re.sub(r"[-\s]+", "-", heading)
 
 
+def _github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading when it renders a Markdown file (github-slugger's rule): the
+    rendered text lower-cased, every character but letters (any script, kept as they are), digits, marks,
+    '_', '-' and spaces removed, and each space a '-' (no collapsing: "a (--b)" -> "a---b")."""
+    heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
+    heading = heading.replace("`", "").replace("*", "").lower()
+    kept = "".join(c for c in heading if c.isalnum() or c in " -_" or unicodedata.category(c).startswith("M"))
+    return kept.replace(" ", "-")
+
+
+def _headings(page: Path) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", _strip_code(page.read_text()),
+                                            flags=re.MULTILINE)]
+
+
 def _anchors(page: Path) -> set[str]:
-    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", _strip_code(page.read_text()),
-                                                    flags=re.MULTILINE)}
+    return {_slug(h) for h in _headings(page)}
 
 
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
@@ -150,6 +164,40 @@ def test_relative_links_point_at_existing_files():
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{where} (no heading with that anchor)")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_two_slug_rules_as_their_renderers_make_them():
+    """The site's rule is Python-Markdown's own toc slugify (what MkDocs runs); GitHub's, by hand."""
+    toc = pytest.importorskip("markdown.extensions.toc")
+    cases = {"Compiled decoding (`--compile`)": ("compiled-decoding-compile", "compiled-decoding---compile"),
+             "Multi30k en→de": ("multi30k-ende", "multi30k-ende"),
+             "Café — Ünïcode": ("cafe-unicode", "café--ünïcode"),
+             "The [lab](lab.md): *runs*": ("the-lab-runs", "the-lab-runs")}
+    for heading, (site, github) in cases.items():
+        rendered = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").replace("*", "")
+        assert _slug(heading) == toc.slugify(rendered, "-") == site, heading
+        assert _github_slug(heading) == github, heading
+
+
+def test_anchors_work_on_github_and_on_the_site():
+    """A link's anchor names the same heading under both rules: the README and the docs pages are read on the
+    code host (GitHub's anchors) and on the MkDocs site (Python-Markdown's), and the two differ on punctuation
+    between spaces and on non-ASCII letters."""
+    broken = []
+    for page in _markdown_pages():
+        for target in LINK.findall(_strip_code(page.read_text())):
+            path_part, _, anchor = target.partition("#")
+            if not anchor or re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+                continue
+            dest = (page.parent / path_part).resolve() if path_part else page
+            if dest.suffix != ".md" or not dest.exists():
+                continue
+            both = [h for h in _headings(dest) if _slug(h) == anchor == _github_slug(h)]
+            if not both:
+                site = [h for h in _headings(dest) if _slug(h) == anchor]
+                broken.append(f"{page.relative_to(ROOT)}: {target}" + (
+                    f" (GitHub's anchor of '{site[0]}' is #{_github_slug(site[0])})" if site else ""))
+    assert not broken, "anchors that one of the renderers does not make:\n" + "\n".join(broken)
 
 
 def test_every_docs_page_is_in_the_nav():

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from qkv.training.schedule import noam, peak_lr
@@ -98,3 +100,75 @@ def test_a_run_shorter_than_its_cooldown_cools_down_over_all_its_updates():
 
     assert [cooldown(s, 3, 300) for s in (1, 2, 3)] == pytest.approx([1.0, 2 / 3, 1 / 3])
     assert cooldown(900, 900, 300) == pytest.approx(1 / 300)  # a run as long as its recipe: unchanged
+
+
+def _resolved(argv, embedded):
+    from qkv import cli, cli_options
+
+    parser = cli_options.build_parser({name: None for name in cli.COMMANDS})
+    return cli.resolve_configs(parser.parse_args(["train", "--out", "runs/x", *argv]), embedded=embedded)
+
+
+def _rate_at(configs, step):
+    from types import SimpleNamespace
+
+    from qkv.training.trainer import Trainer
+
+    model, train, _ = configs
+    return Trainer.lr(SimpleNamespace(train_cfg=train, model_cfg=model, lr_shrinks=0), step)
+
+
+@pytest.mark.parametrize("argv", [["--arch", "lstm", "--attention", "additive"], ["--arch", "gru", "--attention", "none"],
+                                  ["--arch", "rnn"]])
+def test_a_recurrent_model_on_the_embedded_task_gets_its_constant_rate(argv):
+    """docs/recurrent.md's first commands: the recipe's noam lr_scale does not follow the RNN to its constant schedule."""
+    from qkv.data import toy
+
+    configs = _resolved(argv, embedded=True)
+    assert configs[1].schedule == "constant" and configs[1].lr_scale == 1.0
+    assert _rate_at(configs, 1) == pytest.approx(2e-3 * 1.0)  # the first update, before the cooldown starts
+    assert configs[1] == toy.RNN_TRAIN  # the recipe's other settings unchanged
+    assert toy.RNN_TRAIN.max_steps == toy.TRAIN.max_steps and toy.RNN_TRAIN.max_tokens == toy.TRAIN.max_tokens
+
+
+def test_a_recurrent_language_model_trains_at_a_constant_1e_3_as_concepts_says():
+    """docs/language-models.md's LSTM on given data: not the preset's 4,000-update warmup (2.8e-7 at update 1)."""
+    concepts = (Path(__file__).parent.parent / "docs" / "concepts.md").read_text()
+    assert "RNNs: Adam at a constant 1e-3" in concepts
+    lm = ["--task", "lm", "--arch", "lstm", "--train", "t.txt", "--tokenizer", "char", "--d-model", "200"]
+    configs = _resolved(lm, embedded=False)
+    assert configs[1].schedule == "constant"
+    assert [_rate_at(configs, s) for s in (1, 4000, 50_000)] == pytest.approx([1e-3] * 3)
+    transformer = _resolved(["--task", "lm", "--train", "t.txt"], embedded=False)
+    assert transformer[1].schedule == "noam" and _rate_at(transformer, 1) < 1e-6  # the Transformer keeps its warmup
+
+
+@pytest.mark.parametrize("argv, schedule, rate", [
+    (["--arch", "lstm", "--lr", "5e-4"], "constant", 5e-4),  # a rate alone: the recurrent schedule at that rate
+    (["--arch", "lstm", "--schedule", "inverse_sqrt", "--lr", "2e-3", "--warmup-steps", "10"], "inverse_sqrt", 2e-4),
+    # lr_scale chooses noam: the preset's (d_model 256, warmup 4000) and the recipe's (d_model 128, warmup 300)
+    (["--arch", "lstm", "--lr-scale", "2"], "noam", (2 * 256 ** -0.5 * 4000 ** -1.5, 2 * 128 ** -0.5 * 300 ** -1.5)),
+    (["--schedule", "constant"], "constant", 1e-3),  # the Transformer recipe's lr_scale does not follow either
+])
+def test_a_chosen_schedule_keeps_its_own_rate_and_drops_the_others(argv, schedule, rate):
+    for embedded in (False, True):
+        configs = _resolved(argv, embedded)
+        want = rate[embedded] if isinstance(rate, tuple) else rate
+        assert configs[1].schedule == schedule
+        assert _rate_at(configs, 1) == pytest.approx(want, rel=1e-6), (argv, embedded)
+
+
+def test_a_config_file_choosing_noam_drops_a_constant_rate(tmp_path):
+    """The rule is the layering's: a later layer that changes the schedule takes the old schedule's rate field back
+    to its default unless it sets it; one that sets it is checked as before."""
+    from qkv.config import RECURRENT_SCHEDULE, TrainConfig, layered, override, DecodeConfig, ModelConfig
+    from qkv.errors import ConfigError
+
+    base = (ModelConfig(), TrainConfig(schedule="constant", lr=3e-3), DecodeConfig())
+    _, train, _ = layered(base, {"train": {"schedule": "noam"}}, "f.toml", {})
+    assert (train.schedule, train.lr, train.lr_scale) == ("noam", 0.0, 1.0)
+    with pytest.raises(ConfigError, match="'lr'"):
+        layered(base, {"train": {"schedule": "noam", "lr": 3e-3}}, "f.toml", {})
+    assert override(TrainConfig(lr_scale=0.5), {"schedule": "inverse_sqrt"}).lr_scale == 1.0
+    assert override(TrainConfig(schedule="constant", lr=2e-3), {"schedule": "inverse_sqrt"}).lr == 2e-3  # lr rates both
+    assert RECURRENT_SCHEDULE["schedule"] == "constant"

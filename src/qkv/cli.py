@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from qkv.cli_options import build_parser, command_parser
-from qkv.config import (DEFAULT_PRESET, SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml, override,
+from qkv.config import (DEFAULT_PRESET, SECTIONS, DecodeConfig, ModelConfig, TrainConfig, layered, load_toml,
                         preset)
 from qkv.errors import QkvError
 from qkv.config import check_option_bounds
@@ -59,10 +59,8 @@ def resolve_configs(args: argparse.Namespace, default_preset: str = DEFAULT_PRES
     if embedded and not (args.preset or config):
         from qkv.data import toy
 
-        model = override(toy.MODEL, flags["model"], "flags")
-        base = (toy.MODEL, toy.RNN_TRAIN if model.is_recurrent else toy.TRAIN, DecodeConfig())
-    else:
-        base = (*preset(args.preset or file.get("preset") or default_preset), DecodeConfig())
+        return layered((toy.MODEL, toy.TRAIN, DecodeConfig()), file, "config", flags, recurrent=toy.RNN_SCHEDULE)
+    base = (*preset(args.preset or file.get("preset") or default_preset), DecodeConfig())
     return layered(base, file, str(config or "config"), flags)
 
 
@@ -184,15 +182,42 @@ def cmd_translate(args: argparse.Namespace) -> int:
     chunks, total = streamed_input(args, 8 * overrides.get("batch_size", model.decode_cfg.batch_size))
     warn = truncation_warning("translate", args, "translated")
     rich = args.output_format == "jsonl"
+    empty = lines = 0
     with output_stream(args.output) as out_fh, progress(total, "translate") as bar:
-        for k, hyps in enumerate(model.translate_stream(chunks, warn, rich=rich, target_prefix=args.target_prefix,
+        for k, hyps in enumerate(model.translate_stream(unknown_word_warnings("translate", args, model, chunks), warn,
+                                                        rich=rich, target_prefix=args.target_prefix,
                                                         scores=nbest > 1, **overrides)):  # printed with --nbest
             bar.update(1)
+            lines += 1
+            empty += all(not (h["text"] if rich else h[0]).strip() for h in hyps)
             out_fh.write(json.dumps({"line": k + 1, "hypotheses": hyps}, ensure_ascii=False) + "\n" if rich else
                          "".join(f"{k}\t{score:.4f}\t{text}\n" for text, score in hyps) if nbest > 1
                          else hyps[0][0] + "\n")
             out_fh.flush()
+    if empty and empty == lines:
+        log(f"qkv translate: warning: every output is empty ({empty} input{'s' * (empty > 1)}): the model ends each "
+            f"translation at once, as an untrained or barely trained one does; check how many updates "
+            f"{args.model} was trained for")
     return 0
+
+
+def unknown_word_warnings(command: str, args: argparse.Namespace, model, chunks):
+    """``chunks`` passed on, with one warning on stderr for each chunk holding words the model's vocabulary
+    cannot read (:meth:`qkv.frontends.base.Frontend.unknown_words`), naming them and their lines."""
+    source = "<arguments>" if getattr(args, "text", None) else \
+        args.input if getattr(args, "input", None) and args.input != "-" else "<stdin>"
+    done = 0
+    for lines in chunks:
+        lines = list(lines)
+        unknown = model.unknown_words(lines) if hasattr(model, "unknown_words") else []
+        found = [(done + i + 1, words) for i, words in enumerate(unknown) if words]
+        if found:
+            named = "; ".join(f"{source}:{line}: " + ", ".join(repr(w) for w in words[:5]) for line, words in found[:5])
+            more = f" (and {len(found) - 5} more lines)" if len(found) > 5 else ""
+            log(f"qkv {command}: warning: unknown to the model's vocabulary, read as <unk>, so the output is a guess: "
+                f"{named}{more}")
+        done += len(lines)
+        yield lines
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -264,13 +289,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_option_bounds(seed=args.seed, temperature=args.temperature, top_p=args.top_p)
     model = open_model(args.model, "generate", args)
     temperature = 0.0 if args.greedy else args.temperature
+    unknown = model.unknown_words([args.prefix])[0] if args.prefix else []
+    if unknown:
+        log(f"qkv generate: warning: unknown to the model's vocabulary, read as <unk>: "
+            f"{', '.join(repr(w) for w in unknown[:10])} (in --prefix)")
     out = sys.stdout
     out.write(args.prefix)
     out.flush()
+    text = ""
     for piece in model.generate(args.prefix, args.max_new_tokens, temperature, args.top_k, args.top_p, args.seed):
         out.write(piece)
         out.flush()  # streamed: each piece as it is produced
+        text += piece
     out.write("\n")
+    if not text.strip():
+        log(f"qkv generate: warning: generated nothing{' but white space' if text else ''}: the model ends (emits "
+            f"EOS, a line break) at once, as an untrained or barely trained one does; check how many updates "
+            f"{args.model} was trained for")
     return 0
 
 
@@ -542,6 +577,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     check_option_bounds(threads=args.threads, seed=getattr(args, "seed", None))
+    if args.what == "layers" and args.quick and not args.threads:
+        args.threads = 1  # tiny sizes gain nothing from more; on a busy machine waiting threads cost 3x (--help)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

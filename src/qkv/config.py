@@ -275,7 +275,8 @@ class TrainConfig:
     schedule: str = setting(
         "noam",
         "learning-rate schedule: noam (the paper's warmup + inverse sqrt, see --lr-scale) | constant (--lr) |"
-        ' inverse_sqrt (linear warmup to --lr, then lr·sqrt(warmup/step))')
+        ' inverse_sqrt (linear warmup to --lr, then lr·sqrt(warmup/step)); a recurrent model (arch rnn, lstm, '
+        'gru) trains at a constant rate (1e-3; 2e-3 on the embedded task) unless schedule or lr_scale is set')
     lr: float = setting(0.0, 'rate of the constant and inverse_sqrt schedules (0: 1e-3); noam ignores it',
         bound=real(0, 1000))  # 1000 diverges at once: what the divergence guard answers
     lr_scale: float = setting(1.0, 'factor on the warmup schedule d^-0.5·min(step^-0.5, step·warmup^-1.5)',
@@ -325,7 +326,9 @@ class TrainConfig:
         'how many times the rate may shrink before patience stops training (0: stop at once)', bound=whole(0, 10**4))
     # evaluation and checkpoints
     eval_every: int = setting(1000, 'validate and checkpoint every this many updates', bound=whole(1, MAX_STEPS))
-    eval_bleu_samples: int = setting(200, 'validation sentences decoded greedily for BLEU', bound=whole(0, 10**8))
+    eval_bleu_samples: int = setting(
+        200, "validation sentences decoded greedily for BLEU, each output at most 2 x its reference's tokens + 5",
+        bound=whole(0, 10**8))
     clean_html: bool = setting(
         True,
         'classify / mlm: HTML line breaks (<br />, as in IMDb reviews) become spaces in the training texts and in '
@@ -522,16 +525,35 @@ RESUMABLE = frozenset({"max_steps", "max_epochs", "max_time", "patience", "lr_sh
                        "fused_loss", "nonfinite_limit", "update_freq"})
 SECTIONS = ("model", "train", "decode")
 
+# The field that sets each schedule's rate. A layer that changes the schedule without setting the new
+# schedule's rate field returns the old schedule's field to its default: a preset's or recipe's lr_scale
+# belongs to its noam schedule and does not follow a file or flag to constant (and lr does not follow to noam).
+SCHEDULE_RATE = {"noam": "lr_scale", "constant": "lr", "inverse_sqrt": "lr"}
+# What a recurrent model (arch rnn | lstm | gru) changes in a preset's training settings when no file or
+# flag chooses a schedule (schedule or lr_scale): Adam at a constant rate, lr 0 meaning DEFAULT_LR (1e-3),
+# instead of the Transformer's warmup, which would start it at ~1e-7 and take thousands of updates to rise.
+RECURRENT_SCHEDULE: dict[str, Any] = {"schedule": "constant", "lr": 0.0}
+
 
 def layered(base: tuple[ModelConfig, TrainConfig, DecodeConfig], file: dict[str, Any], file_src: str,
-            flags: dict[str, dict[str, Any]], resumed: bool = False) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
+            flags: dict[str, dict[str, Any]], resumed: bool = False,
+            recurrent: dict[str, Any] = RECURRENT_SCHEDULE) -> tuple[ModelConfig, TrainConfig, DecodeConfig]:
     """``base`` (a preset's configs, or a resumed run's) overridden by a config ``file``'s sections,
     then by command-line ``flags`` ({"model": {...}, "train": {...}, "decode": {...}}), validated.
+
+    When the layers make the model recurrent and none of them chooses a schedule (``schedule`` or
+    ``lr_scale``), the base's training settings first take ``recurrent`` (:data:`RECURRENT_SCHEDULE`;
+    a recipe passes its own), so a recurrent model never inherits a Transformer's warmup.
 
     ``resumed``: the run continues as configured, so a file or flag that changes a model setting, or
     a train setting outside :data:`RESUMABLE`, is refused by name (equal values are allowed)."""
     layers = [(file.get(s, {}) for s in SECTIONS), (flags.get(s, {}) for s in SECTIONS)]
     out = list(base)
+    if not resumed:
+        model = override(override(base[0], file.get("model", {}), file_src), flags.get("model", {}), "flags")
+        chosen = {k for section in (file.get("train", {}), flags.get("train", {})) for k in section}
+        if model.is_recurrent and not chosen & {"schedule", "lr_scale"}:
+            out[1] = override(base[1], recurrent, "the recurrent models' schedule")
     for (model, train, decode), source in zip(layers, (file_src, "flags")):
         if resumed:
             name = (lambda sec, k: "--" + k.replace("_", "-")) if source == "flags" else (lambda sec, k: f"[{sec}] {k}")
@@ -573,7 +595,12 @@ def override(cfg: Any, data: dict[str, Any], source: str = "config") -> Any:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)} for [{_section_of(type(cfg))}]")
-    return dataclasses.replace(cfg, **{k: _coerce(known[k], v, source) for k, v in data.items()})
+    values = {k: _coerce(known[k], v, source) for k, v in data.items()}
+    if isinstance(cfg, TrainConfig) and values.get("schedule", cfg.schedule) != cfg.schedule:
+        old, new = SCHEDULE_RATE.get(cfg.schedule), SCHEDULE_RATE.get(values["schedule"])
+        if old and old != new and old not in values:  # the old schedule's rate does not carry to the new one
+            values[old] = known[old].default
+    return dataclasses.replace(cfg, **values)
 
 
 def _section_of(cls: type) -> str:

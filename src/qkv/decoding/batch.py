@@ -20,7 +20,8 @@ from qkv.masks import real_tokens
 
 @torch.inference_mode()
 def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: DecodeConfig,
-                     banned: Sequence[int] = NEVER_EMITTED, scores: bool = True) -> list[list[Hypothesis]]:
+                     banned: Sequence[int] = NEVER_EMITTED, scores: bool = True,
+                     limits: Sequence[int] | None = None) -> list[list[Hypothesis]]:
     """The ``cfg.nbest`` best hypotheses of each source (token ids without EOS), best first.
 
     Greedy when ``beam_size == nbest == 1`` (its loop in TorchScript where ``cfg.scripted_greedy``
@@ -29,8 +30,11 @@ def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: Deco
     keep the tokens only: a log-softmax a step). Output lengths
     follow ``max_len_a · src_len + max_len_b``, capped where the model's positions end. The model
     is put in eval mode for the call and restored after. ``banned``: ids never emitted
-    (:func:`~qkv.decoding.greedy.banned_ids` of the target tokenizer).
+    (:func:`~qkv.decoding.greedy.banned_ids` of the target tokenizer). ``limits``: a further cap on
+    each sentence's output length, in input order (validation's: relative to the reference).
     """
+    if limits is not None and len(limits) != len(src_ids):
+        raise ValueError(f"limits: {len(limits)} caps for {len(src_ids)} sentences")
     device = next(model.parameters()).device
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths batch together
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
@@ -44,6 +48,8 @@ def decode_sentences(model: torch.nn.Module, src_ids: list[list[int]], cfg: Deco
             steps = model.max_steps(src_len)  # the last step emits EOS
             max_len = max_output_len(src_len, cfg.max_len_a, cfg.max_len_b,
                                      None if steps is None else torch.as_tensor(steps) - 1)
+            if limits is not None:
+                max_len = torch.minimum(max_len, torch.tensor([limits[i] for i in idx], device=max_len.device))
             if cfg.beam_size == 1 and cfg.nbest == 1:
                 if scores:
                     outputs, logprobs = greedy_scored(model, batch.src, max_len, cfg.min_len, banned=banned,

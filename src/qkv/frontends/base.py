@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from qkv.config import DecodeConfig, TrainConfig
+from qkv.config import UNK, DecodeConfig, TrainConfig
 from qkv.data.tokenizer import TokenizerPair
 
 TruncationHandler = Callable[[list[int], int], None]  # (indices of the inputs cut, tokens kept of each)
@@ -56,6 +56,19 @@ class Frontend:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def unknown_words(self, texts: list[str]) -> list[list[str]]:
+        """For each text, its words (split at white space) that the model's input vocabulary cannot read:
+        the tokenizer gives them the unknown id (UNK), so the model sees ``<unk>`` where they stand and its
+        output for the text is a guess (on the embedded number task: "Twelve", its capital T; "million",
+        its m). Empty lists for texts that read whole; texts without a tokenizer UNK cost one encode."""
+        tokenizer = self.tokenizers.src
+        flagged = [i for i, row in enumerate(tokenizer.encode(list(texts))) if UNK in row]
+        out: list[list[str]] = [[] for _ in texts]
+        for i in flagged:
+            words = texts[i].split()
+            out[i] = [w for w, row in zip(words, tokenizer.encode(words)) if UNK in row] or [texts[i]]
+        return out
 
     @contextlib.contextmanager
     def evaluating(self) -> Iterator[None]:

@@ -29,6 +29,19 @@ from qkv.errors import QkvError
 
 # converter modules, in the order they are asked
 FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2")
+# a folder with modules.json (model_folder): its first module is a folder of one of the FAMILIES
+SENTENCE_TRANSFORMERS = ("a sentence-transformers folder (modules.json) of a BERT-family encoder, with its "
+                         "pooling (mean or cls) and normalisation")
+
+
+def families() -> list[tuple[str, tuple[str, ...]]]:
+    """What ``qkv import`` converts, read from the converter modules of :data:`FAMILIES` in the order they
+    are asked: each one's ``model_type`` values (joined) and ``ARCHITECTURES`` (``qkv import --help``)."""
+    out = []
+    for name in FAMILIES:
+        family = importlib.import_module(name)
+        out.append((", ".join(family.MODEL_TYPES), tuple(family.ARCHITECTURES)))
+    return out
 
 
 class ImportRefused(QkvError):

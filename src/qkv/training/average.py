@@ -56,12 +56,34 @@ def resolve_inputs(inputs: list[str | Path], last: int | None) -> list[Path]:
             raise CheckpointError("--last takes one run directory (with step_N/ checkpoints), not a list")
         found = list_checkpoints(paths[0])
         if len(found) < last:
-            raise CheckpointError(
-                f"{paths[0]}: asked for the last {last} checkpoints but found {len(found)} step_N/ directories "
-                f"(train with --keep-last {last} or more)"
-            )
+            raise CheckpointError(too_few_message(paths[0], last, found))
         return found[-last:]
     return paths
+
+
+def too_few_message(run: Path, last: int, found: list[Path]) -> str:
+    """Why ``run`` has fewer than ``last`` step_N/ checkpoints, from its own settings (``run/last``): it keeps
+    none or fewer (``keep_last``), or it has not validated that often yet (one every ``eval_every`` updates,
+    and one when it stops), and what to do instead."""
+    head = f"{run}: asked for the last {last} checkpoints but found {len(found)} step_N/ directories"
+    try:
+        train = read_config(run / "last", "train")
+    except Exception:  # no readable run settings: say what decides the count
+        return (f"{head}: a run saves one at each validation (--eval-every) and when it stops, and keeps the newest "
+                f"--keep-last of them; train longer or with --keep-last {last}"
+                + (f", or average --last {len(found)}" if found else ""))
+    k, every = train.keep_last, train.eval_every
+    if k == 0:
+        return f"{head}: the run keeps none (keep_last 0); train with --keep-last {last} to average {last}"
+    if k < last:
+        return (f"{head}: the run keeps only the newest {k} (keep_last {k}); train with --keep-last {last}"
+                + (f", or average --last {len(found)}" if found else ""))
+    newest = int(found[-1].name.split("_")[1]) if found else 0
+    need = last * every
+    return (f"{head}: the run keeps {k} (keep_last {k}) but saves one only at each validation, every {every} "
+            f"updates (eval_every), and when it stops; it has trained {newest:,} of max_steps "
+            f"{train.max_steps:,} updates. {last} checkpoints take {need:,} updates (--max-steps {need} or more, or "
+            f"a smaller --eval-every)" + (f"; or average --last {len(found)}" if found else ""))
 
 
 def _run_checkpoint(path: Path) -> bool:
