@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -422,6 +423,12 @@ def test_the_decoding_settings_are_checked_before_the_conversion(tmp_path, capsy
     refused(capsys, ["translate", str(ckpt), "--engine-timeout", "5", "seven"], "--engine-timeout",
             "--engine ctranslate2")
     assert counted == [] and caches(ckpt) == [] and "converting" not in line
+    # in a moment: before torch (seconds to import) is loaded, let alone the checkpoint
+    code = ("import sys; from qkv.cli import main; rc = main(['translate', sys.argv[1], '--engine', 'ctranslate2', "
+            "'seven']); print(rc, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code, str(ckpt)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")})
+    assert run.stdout.split() == ["2", "False"] and "--length-norm gnmt" in run.stderr, (run.stdout, run.stderr)
     assert translate(capsys, str(ckpt), "--engine", "ctranslate2", *BEAM, "seven") == ["sieben"]
     assert len(counted) == 1
 

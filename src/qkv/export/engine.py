@@ -53,6 +53,7 @@ from qkv.decoding.beam_search import Hypothesis, _norm
 from qkv.decoding.greedy import max_output_len
 from qkv.errors import CheckpointError, ConfigError, QkvError
 from qkv.export.ct2_worker import TIMEOUT_S, TranslatorProcess, WorkerError
+from qkv.export.options import check_options, check_settings
 from qkv.files import sha256_file
 from qkv.frontends.translator import Prefixed, Translator, pharaoh
 from qkv.models import build_model
@@ -183,23 +184,6 @@ def converted(checkpoint: str | Path, log: Log = stderr) -> Path:
         return place
     raise QkvError(f"cannot write a CTranslate2 conversion of {checkpoint} beside it or in {user_cache()} "
                    "(set QKV_CACHE_DIR to a writable directory)")
-
-
-def check_settings(cfg: DecodeConfig, prefixed: bool = False) -> None:
-    """Refuse, by name, decoding settings CTranslate2 cannot run as qkv does."""
-    if cfg.beam_size == 1 and cfg.nbest == 1:
-        return
-    fix = "give --length-norm length --early-stopping, or --beam-size 1, or use --engine qkv"
-    if prefixed and cfg.length_penalty:
-        raise ConfigError("--target-prefix with a beam search: CTranslate2 divides a hypothesis' log-probability "
-                          "by the length of the whole output, prefix included, qkv by the length after the "
-                          "prefix; give --beam-size 1 or --length-penalty 0, or use --engine qkv")
-    if cfg.length_norm != "length":
-        raise ConfigError(f"--length-norm {cfg.length_norm}: CTranslate2's beam search divides by |Y|^α "
-                          f"(--length-norm length) and has no other length penalty; {fix}")
-    if not cfg.early_stopping:
-        raise ConfigError("beam search without --early-stopping: CTranslate2's ends a sentence as soon as beam_size "
-                          f"hypotheses have ended (--early-stopping); {fix}")
 
 
 # --- the front-end -------------------------------------------------------------------------------------
@@ -454,25 +438,6 @@ def saved_settings(path: Path):
         raise QkvError(f"{path} is a {model_cfg.task!r} model with arch {model_cfg.arch!r}: --engine ctranslate2 "
                        "decodes translation Transformers (task translate); use --engine qkv")
     return model_cfg, decode_cfg
-
-
-def check_options(path: str | Path, overrides: dict | None = None, prefixed: bool = False) -> DecodeConfig:
-    """What ``qkv translate --engine ctranslate2`` will decode with (the checkpoint's saved decoding
-    settings, ``overrides`` replacing them), checked before anything slow (the conversion): a setting
-    CTranslate2 cannot decode as qkv does is refused here, naming the checkpoint's own settings and
-    what to pass instead."""
-    path = Path(path)
-    _, saved = saved_settings(path)
-    try:
-        cfg = replace(saved, **(overrides or {})).validate()
-    except QkvError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    try:
-        check_settings(cfg, prefixed)
-    except ConfigError as e:
-        raise ConfigError(f"{e} ({path} saves beam size {saved.beam_size}, --length-norm {saved.length_norm}, "
-                          f"{'--early-stopping' if saved.early_stopping else 'no --early-stopping'})") from None
-    return cfg
 
 
 def load(path: str | Path, device: str = "cpu", quantize: str | None = None, threads: int = 0,
