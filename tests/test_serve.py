@@ -747,7 +747,10 @@ def test_ctranslate2_engine_answers_as_qkv_engine(ct2_served):
         assert r.status_code == 422 and "--target-prefix" in r.json()["error"]
         listed = ok(theirs.get("/models"))["models"][0]
         assert listed["engine"] == "ctranslate2" and listed["cross_attention"] is False
-    default = load_models([path], SMALL, engine="ctranslate2")  # the model's saved settings: beam 4, gnmt
+    notes = []
+    default = load_models([path], SMALL, engine="ctranslate2", log=notes.append)  # its saved beam 4, gnmt
+    assert notes[0].startswith(f"note: {path}: requests that name no beam_size will be refused (422): --length-norm "
+                               "gnmt"), notes  # said at start, before the model is loaded
     with TestClient(create_app(default, SMALL), base_url=LOCAL) as c:
         r = c.post("/translate", json={"texts": NUMBERS[:1]})
         assert r.status_code == 422 and "--length-norm gnmt" in r.json()["error"]

@@ -9,6 +9,7 @@ its HTTP status.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -288,6 +289,8 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
         while unique in names:
             unique, n = f"{name}-{n}", n + 1
         names.add(unique)
+        if engine == "ctranslate2":
+            default_refused(path, decode, log)
         frontend = load(path, device)
         if decode and hasattr(frontend, "decode_cfg"):
             try:
@@ -309,6 +312,24 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
                                f"--beam-size, or --max-beam)") from None
         served.append(model)
     return served
+
+
+def default_refused(path: Path, decode: dict | None, log: Callable[[str], None] | None) -> None:
+    """Say, before the conversion, when CTranslate2 cannot decode a translation model's default
+    settings as qkv does (the saved --length-norm gnmt): requests that name no beam_size get 422."""
+    from qkv.export.options import check_settings, saved_decoding
+
+    saved = saved_decoding(Path(path))
+    try:
+        cfg = saved and dataclasses.replace(saved, **(decode or {})).validate()
+    except QkvError:
+        return  # refused by name when the model is loaded
+    try:
+        if cfg:
+            check_settings(cfg)
+    except QkvError as e:
+        (log or (lambda m: print(m, file=sys.stderr, flush=True)))(
+            f"note: {path}: requests that name no beam_size will be refused (422): {e}")
 
 
 def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[str], None] | None,
