@@ -192,6 +192,17 @@ def test_an_unanswered_call_times_out_frees_the_cores_at_once_and_its_worker_is_
     assert stopped.translate(NUMBERS, beam_size=1) == want
 
 
+def test_a_closed_translator_starts_no_other_worker(ckpt):
+    model = qkv.load(ckpt, engine="ctranslate2", threads=1)
+    worker = model.ct2.pid
+    model.ct2.close()
+    assert wait_for(lambda: not alive(worker))
+    time.sleep(1.0)  # its watcher has seen it end
+    assert model.ct2.restarts == 0 and model.ct2.proc.pid == worker
+    with pytest.raises(WorkerError, match="is closed"):
+        model.translate(["seven"], beam_size=1)
+
+
 def test_a_worker_that_cannot_be_started_again_fails_then_is_tried_again(ckpt, monkeypatch):
     """Starts are retried with back-off, a bounded number of times; then calls fail at once (with the
     seconds to wait) until the cool-down has passed, and the next call starts a worker."""

@@ -227,10 +227,12 @@ def _close(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _close_live(live: list) -> None:
-    """End the workers in ``live`` (the translator's current one; a list, so that a replaced worker is
-    what the translator's finalizer ends)."""
-    for proc in live:
+def _close_live(live: dict) -> None:
+    """Mark the translator closed (its workers' watchers then start no other) and end its current
+    worker, ``live["procs"]`` (shared with the translator, so that a replaced worker is the one its
+    finalizer ends, also at the program's exit)."""
+    live["closed"] = True
+    for proc in live["procs"]:
         _close(proc)
 
 
@@ -343,9 +345,9 @@ class TranslatorProcess:
         self.threads = int(kwargs.get("intra_threads") or 0) or CORES.total
         self.calls = dict.fromkeys(FIELDS, 0)  # calls made so far, per method (what benchmarks and tests count)
         self.restarts = 0  # workers started in place of one that ended or stopped answering
-        self.state, self.problem, self.failed_until, self.closed = "starting", None, 0.0, False
+        self.state, self.problem, self.failed_until = "starting", None, 0.0
         self.proc: subprocess.Popen | None = None
-        self._live: list[subprocess.Popen] = []  # the current worker, ended by the finalizer
+        self._live = {"procs": [], "closed": False}  # the current worker, ended by the finalizer
         self._finalizer = weakref.finalize(self, _close_live, self._live)
         try:
             self._start()
@@ -359,7 +361,7 @@ class TranslatorProcess:
         """Start a worker and load the model in it; what loading raised is raised here."""
         proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 bufsize=0, close_fds=True)
-        self.proc, self._live[:] = proc, [proc]
+        self.proc, self._live["procs"] = proc, [proc]
         for stream in (proc.stdin, proc.stdout):
             os.set_blocking(stream.fileno(), False)
         try:
@@ -526,8 +528,11 @@ class TranslatorProcess:
 
     def close(self) -> None:
         """End the worker (it also ends when this object is collected or the program exits)."""
-        self.closed = True
         self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._live["closed"]
 
     @property
     def alive(self) -> bool:
