@@ -50,7 +50,7 @@ import builtins
 import math
 import os
 import pickle
-import selectors
+import select
 import signal
 import struct
 import subprocess
@@ -72,65 +72,46 @@ def _pack(value) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def _read_exact(fd: int, n: int, deadline: float | None = None, on_wait=None) -> bytes:
+def _read_exact(fd: int, n: int, deadline: float | None = None, on_wait=None, poller=None) -> bytes:
     """``n`` bytes from ``fd``: blocking where ``deadline`` is None (the worker), else by ``deadline``
-    (``time.monotonic()``; TimeoutError after it) on a non-blocking ``fd``, calling ``on_wait()`` at
-    least every :data:`POLL_S` while nothing comes. EOFError where the pipe closes first."""
+    (``time.monotonic()``; TimeoutError after it) on a non-blocking ``fd`` that ``poller``
+    (``select.poll``) watches for input, calling ``on_wait()`` at least every :data:`POLL_S` while
+    nothing comes. EOFError where the pipe closes first."""
     chunks, got = [], 0
-    selector = None
-    try:
-        while got < n:
-            if deadline is not None:
-                if selector is None:
-                    selector = selectors.DefaultSelector()
-                    selector.register(fd, selectors.EVENT_READ)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                if not selector.select(min(left, POLL_S) if on_wait else left):
-                    if on_wait:
-                        on_wait()
-                    continue
-            try:
-                chunk = os.read(fd, min(n - got, 1 << 20))
-            except BlockingIOError:
-                continue
-            if not chunk:
-                raise EOFError
-            chunks.append(chunk)
-            got += len(chunk)
-    finally:
-        if selector is not None:
-            selector.close()
+    while got < n:
+        try:
+            chunk = os.read(fd, min(n - got, 1 << 20))
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError from None
+            if not poller.poll(1000 * (min(left, POLL_S) if on_wait else left)) and on_wait:
+                on_wait()
+            continue
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        got += len(chunk)
     return b"".join(chunks)
 
 
-def _write_all(fd: int, data: bytes, deadline: float | None = None) -> None:
-    """All of ``data`` to ``fd``, by ``deadline`` where one is given (TimeoutError after it)."""
-    view, selector = memoryview(data), None
-    try:
-        while view:
-            if deadline is not None:
-                if selector is None:
-                    selector = selectors.DefaultSelector()
-                    selector.register(fd, selectors.EVENT_WRITE)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                if not selector.select(left):
-                    continue
-            try:
-                view = view[os.write(fd, view):]
-            except BlockingIOError:
-                continue
-    finally:
-        if selector is not None:
-            selector.close()
+def _write_all(fd: int, data: bytes, deadline: float | None = None, poller=None) -> None:
+    """All of ``data`` to ``fd``: blocking where ``deadline`` is None, else by ``deadline`` (TimeoutError
+    after it) on a non-blocking ``fd`` that ``poller`` watches for room."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError from None
+            poller.poll(1000 * left)
 
 
-def _receive(fd: int, deadline: float | None = None, on_wait=None):
-    (size,) = HEADER.unpack(_read_exact(fd, HEADER.size, deadline, on_wait))
-    return pickle.loads(_read_exact(fd, size, deadline, on_wait))
+def _receive(fd: int, deadline: float | None = None, on_wait=None, poller=None):
+    (size,) = HEADER.unpack(_read_exact(fd, HEADER.size, deadline, on_wait, poller))
+    return pickle.loads(_read_exact(fd, size, deadline, on_wait, poller))
 
 
 # --- the worker (this file run as a script) --------------------------------------------------------------
@@ -362,8 +343,11 @@ class TranslatorProcess:
         proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 bufsize=0, close_fds=True)
         self.proc, self._live["procs"] = proc, [proc]
-        for stream in (proc.stdin, proc.stdout):
+        self._pollers = {}
+        for stream, event in ((proc.stdin, select.POLLOUT), (proc.stdout, select.POLLIN)):
             os.set_blocking(stream.fileno(), False)
+            self._pollers[stream.fileno()] = poller = select.poll()
+            poller.register(stream.fileno(), event)
         try:
             status, value = self._exchange(proc, ("init", self.kwargs), time.monotonic() + START_TIMEOUT_S)
         except (OSError, EOFError, pickle.UnpicklingError) as e:
@@ -447,10 +431,10 @@ class TranslatorProcess:
 
     # --- calls ---------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _exchange(proc: subprocess.Popen, message, deadline: float, on_wait=None):
-        _write_all(proc.stdin.fileno(), _pack(message), deadline)
-        return _receive(proc.stdout.fileno(), deadline, on_wait)
+    def _exchange(self, proc: subprocess.Popen, message, deadline: float, on_wait=None):
+        stdin, stdout = proc.stdin.fileno(), proc.stdout.fileno()
+        _write_all(stdin, _pack(message), deadline, self._pollers[stdin])
+        return _receive(stdout, deadline, on_wait, self._pollers[stdout])
 
     @staticmethod
     def _error(value) -> Exception:
