@@ -170,9 +170,9 @@ def test_an_unanswered_call_times_out_frees_the_cores_at_once_and_its_worker_is_
     bound; the first call fails when its bound has passed and its worker is replaced."""
     from qkv.export.ct2_worker import CORES
 
-    stopped = qkv.load(ckpt, engine="ctranslate2", threads=0, engine_timeout=4)
+    stopped = qkv.load(ckpt, engine="ctranslate2", threads=0, engine_timeout=8)
     other = qkv.load(ckpt, engine="ctranslate2", threads=0)
-    assert stopped.ct2.threads == other.ct2.threads == CORES.total and stopped.ct2.timeout == 4
+    assert stopped.ct2.threads == other.ct2.threads == CORES.total and stopped.ct2.timeout == 8
     want = stopped.translate(NUMBERS, beam_size=1)
     first = stopped.ct2.pid
     os.kill(first, signal.SIGSTOP)
@@ -182,12 +182,12 @@ def test_an_unanswered_call_times_out_frees_the_cores_at_once_and_its_worker_is_
     assert other.translate(NUMBERS, beam_size=1) == want
     answered = time.monotonic() - start
     thread.join(30)
-    assert answered < 3.5 and not thread.is_alive(), answered  # before the stopped call's bound
+    assert answered < 7 and not thread.is_alive(), answered  # before the stopped call's bound
     error = out.get("error")
-    assert isinstance(error, WorkerError) and "did not answer this call within 4 s and was killed" in str(error), out
-    assert 4 <= out["at"] - start < 15
+    assert isinstance(error, WorkerError) and "did not answer this call within 8 s and was killed" in str(error), out
+    assert 8 <= out["at"] - start < 20
     assert not alive(first) and stopped.ct2.pid != first and stopped.ct2.restarts == 1
-    assert stopped.ct2.status()["problem"] == "the worker did not answer within 4 s"
+    assert stopped.ct2.status()["problem"] == "the worker did not answer within 8 s"
     assert CORES.free == CORES.total  # every core given back
     assert stopped.translate(NUMBERS, beam_size=1) == want
 

@@ -933,9 +933,9 @@ def test_a_stopped_worker_holds_up_no_other_model_and_its_request_times_out_to_a
 
     path = ct2_served / "numbers"
     served = load_models([f"a={path}", f"b={path}"], SMALL, engine="ctranslate2", decode={"beam_size": 1},
-                         engine_timeout=4)
+                         engine_timeout=8)
     a = served[0].frontend.ct2
-    assert a.timeout == 4 and served[1].frontend.ct2.timeout == 4
+    assert a.timeout == 8 and served[1].frontend.ct2.timeout == 8
     with BackgroundServer(create_app(served, SMALL)) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         want = ok(c.post("/translate", json={"model": "a", "texts": NUMBERS}))["results"]
         first = a.pid
@@ -949,11 +949,11 @@ def test_a_stopped_worker_holds_up_no_other_model_and_its_request_times_out_to_a
             answered = time.monotonic() - start
             assert c.get("/health").status_code == 200  # a's worker has not missed its bound yet
             r, at = stuck.result(60)
-        assert other == want and answered < 3.5, answered  # before a's bound: its call held no core b needed
+        assert other == want and answered < 7, answered  # before a's bound: its call held no core b needed
         assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
-        assert "did not answer this call within 4 s and was killed" in r.json()["error"]
-        assert 4 <= at - start < 20
+        assert "did not answer this call within 8 s and was killed" in r.json()["error"]
+        assert 8 <= at - start < 25
         assert a.pid != first and a.restarts == 1
         health = ok(c.get("/health"))["states"]
-        assert health["a"]["problem"] == "the worker did not answer within 4 s" and health["b"]["restarts"] == 0
+        assert health["a"]["problem"] == "the worker did not answer within 8 s" and health["b"]["restarts"] == 0
         assert ok(c.post("/translate", json={"model": "a", "texts": NUMBERS}))["results"] == want
