@@ -51,7 +51,7 @@ from qkv.config import DecodeConfig
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding.beam_search import Hypothesis, _norm
 from qkv.decoding.greedy import max_output_len
-from qkv.errors import CheckpointError, ConfigError, QkvError
+from qkv.errors import CheckpointError, QkvError
 from qkv.export.ct2_worker import TIMEOUT_S, TranslatorProcess, WorkerError
 from qkv.export.options import check_options, check_settings
 from qkv.files import sha256_file
