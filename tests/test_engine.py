@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -398,3 +399,114 @@ def test_temporaries_of_a_killed_conversion_are_removed_at_the_next_one(tmp_path
     os.utime(abandoned, (two_hours_ago, two_hours_ago))
     place = engine.converted(ckpt, log=lambda m: None)
     assert caches(ckpt) == [fresh, place] and not abandoned.exists()
+
+
+# --- checked before the conversion; a cache path in the way ----------------------------------------------
+
+def test_the_decoding_settings_are_checked_before_the_conversion(tmp_path, capsys, counted):
+    """The checkpoint's own beam settings (beam 4, --length-norm gnmt, no --early-stopping), which
+    CTranslate2 cannot decode as qkv does, are refused before anything is converted or written,
+    naming them and what to pass; so are bad flags and --engine-timeout values."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    line = refused(capsys, ["translate", str(ckpt), "--engine", "ctranslate2", "seven"], "--length-norm gnmt",
+                   "give --length-norm length --early-stopping, or --beam-size 1, or use --engine qkv",
+                   f"({ckpt} saves beam size 4, --length-norm gnmt, no --early-stopping)")
+    refused(capsys, ["translate", str(ckpt), "--engine", "ctranslate2", "--length-norm", "length", "seven"],
+            "without --early-stopping")
+    refused(capsys, ["translate", str(ckpt), "--engine", "ctranslate2", *BEAM, "--target-prefix", "drei", "seven"],
+            "--target-prefix", "--length-penalty 0")
+    refused(capsys, ["translate", str(ckpt), "--engine", "ctranslate2", "--beam-size", "2", "--nbest", "3", "seven"],
+            "nbest")
+    refused(capsys, ["translate", str(ckpt), "--engine", "ctranslate2", "--engine-timeout", "0", "seven"],
+            "--engine-timeout")
+    refused(capsys, ["translate", str(ckpt), "--engine-timeout", "5", "seven"], "--engine-timeout",
+            "--engine ctranslate2")
+    assert counted == [] and caches(ckpt) == [] and "converting" not in line
+    # in a moment: before torch (seconds to import) is loaded, let alone the checkpoint
+    code = ("import sys; from qkv.cli import main; rc = main(['translate', sys.argv[1], '--engine', 'ctranslate2', "
+            "'seven']); print(rc, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code, str(ckpt)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")})
+    assert run.stdout.split() == ["2", "False"] and "--length-norm gnmt" in run.stderr, (run.stdout, run.stderr)
+    assert translate(capsys, str(ckpt), "--engine", "ctranslate2", *BEAM, "seven") == ["sieben"]
+    assert len(counted) == 1
+
+
+def test_the_readme_and_inference_page_engine_commands_run_as_written(tmp_path, capsys, monkeypatch, counted):
+    """Every `qkv translate ... --engine ctranslate2` command of README.md and docs/inference.md, on the
+    trained default-task model in place of the run it names (runs/default/best is that model): each
+    translates, or, where the page says it "is refused", is refused before any conversion."""
+    import re
+    import shlex
+
+    root = Path(__file__).parents[1]
+    found = [(m.group(0), text[m.end():].lstrip("`").lstrip().startswith("is refused"))
+             for doc in ("README.md", "docs/inference.md")
+             for text in [(root / doc).read_text(encoding="utf-8")]
+             for m in re.finditer(r"qkv translate runs/\w+/best --engine ctranslate2[^`\n]*", text)]
+    assert len(found) >= 4 and sum(r for _, r in found) == 1, found
+    ckpt = tmp_path / "runs" / "default" / "best"
+    shutil.copytree(TRAINED, ckpt)
+    (tmp_path / "test.en").write_text("seven\ntwelve\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    for command, is_refused in sorted(found, key=lambda c: not c[1]):  # the refused first: before any conversion
+        argv = [str(ckpt) if re.fullmatch(r"runs/\w+/best", a) else a for a in shlex.split(command)[1:]]
+        capsys.readouterr()
+        if is_refused:
+            refused(capsys, argv, "--length-norm gnmt", "--length-norm length --early-stopping")
+            assert counted == []
+            continue
+        assert main(argv) == 0, (command, capsys.readouterr().err)
+        out = capsys.readouterr().out.split() or (tmp_path / "test.hyp").read_text(encoding="utf-8").split()
+        assert out and set(out) <= {"sieben", "zwölf"}, (command, out)
+
+
+@pytest.mark.parametrize("where", ["beside the checkpoint", "a link beside it"])
+def test_a_file_where_the_cache_should_be_sends_the_conversion_to_the_user_cache(tmp_path, user_cache, where):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    blocker = ckpt / f"ct2-{engine.cache_key(ckpt)}"
+    if where == "a link beside it":
+        (tmp_path / "elsewhere").write_text("not a conversion")
+        blocker.symlink_to(tmp_path / "elsewhere")
+    else:
+        blocker.write_text("not a conversion")
+    notes = []
+    place = engine.converted(ckpt, log=notes.append)
+    assert place.parent == user_cache / "ct2" and engine.is_complete(place, engine.cache_key(ckpt))
+    assert any(f"{blocker} is a file or a link" in n for n in notes), notes
+    assert blocker.is_symlink() or blocker.read_text() == "not a conversion"  # left as it was: not qkv's
+    assert qkv.load(ckpt, engine="ctranslate2", threads=1).translate(["seven"], beam_size=1) == ["sieben"]
+    assert engine.converted(ckpt, log=notes.append) == place  # and found there next time
+
+
+def test_a_file_as_the_user_cache_too_is_one_line_naming_both(tmp_path, monkeypatch, capsys):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    (ckpt / f"ct2-{engine.cache_key(ckpt)}").write_text("x")
+    (tmp_path / "cache-file").write_text("x")
+    monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path / "cache-file"))
+    refused(capsys, ["translate", str(ckpt), "--engine", "ctranslate2", "--beam-size", "1", "seven"],
+            f"cannot write a CTranslate2 conversion of {ckpt} beside it or in {tmp_path / 'cache-file' / 'ct2'}")
+
+
+def test_a_load_in_process_heals_a_killed_worker(tmp_path):
+    """qkv.load(..., engine="ctranslate2"): the worker killed, the next call is answered (by a new one)."""
+    import signal
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED, ckpt)
+    model = qkv.load(ckpt, engine="ctranslate2", threads=1, engine_timeout=30)
+    assert model.ct2.timeout == 30 and model.worker_status()["state"] == "ready"
+    first = model.ct2.pid
+    os.kill(first, signal.SIGKILL)
+    end = time.monotonic() + 30
+    while model.worker_status()["restarts"] == 0 and time.monotonic() < end:  # (a call sent as it dies fails)
+        time.sleep(0.05)
+    assert model.translate(["seven"], beam_size=1) == ["sieben"]
+    assert model.ct2.pid != first and model.worker_status()["restarts"] == 1
+    with pytest.raises(qkv.errors.QkvError, match="engine_timeout"):
+        qkv.load(ckpt, engine_timeout=5)
+    with pytest.raises(qkv.errors.QkvError, match="--engine-timeout must be a positive number"):
+        qkv.load(ckpt, engine="ctranslate2", engine_timeout=0)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -110,12 +112,121 @@ def test_the_engine_sets_no_openmp_wait_policy():
     assert out.strip() == "None"
 
 
-def test_a_worker_that_died_is_named_in_the_error(ckpt):
+def wait_for(condition, seconds: float = 30.0) -> bool:
+    end = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def in_thread(fn):
+    """``fn()`` on a thread of its own: (the thread, a dict that gets its ``result`` or ``error``)."""
+    out = {}
+
+    def run():
+        try:
+            out["result"] = fn()
+        except Exception as e:  # noqa: BLE001 - what the test looks at
+            out["error"] = e
+        out["at"] = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_worker_killed_while_idle_is_replaced_and_the_next_call_answered(ckpt):
     model = qkv.load(ckpt, engine="ctranslate2", threads=1)
+    want = model.translate(NUMBERS, beam_size=1)
+    first = model.ct2.pid
+    os.kill(first, signal.SIGKILL)
+    assert wait_for(lambda: model.ct2.restarts == 1)  # replaced by its watcher, with no call to notice
+    assert model.ct2.status()["state"] == "ready" and model.ct2.pid != first and alive(model.ct2.pid)
+    assert model.ct2.status()["problem"] == "the worker ended (exit status -9)"
+    assert model.translate(NUMBERS, beam_size=1) == want
+
+
+def test_a_call_whose_worker_dies_fails_by_name_and_the_next_is_answered(ckpt):
+    model = qkv.load(ckpt, engine="ctranslate2", threads=1)
+    want = model.translate(NUMBERS, beam_size=1)
+    first = model.ct2.pid
+    os.kill(first, signal.SIGSTOP)  # so that the call is in flight when the worker dies
+    thread, out = in_thread(lambda: model.translate(NUMBERS, beam_size=1))
+    time.sleep(0.5)
+    os.kill(first, signal.SIGKILL)
+    thread.join(30)
+    error = out.get("error")
+    assert isinstance(error, WorkerError) and isinstance(error, qkv.errors.Unavailable), out
+    assert re.fullmatch(rf"the CTranslate2 worker process of {re.escape(str(ckpt))} ended \(exit status -9\) during "
+                        r"this call; another worker has been started: try again", str(error)), error
+    assert error.retry_after == 1.0 and model.ct2.restarts == 1 and model.ct2.pid != first
+    assert model.translate(NUMBERS, beam_size=1) == want
+
+
+def test_an_unanswered_call_times_out_frees_the_cores_at_once_and_its_worker_is_replaced(ckpt):
+    """Two translators that each take every core (threads 0): with the first one's worker stopped
+    (SIGSTOP) during a call, the second one's call is answered at once, not after the first call's
+    bound; the first call fails when its bound has passed and its worker is replaced."""
+    from qkv.export.ct2_worker import CORES
+
+    stopped = qkv.load(ckpt, engine="ctranslate2", threads=0, engine_timeout=8)
+    other = qkv.load(ckpt, engine="ctranslate2", threads=0)
+    assert stopped.ct2.threads == other.ct2.threads == CORES.total and stopped.ct2.timeout == 8
+    want = stopped.translate(NUMBERS, beam_size=1)
+    first = stopped.ct2.pid
+    os.kill(first, signal.SIGSTOP)
+    start = time.monotonic()
+    thread, out = in_thread(lambda: stopped.translate(NUMBERS, beam_size=1))
+    time.sleep(0.2)  # the stopped call has taken the cores
+    assert other.translate(NUMBERS, beam_size=1) == want
+    answered = time.monotonic() - start
+    thread.join(30)
+    assert answered < 7 and not thread.is_alive(), answered  # before the stopped call's bound
+    error = out.get("error")
+    assert isinstance(error, WorkerError) and "did not answer this call within 8 s and was killed" in str(error), out
+    assert 8 <= out["at"] - start < 20
+    assert not alive(first) and stopped.ct2.pid != first and stopped.ct2.restarts == 1
+    assert stopped.ct2.status()["problem"] == "the worker did not answer within 8 s"
+    assert CORES.free == CORES.total  # every core given back
+    assert stopped.translate(NUMBERS, beam_size=1) == want
+
+
+def test_a_closed_translator_starts_no_other_worker(ckpt):
+    model = qkv.load(ckpt, engine="ctranslate2", threads=1)
+    worker = model.ct2.pid
+    model.ct2.close()
+    assert wait_for(lambda: not alive(worker))
+    time.sleep(1.0)  # its watcher has seen it end
+    assert model.ct2.restarts == 0 and model.ct2.proc.pid == worker
+    with pytest.raises(WorkerError, match="is closed"):
+        model.translate(["seven"], beam_size=1)
+
+
+def test_a_worker_that_cannot_be_started_again_fails_then_is_tried_again(ckpt, monkeypatch):
+    """Starts are retried with back-off, a bounded number of times; then calls fail at once (with the
+    seconds to wait) until the cool-down has passed, and the next call starts a worker."""
+    from qkv.export import ct2_worker
+
+    monkeypatch.setattr(ct2_worker, "BACKOFF_S", 0.01)
+    model = qkv.load(ckpt, engine="ctranslate2", threads=1)
+    starts = []
+    real = model.ct2._start
+    monkeypatch.setattr(model.ct2, "_start", lambda: (starts.append(1), real())[1])
+    good = model.ct2.kwargs["model_path"]
+    model.ct2.kwargs["model_path"] = str(ckpt / "nowhere")  # as if the conversion had gone
     os.kill(model.ct2.pid, signal.SIGKILL)
-    model.ct2.proc.wait(timeout=10)
-    with pytest.raises(WorkerError, match=rf"the CTranslate2 worker process of {ckpt} ended \(exit status -9\)"):
+    assert wait_for(lambda: model.ct2.state == "failed")
+    assert len(starts) == ct2_worker.START_TRIES
+    status = model.ct2.status()
+    assert status["retry_after"] == ct2_worker.COOLDOWN_S and "4 tries" in status["problem"]
+    with pytest.raises(WorkerError, match="no worker could be started") as refused:
         model.translate(NUMBERS, beam_size=1)
+    assert 0 < refused.value.retry_after <= ct2_worker.COOLDOWN_S and len(starts) == ct2_worker.START_TRIES
+    model.ct2.kwargs["model_path"] = good
+    model.ct2.failed_until = time.monotonic()  # the cool-down has passed
+    assert model.translate(["seven"], beam_size=1) == ["sieben"]
+    assert model.ct2.status()["state"] == "ready" and model.ct2.restarts == 1
 
 
 def test_errors_of_ctranslate2_come_back_as_their_type(ckpt):

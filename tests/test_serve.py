@@ -747,7 +747,10 @@ def test_ctranslate2_engine_answers_as_qkv_engine(ct2_served):
         assert r.status_code == 422 and "--target-prefix" in r.json()["error"]
         listed = ok(theirs.get("/models"))["models"][0]
         assert listed["engine"] == "ctranslate2" and listed["cross_attention"] is False
-    default = load_models([path], SMALL, engine="ctranslate2")  # the model's saved settings: beam 4, gnmt
+    notes = []
+    default = load_models([path], SMALL, engine="ctranslate2", log=notes.append)  # its saved beam 4, gnmt
+    assert notes[0].startswith(f"note: {path}: requests that name no beam_size will be refused (422): --length-norm "
+                               "gnmt"), notes  # said at start, before the model is loaded
     with TestClient(create_app(default, SMALL), base_url=LOCAL) as c:
         r = c.post("/translate", json={"texts": NUMBERS[:1]})
         assert r.status_code == 422 and "--length-norm gnmt" in r.json()["error"]
@@ -856,3 +859,101 @@ def test_the_command_serves_until_stopped(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+# --- a CTranslate2 worker that dies or stops answering --------------------------------------------------
+
+def stop_then_kill_in_a_call(worker_pid: int, send) -> "httpx.Response":
+    """The answer to ``send()`` when the worker is killed while the request is being decoded (stopped
+    first, so that the kill lands in the call)."""
+    import os
+    import signal
+
+    os.kill(worker_pid, signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(send)
+        time.sleep(1.0)
+        os.kill(worker_pid, signal.SIGKILL)
+        return answer.result(60)
+
+
+@needs_ct2
+def test_a_killed_worker_is_a_503_then_the_model_answers_again_and_health_follows(ct2_served):
+    """kill -9 of the worker during a request: that request gets 503 with Retry-After (a server failure,
+    never a 4xx), the next one is answered by a new worker. A worker that cannot be started again:
+    503 with Retry-After for requests and for /health (and /health?model=NAME), until one starts."""
+    from qkv.export import ct2_worker
+
+    served = load_models([f"numbers={ct2_served / 'numbers'}", str(FIXTURES / "translate-transformer")], SMALL,
+                         engine="ctranslate2", threads=1, decode={"beam_size": 1})
+    worker = served[0].frontend.ct2
+    body = {"model": "numbers", "texts": NUMBERS[:2]}
+    with TestClient(create_app(served, SMALL), base_url=LOCAL) as c:
+        want = ok(c.post("/translate", json=body))
+        health = ok(c.get("/health"))
+        assert health["status"] == "ok" and health["states"]["numbers"] == {"state": "ready", "engine": "ctranslate2",
+                                                                            "restarts": 0}
+        assert ok(c.get("/health", params={"model": "numbers"}))["states"].keys() == {"numbers"}
+        assert c.get("/health", params={"model": "nobody"}).status_code == 404
+        first = worker.pid
+        r = stop_then_kill_in_a_call(first, lambda: c.post("/translate", json=body))
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
+        assert "ended (exit status -9) during this call" in r.json()["error"]
+        assert ok(c.post("/translate", json=body)) == want and worker.pid != first
+        health = ok(c.get("/health"))["states"]["numbers"]
+        assert (health["state"], health["restarts"], health["problem"]) == ("ready", 1,
+                                                                           "the worker ended (exit status -9)")
+        # a worker that cannot be started again: the model is failing, and says so, until one starts
+        good = worker.kwargs["model_path"]
+        worker.kwargs["model_path"] = str(ct2_served / "gone")
+        r = stop_then_kill_in_a_call(worker.pid, lambda: c.post("/translate", json=body))
+        assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1, r.text
+        assert "no worker could be started" in r.json()["error"]
+        for params in ({}, {"model": "numbers"}):
+            h = c.get("/health", params=params)
+            assert h.status_code == 503 and h.json()["status"] == "failing" and int(h.headers["Retry-After"]) >= 1
+            assert h.json()["states"]["numbers"]["state"] == "failed"
+        other = c.get("/health", params={"model": "translate-transformer"})  # the other model answers
+        assert other.status_code == 200 and other.json()["states"]["translate-transformer"]["state"] == "ready"
+        r = c.post("/translate", json=body)
+        assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+        assert 0 < int(r.headers["Retry-After"]) <= ct2_worker.COOLDOWN_S
+        worker.kwargs["model_path"], worker.failed_until = good, time.monotonic()  # the cool-down has passed
+        assert ok(c.post("/translate", json=body)) == want
+        assert ok(c.get("/health"))["states"]["numbers"]["state"] == "ready"
+
+
+@needs_ct2
+def test_a_stopped_worker_holds_up_no_other_model_and_its_request_times_out_to_a_503(ct2_served):
+    """kill -STOP of model a's worker (each model's translator takes every core: threads 0): a request to
+    b is answered while a's waits; a's gets 503 with Retry-After once --engine-timeout has passed, its
+    worker is replaced, and a answers the next request."""
+    import os
+    import signal
+
+    path = ct2_served / "numbers"
+    served = load_models([f"a={path}", f"b={path}"], SMALL, engine="ctranslate2", decode={"beam_size": 1},
+                         engine_timeout=8)
+    a = served[0].frontend.ct2
+    assert a.timeout == 8 and served[1].frontend.ct2.timeout == 8
+    with BackgroundServer(create_app(served, SMALL)) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        want = ok(c.post("/translate", json={"model": "a", "texts": NUMBERS}))["results"]
+        first = a.pid
+        os.kill(first, signal.SIGSTOP)
+        start = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            stuck = pool.submit(lambda: (c.post("/translate", json={"model": "a", "texts": NUMBERS}),
+                                         time.monotonic()))
+            time.sleep(0.3)
+            other = ok(c.post("/translate", json={"model": "b", "texts": NUMBERS}))["results"]
+            answered = time.monotonic() - start
+            assert c.get("/health").status_code == 200  # a's worker has not missed its bound yet
+            r, at = stuck.result(60)
+        assert other == want and answered < 7, answered  # before a's bound: its call held no core b needed
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
+        assert "did not answer this call within 8 s and was killed" in r.json()["error"]
+        assert 8 <= at - start < 25
+        assert a.pid != first and a.restarts == 1
+        health = ok(c.get("/health"))["states"]
+        assert health["a"]["problem"] == "the worker did not answer within 8 s" and health["b"]["restarts"] == 0
+        assert ok(c.post("/translate", json={"model": "a", "texts": NUMBERS}))["results"] == want

@@ -8,7 +8,7 @@
 __version__ = "0.1.0"
 
 
-def load(path, device="cpu", quantize=None, engine="qkv", threads=0, compile=False):
+def load(path, device="cpu", quantize=None, engine="qkv", threads=0, compile=False, engine_timeout=None):
     """Load a checkpoint directory as its task's front-end (a :class:`qkv.frontends.Translator`,
     ``Encoder`` or ``LanguageModel``; see :func:`qkv.frontends.load`); ``quantize="int8"``: dynamic
     int8 quantisation for CPU decoding; ``compile=True``: a translation Transformer searches with
@@ -16,7 +16,10 @@ def load(path, device="cpu", quantize=None, engine="qkv", threads=0, compile=Fal
 
     ``engine="ctranslate2"``: a translation Transformer decoded by CTranslate2 (converted once, cached
     beside the checkpoint; :mod:`qkv.export.engine`), ``threads`` its intra-op threads (0: its
-    default), ``quantize="int8"`` its int8 compute type; it needs the export extra."""
+    default), ``quantize="int8"`` its int8 compute type; it needs the export extra. Its translator runs
+    in a worker process that heals: one that ends is replaced, and a call it does not answer within
+    ``engine_timeout`` seconds (default 600) kills and replaces it; the call in flight then fails
+    with :class:`qkv.errors.Unavailable` and the next one is answered."""
     if engine != "qkv":
         from qkv.export.engine import check_engine, load as load_ct2
 
@@ -25,7 +28,11 @@ def load(path, device="cpu", quantize=None, engine="qkv", threads=0, compile=Fal
             from qkv.errors import QkvError
 
             raise QkvError(f"compile=True compiles qkv's own decoding step: not with engine={engine!r}")
-        return load_ct2(path, device, quantize, threads)
+        return load_ct2(path, device, quantize, threads, timeout=engine_timeout)
+    if engine_timeout is not None:
+        from qkv.errors import QkvError
+
+        raise QkvError("engine_timeout bounds a call of the CTranslate2 engine's worker: give engine='ctranslate2'")
     from qkv.frontends import load as _load
 
     return _load(path, device, quantize, compile)

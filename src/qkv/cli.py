@@ -322,11 +322,18 @@ def load_translator(args: argparse.Namespace):
             raise QkvError("--compile compiles qkv's own decoding step: leave out --engine ctranslate2, or --compile")
         if getattr(args, "ensemble", None):
             raise QkvError("--ensemble averages the distributions of several qkv models: leave out --engine ctranslate2")
-        from qkv.export.engine import load
+        from qkv.export.options import check_options
+
+        # the decoding settings first, before torch is imported: refused in a moment, not after the conversion
+        check_options(args.model, flags_for(args, DecodeConfig), bool(getattr(args, "target_prefix", None)))
+        from qkv.export.engine import check_timeout, load
         from qkv.frontends import check_serves
 
         check_serves(args.model, "translate")
-        return load(args.model, args.device, quantize, threads, log=log)
+        timeout = check_timeout(getattr(args, "engine_timeout", None))
+        return load(args.model, args.device, quantize, threads, log=log, timeout=timeout)
+    if getattr(args, "engine_timeout", None) is not None:
+        raise QkvError("--engine-timeout bounds a call of the CTranslate2 engine's worker: give --engine ctranslate2")
     if threads:
         import torch
 
@@ -556,6 +563,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            f"one or raise the other")
     serve(args.models, args.host, args.port, limits, device=args.device, threads=args.threads, log=log,
           allowed_hosts=args.allowed_hosts, engine=args.engine, quantize="int8" if args.int8 else None,
+          engine_timeout=args.engine_timeout,
           decode=decode, compile=args.compile)
     return 0
 

@@ -99,6 +99,9 @@ COMPILE_HELP = ("search with the Transformer's decoding step compiled by torch.c
                 "on a GPU): the same outputs; the first batch of each shape compiles, for seconds to a minute; "
                 "faster on a GPU, not on the CPUs measured (docs/results.md; on a CPU it warns); translation Transformers, --engine "
                 "qkv, without --int8; needs a C++ compiler on the CPU")
+ENGINE_TIMEOUT_HELP = ("--engine ctranslate2: seconds one call of a model's CTranslate2 worker may go unanswered "
+                       "before the worker is killed and another started (the call fails; qkv serve answers 503); "
+                       "a worker that ends is replaced too (default: 600, well above a batch's time)")
 ENGINE_HELP = ("what decodes: qkv (its own modules; every option) or ctranslate2 (translation Transformers, "
                "converted once and cached beside the checkpoint, faster on CPU; greedy outputs equal qkv's; beam "
                "search only with --length-norm length --early-stopping; options it cannot honour exactly are "
@@ -312,6 +315,8 @@ def add_translate_parser(sub, handlers: dict) -> None:
     tr.add_argument("--output", "-o", help="write translations here instead of stdout (all or nothing: the file is "
                                            "replaced only when every line is translated)")
     tr.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv", help=ENGINE_HELP)
+    tr.add_argument("--engine-timeout", type=amount(0.1, 86400), default=None, metavar="SECONDS",
+                    help=ENGINE_TIMEOUT_HELP)
     tr.add_argument("--int8", action="store_true", help=INT8_HELP)
     tr.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     tr.add_argument("--device", default="cpu", help=DEVICE_HELP)
@@ -755,6 +760,8 @@ def add_serve_parser(sub, handlers: dict) -> None:
                         "loopback --host, any on another); other names get 400, against DNS rebinding")
     s.add_argument("--port", type=count(0, 65535), default=8000, help="port (default: 8000; 0: any free port)")
     s.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv", help=ENGINE_HELP)
+    s.add_argument("--engine-timeout", type=amount(0.1, 86400), default=None, metavar="SECONDS",
+                   help=ENGINE_TIMEOUT_HELP)
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--threads", type=count(0, MAX_THREADS), default=0, help="CPU threads: torch's (qkv) or CTranslate2's "
                                                           "intra_threads (ctranslate2) (default: 0, the engine's default)")

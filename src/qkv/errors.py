@@ -33,6 +33,16 @@ class TrainingDiverged(QkvError):
     exit_code = 3
 
 
+class Unavailable(QkvError):
+    """A part of the program that answers requests cannot answer now (a worker process ended, stopped
+    answering or could not be started): a failure of the program, not of the input. ``retry_after``:
+    the seconds after which to try again (``qkv serve`` answers 503 with that ``Retry-After``)."""
+
+    def __init__(self, message: str = "", retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 def require_package(package: str, what: str, pinned: dict[str, str], install: str) -> ModuleType:
     """Import the optional ``package`` that ``what`` needs (e.g. "--format hf", "qkv serve"), or a
     QkvError naming its tested version (from ``pinned``) and the ``install`` command of its extra."""

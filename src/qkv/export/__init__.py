@@ -24,10 +24,19 @@ import tempfile
 from pathlib import Path
 
 from qkv.errors import QkvError
-from qkv.export.card import CardInfo, write_card
-from qkv.export.source import Source, read_source
-from qkv.checkpoint import fault_point
 from qkv.files import check_output_dir, remove_stale_temps
+
+# the parts that need torch are imported when first used, so that a light part of this package
+# (qkv.export.options: what ``--engine ctranslate2`` checks before it converts) starts in a moment
+LAZY = {"CardInfo": "card", "write_card": "card", "Source": "source", "read_source": "source"}
+
+
+def __getattr__(name: str):
+    if name in LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"qkv.export.{LAZY[name]}"), name)
+    raise AttributeError(f"module 'qkv.export' has no attribute {name!r}")
 
 FORMATS = ("ctranslate2", "hf")
 QUANTIZATIONS = ("int8", "int8_float32", "float16")
@@ -84,6 +93,10 @@ def export(checkpoint: str | Path, fmt: str, out: str | Path, quantization: str 
                        "writes float32 weights")
     if quantization not in (None, *QUANTIZATIONS):
         raise QkvError(f"--quantization {quantization}: choose one of {', '.join(QUANTIZATIONS)}")
+    from qkv.checkpoint import fault_point
+    from qkv.export.card import CardInfo, write_card
+    from qkv.export.source import read_source
+
     out = check_out(out)
     src = read_source(checkpoint)
     check_supported(src, fmt)

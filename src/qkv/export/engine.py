@@ -10,7 +10,8 @@ the checkpoint's ``manifest.json`` (and the CTranslate2 version), so a changed c
 new conversion and a stale one is never read. A conversion is written into a temporary directory
 and renamed into place with its own checksums (``qkv_cache.json``): a crash leaves no half cache,
 and a cache whose files no longer match is converted again. Where the checkpoint's directory
-cannot be written, the cache goes to ``$QKV_CACHE_DIR`` (default ``~/.cache/qkv``) ``/ct2/``.
+cannot be written, or a file or link other than a directory is where the cache would go, the cache
+goes to ``$QKV_CACHE_DIR`` (default ``~/.cache/qkv``) ``/ct2/``.
 
 :class:`CT2Translator` is a :class:`~qkv.frontends.Translator` whose searches run in
 ``ctranslate2.Translator.translate_batch`` (one call for the sentences of a call, and one per
@@ -20,7 +21,12 @@ n-best, ``--length-norm length`` with ``--early-stopping`` (CTranslate2's only b
 per-sentence length limits, ``min_len``, the target prefix; alignments from its attention (the
 last layer's mean over heads, as qkv's). What it cannot compute exactly is refused by name:
 ``--length-norm gnmt`` or a beam search without ``--early-stopping``, the attention of every layer
-and head, models other than translation Transformers.
+and head, models other than translation Transformers; ``qkv translate`` checks the settings it will
+decode with (:func:`check_options`) before it converts.
+
+The translator runs in a supervised worker process (:mod:`qkv.export.ct2_worker`): one that ends is
+replaced, a call it does not answer within ``timeout`` seconds kills and replaces it, and either
+call fails with :class:`~qkv.export.ct2_worker.WorkerError` (``qkv serve``: 503 with Retry-After).
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ from qkv.config import DecodeConfig
 from qkv.data.tokenizer import TokenizerPair
 from qkv.decoding.beam_search import Hypothesis, _norm
 from qkv.decoding.greedy import max_output_len
-from qkv.errors import CheckpointError, ConfigError, QkvError
-from qkv.export.ct2_worker import TranslatorProcess
+from qkv.errors import CheckpointError, QkvError
+from qkv.export.ct2_worker import TIMEOUT_S, TranslatorProcess, WorkerError
+from qkv.export.options import check_options, check_settings
 from qkv.files import sha256_file
 from qkv.frontends.translator import Prefixed, Translator, pharaoh
 from qkv.models import build_model
@@ -146,11 +153,17 @@ def converted(checkpoint: str | Path, log: Log = stderr) -> Path:
     for place in places:
         if is_complete(place, key):
             return place
+    blocked = False
     for n, place in enumerate(places):
+        if place.is_symlink() or (os.path.lexists(place) and not place.is_dir()):  # never removed: not qkv's
+            log(f"note: {place} is a file or a link, not a directory qkv wrote: the CTranslate2 conversion "
+                f"{'goes to the user cache' if n == 0 else 'cannot go there'}")
+            blocked = True
+            continue
         tmp = _temporary(place.parent, key)
         if tmp is None:
             continue
-        if n:
+        if n and not blocked:
             log(f"note: {checkpoint} cannot be written: its CTranslate2 conversion is cached in {place}")
         try:
             if place.exists() and not is_complete(place, key):  # (complete: another process has just written it)
@@ -195,19 +208,11 @@ class CT2Translator(Translator):
     # --- what CTranslate2 cannot do as qkv does: refused by name ------------------------------------------
 
     def check_settings(self, cfg: DecodeConfig, prefixed: bool = False) -> None:
-        if cfg.beam_size == 1 and cfg.nbest == 1:
-            return
-        fix = "give --length-norm length --early-stopping, or --beam-size 1, or use --engine qkv"
-        if prefixed and cfg.length_penalty:
-            raise ConfigError("--target-prefix with a beam search: CTranslate2 divides a hypothesis' log-probability "
-                              "by the length of the whole output, prefix included, qkv by the length after the "
-                              "prefix; give --beam-size 1 or --length-penalty 0, or use --engine qkv")
-        if cfg.length_norm != "length":
-            raise ConfigError(f"--length-norm {cfg.length_norm}: CTranslate2's beam search divides by |Y|^α "
-                              f"(--length-norm length) and has no other length penalty; {fix}")
-        if not cfg.early_stopping:
-            raise ConfigError("beam search without --early-stopping: CTranslate2's ends a sentence as soon as beam_size "
-                              f"hypotheses have ended (--early-stopping); {fix}")
+        check_settings(cfg, prefixed)
+
+    def worker_status(self) -> dict:
+        """The worker's state (:meth:`~qkv.export.ct2_worker.TranslatorProcess.status`): ``qkv serve``'s /health."""
+        return self.ct2.status()
 
     def cross_attention(self, src: list[int], tgt: list[int]):
         raise QkvError("the attention weights of every layer and head come from --engine qkv; --engine ctranslate2 "
@@ -412,20 +417,19 @@ def check_engine(engine: str) -> None:
         raise QkvError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
 
 
-def load(path: str | Path, device: str = "cpu", quantize: str | None = None, threads: int = 0,
-         log: Log = stderr) -> CT2Translator:
-    """The translation checkpoint ``path`` as a :class:`CT2Translator`: converted once into the cache
-    (:func:`converted`), run by ``ctranslate2.Translator`` on ``device`` with ``threads`` intra-op
-    threads (0: CTranslate2's default); ``quantize="int8"``: compute_type int8. The translator lives
-    in a worker process of its own (:class:`~qkv.export.ct2_worker.TranslatorProcess`), so that
-    translators loaded side by side (``qkv serve a=RUN b=RUN``) never slow each other."""
-    from qkv.frontends.quantize import QUANTIZE_CHOICES
+def check_timeout(timeout) -> float:
+    """``--engine-timeout``: a positive, finite number of seconds (None: the default)."""
+    if timeout is None:
+        return TIMEOUT_S
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise QkvError(f"--engine-timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
 
-    ctranslate2 = require_ctranslate2()
-    if quantize not in QUANTIZE_CHOICES:
-        raise QkvError(f"quantize must be None or 'int8', got {quantize!r}")
-    path = Path(path)
-    model_cfg, train_cfg, decode_cfg = (read_config(path, s) for s in ("model", "train", "decode"))
+
+def saved_settings(path: Path):
+    """The checkpoint's model and decoding configurations (checked), refused by name where
+    CTranslate2 does not decode the model."""
+    model_cfg, decode_cfg = (read_config(path, s) for s in ("model", "decode"))
     try:
         model_cfg, decode_cfg = model_cfg.validate(), decode_cfg.validate()
     except QkvError as e:
@@ -433,14 +437,38 @@ def load(path: str | Path, device: str = "cpu", quantize: str | None = None, thr
     if (model_cfg.task, model_cfg.arch) != ("translate", "transformer"):
         raise QkvError(f"{path} is a {model_cfg.task!r} model with arch {model_cfg.arch!r}: --engine ctranslate2 "
                        "decodes translation Transformers (task translate); use --engine qkv")
+    return model_cfg, decode_cfg
+
+
+def load(path: str | Path, device: str = "cpu", quantize: str | None = None, threads: int = 0,
+         log: Log = stderr, timeout: float | None = None) -> CT2Translator:
+    """The translation checkpoint ``path`` as a :class:`CT2Translator`: converted once into the cache
+    (:func:`converted`), run by ``ctranslate2.Translator`` on ``device`` with ``threads`` intra-op
+    threads (0: CTranslate2's default); ``quantize="int8"``: compute_type int8. The translator lives
+    in a worker process of its own (:class:`~qkv.export.ct2_worker.TranslatorProcess`), so that
+    translators loaded side by side (``qkv serve a=RUN b=RUN``) never slow each other; a worker that
+    ends is replaced, and a call it does not answer within ``timeout`` seconds (default
+    :data:`~qkv.export.ct2_worker.TIMEOUT_S`) kills and replaces it (either call fails with
+    :class:`~qkv.export.ct2_worker.WorkerError`; the next is answered)."""
+    from qkv.frontends.quantize import QUANTIZE_CHOICES
+
+    require_ctranslate2()
+    if quantize not in QUANTIZE_CHOICES:
+        raise QkvError(f"quantize must be None or 'int8', got {quantize!r}")
+    timeout = check_timeout(timeout)
+    path = Path(path)
+    model_cfg, decode_cfg = saved_settings(path)
+    train_cfg = read_config(path, "train")
     name, index = ct2_device(device)
     directory = converted(path, log)
     tokenizers = TokenizerPair.load(path, listed_files(path))
     with torch.device("meta"):  # the configuration and length rules; the weights live in CTranslate2
         model = build_model(model_cfg)
-    translator = TranslatorProcess(str(path), model_path=str(directory), device=name, device_index=index,
-                                   compute_type="int8" if quantize else "default", intra_threads=threads)
+    translator = TranslatorProcess(str(path), timeout=timeout, model_path=str(directory), device=name,
+                                   device_index=index, compute_type="int8" if quantize else "default",
+                                   intra_threads=threads)
     return CT2Translator(model.eval(), tokenizers, decode_cfg, train_cfg, translator, directory)
 
 
-__all__ = ["ENGINES", "CT2Translator", "load", "converted", "cache_key", "is_complete", "user_cache", "check_engine"]
+__all__ = ["ENGINES", "CT2Translator", "WorkerError", "load", "converted", "cache_key", "is_complete", "user_cache",
+           "check_engine", "check_options", "check_settings", "check_timeout"]

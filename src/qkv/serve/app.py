@@ -4,9 +4,10 @@
     GET /models  GET /health  GET / (the page)  GET /openapi.json
     GET /docs (Swagger UI)  GET /redoc (ReDoc): their scripts served from here too, nothing fetched from outside
 
-Every error is JSON ``{"error": message}`` with a 4xx status (a model failing on one request:
-500 for that request only): a malformed or oversized body, a wrong type, a bound passed, a model
-that does not serve the endpoint.
+Every error is JSON ``{"error": message}``: a 4xx status for what the request got wrong (a malformed
+or oversized body, a wrong type, a bound passed, a model that does not serve the endpoint); 5xx for
+what the server could not do: a model failing on one request (500 for that request only), a full
+queue or an engine whose worker ended or did not answer (503 with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import math
 import re
 import threading
 from importlib import resources
@@ -28,7 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from qkv import __version__
-from qkv.errors import QkvError
+from qkv.errors import QkvError, Unavailable
 from qkv.serve.batcher import Busy
 from qkv.serve.hosts import answered, host_allowed
 from qkv.serve.limits import Limits
@@ -231,7 +233,8 @@ def create_app(models: list[Served], limits: Limits, allowed_hosts: tuple[str, .
 
     app = FastAPI(title="qkv", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Translation, scoring, classification and generation with qkv checkpoints. "
-                              "Every error is JSON {\"error\": message} with a 4xx status.")
+                              "Every error is JSON {\"error\": message}: 4xx for what a request got wrong, 5xx "
+                              "for what the server could not do (503 with Retry-After: try again).")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     app.state.models, app.state.limits = by_name, limits
@@ -274,6 +277,11 @@ def create_app(models: list[Served], limits: Limits, allowed_hosts: tuple[str, .
     async def busy(request, e: Busy):
         return JSONResponse({"error": str(e)}, status_code=503, headers={"Retry-After": "1"})
 
+    @app.exception_handler(Unavailable)
+    async def unavailable(request, e: Unavailable):  # the engine failed (a worker ended or did not answer)
+        return JSONResponse({"error": str(e)}, status_code=503,
+                            headers={"Retry-After": str(max(math.ceil(e.retry_after), 1))})
+
     @app.exception_handler(Exception)
     async def failed(request, e: Exception):
         return error(500, f"the model failed on this request: {type(e).__name__}: {e}")
@@ -286,12 +294,19 @@ def create_app(models: list[Served], limits: Limits, allowed_hosts: tuple[str, .
     async def favicon():
         return Response(status_code=204)
 
-    @app.get("/health", summary="is the server up: its models and their batching so far")
-    async def health():
-        alive = all(m.batcher.task is not None and not m.batcher.task.done() for m in models)
-        return JSONResponse({"status": "ok" if alive else "failing", "models": len(models),
-                             "batching": {m.name: m.batcher.stats.as_dict() for m in models}},
-                            status_code=200 if alive else 503)
+    @app.get("/health", summary="can every model answer (503 while one cannot): each model's state and batching "
+                                "so far; ?model=NAME: that model's alone")
+    async def health(model: str | None = None):
+        if model is not None and model not in by_name:
+            raise RequestError(404, f"no model named {model!r}; this server has: {', '.join(by_name)}")
+        chosen = [by_name[model]] if model is not None else models
+        states = {m.name: m.health() for m in chosen}
+        ready = all(s["state"] == "ready" for s in states.values())
+        waits = [s.get("retry_after", 1) for s in states.values() if s["state"] != "ready"]
+        return JSONResponse({"status": "ok" if ready else "failing", "models": len(chosen), "states": states,
+                             "batching": {m.name: m.batcher.stats.as_dict() for m in chosen}},
+                            status_code=200 if ready else 503,
+                            headers={} if ready else {"Retry-After": str(max(min(waits), 1))})
 
     @app.get("/models", summary="the models served: name, task, endpoints, what they offer")
     async def list_models():

@@ -8,7 +8,9 @@ on the model's single worker thread, and each job gets its slice of the results.
 decodes one batch, new requests queue, so the busier the server, the larger its batches.
 
 A batch that fails is run again one job at a time, so that one bad request gets its error and the
-others their results; the collector goes on with the next batch either way.
+others their results; the collector goes on with the next batch either way. A failure of the engine
+itself (an error with ``retry_after``: a worker that ended or did not answer) is not run again: every
+request of the batch gets it (a 503, try again), and the next batch runs on the engine's new worker.
 """
 
 from __future__ import annotations
@@ -147,6 +149,12 @@ class Batcher:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - handed to the request(s) it belongs to
+            if getattr(e, "retry_after", None) is not None:  # the engine failed, not a request: each gets it
+                self.stats.failed += len(group)
+                for job in group:
+                    if not job.future.done():
+                        job.future.set_exception(e)
+                return
             if len(group) > 1:  # find the job at fault: the others still get their results
                 for job in group:
                     await self.run_group(key, [job])

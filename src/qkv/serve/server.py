@@ -87,13 +87,14 @@ def config(app, log_level: str = "warning"):
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
           device: str = "cpu", threads: int = 0, log: Callable[[str], None] = print,
           allowed_hosts: list[str] = (), engine: str = "qkv", quantize: str | None = None,
-          decode: dict | None = None, compile: bool = False) -> None:
+          decode: dict | None = None, compile: bool = False, engine_timeout: float | None = None) -> None:
     """Load the checkpoints ``paths`` and serve them on ``host:port`` until interrupted, answering the
     loopback host names and ``allowed_hosts`` (``--allowed-hosts``; without it, any name when ``host``
     is not a loopback address). ``engine``: what decodes (qkv, or ctranslate2 for translation
     Transformers, with ``threads`` intra-op threads); ``decode``: DecodeConfig fields that replace
     each translation model's saved settings; ``compile``: translation Transformers search with their
-    step compiled (:mod:`qkv.decoding.compiled`), any other model is refused by name."""
+    step compiled (:mod:`qkv.decoding.compiled`), any other model is refused by name; ``engine_timeout``:
+    the seconds a CTranslate2 worker's call may go unanswered before the worker is replaced."""
     require("fastapi")
     uvicorn = require("uvicorn")
     import torch
@@ -106,7 +107,7 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, limits: L
     if threads and engine == "qkv":
         torch.set_num_threads(threads)
     models = load_models(paths, limits, device, engine=engine, quantize=quantize, threads=threads, decode=decode,
-                         log=log, compile=compile)
+                         log=log, compile=compile, engine_timeout=engine_timeout)
     sock = bind(host, port)
     app = create_app(models, limits, names)
     where = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"

@@ -9,6 +9,7 @@ its HTTP status.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -93,6 +94,17 @@ class Served:
             serves = ", ".join(self.endpoints) or "nothing"
             raise RequestError(422, f"model {self.name!r} is {self.frontend.task_declaration.kind} ({self.task}): "
                                     f"it serves {serves}, not {ENDPOINTS[offer]}")
+
+    def health(self) -> dict:
+        """The model's ``state`` for ``GET /health``: ``ready`` when its batcher runs and its engine can
+        answer (a CTranslate2 worker: its own state, ``restarting``, ``down`` or ``failed``, with its
+        ``restarts`` and last ``problem``), else not ``ready``."""
+        running = self.batcher.task is not None and not self.batcher.task.done()
+        out = {"state": "ready" if running else "stopped", "engine": self.frontend.engine}
+        status = getattr(self.frontend, "worker_status", None)
+        if running and status is not None:
+            out.update({k: v for k, v in status().items() if k != "pid"})
+        return out
 
     # --- request checks -------------------------------------------------------------------------------
 
@@ -259,13 +271,15 @@ class Served:
 
 def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Callable | None = None,
                 engine: str = "qkv", quantize: str | None = None, threads: int = 0, decode: dict | None = None,
-                log: Callable[[str], None] | None = None, compile: bool = False) -> list[Served]:
+                log: Callable[[str], None] | None = None, compile: bool = False,
+                engine_timeout: float | None = None) -> list[Served]:
     """The checkpoints ``paths`` (``PATH`` or ``NAME=PATH``), each opened as its front-end, decoded by
     ``engine`` (``ctranslate2``: translation Transformers only, each refused by name otherwise); names
     made unique. ``decode``: DecodeConfig fields that replace a translation model's saved settings.
-    ``compile``: translation Transformers search with their step compiled (qkv's engine)."""
+    ``compile``: translation Transformers search with their step compiled (qkv's engine);
+    ``engine_timeout``: the seconds a CTranslate2 worker's call may go unanswered (ctranslate2)."""
     if load is None:
-        load = open_with(engine, quantize, threads, log, compile)
+        load = open_with(engine, quantize, threads, log, compile, engine_timeout)
     if not paths:
         raise QkvError("give at least one checkpoint directory to serve, e.g. runs/default/best")
     served, names = [], set()
@@ -275,6 +289,8 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
         while unique in names:
             unique, n = f"{name}-{n}", n + 1
         names.add(unique)
+        if engine == "ctranslate2":
+            default_refused(path, decode, log)
         frontend = load(path, device)
         if decode and hasattr(frontend, "decode_cfg"):
             try:
@@ -298,20 +314,42 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
     return served
 
 
+def default_refused(path: Path, decode: dict | None, log: Callable[[str], None] | None) -> None:
+    """Say, before the conversion, when CTranslate2 cannot decode a translation model's default
+    settings as qkv does (the saved --length-norm gnmt): requests that name no beam_size get 422."""
+    from qkv.export.options import check_settings, saved_decoding
+
+    saved = saved_decoding(Path(path))
+    try:
+        cfg = saved and dataclasses.replace(saved, **(decode or {})).validate()
+    except QkvError:
+        return  # refused by name when the model is loaded
+    try:
+        if cfg:
+            check_settings(cfg)
+    except QkvError as e:
+        (log or (lambda m: print(m, file=sys.stderr, flush=True)))(
+            f"note: {path}: requests that name no beam_size will be refused (422): {e}")
+
+
 def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[str], None] | None,
-              compile: bool = False) -> Callable:
+              compile: bool = False, timeout: float | None = None) -> Callable:
     """``load(path, device)`` for ``engine``: qkv's front-ends (``compile``: the translation
     Transformers' step compiled), or CTranslate2's translator."""
     if engine == "qkv":
         from qkv.frontends import load
 
+        if timeout is not None:
+            raise QkvError("--engine-timeout bounds a call of the CTranslate2 engine's worker: give --engine "
+                           "ctranslate2")
         return lambda path, device: load(path, device, quantize, compile)
     if compile:
         raise QkvError(f"--compile compiles qkv's own decoding step: leave out --engine {engine}, or --compile")
-    from qkv.export.engine import check_engine, load, stderr
+    from qkv.export.engine import check_engine, check_timeout, load, stderr
 
     check_engine(engine)
-    return lambda path, device: load(path, device, quantize, threads, log or stderr)
+    timeout = check_timeout(timeout)
+    return lambda path, device: load(path, device, quantize, threads, log or stderr, timeout)
 
 
 __all__ = ["Served", "RequestError", "ENDPOINTS", "load_models", "model_name"]
