@@ -228,11 +228,13 @@ def _state(w, cfg: ModelConfig, ids, c) -> dict[str, torch.Tensor]:
 
     s: dict[str, torch.Tensor] = {}
     e = "embeddings."
-    word = w.take(e + "word_embeddings.weight", (None, d), D)
     tokens = sum(m is not None for m in ids.model_ids)
-    if word.shape[0] != tokens:
-        refuse(c.path.parent, f"the word embeddings have {word.shape[0]} rows but tokenizer.json has {tokens} "
-                              "tokens: qkv imports a model whose vocabulary is its tokenizer's")
+    vocab = c.int("vocab_size", None)
+    if vocab is not None:
+        w.check_rows(e + "word_embeddings.weight", vocab, c.says("vocab_size"))
+    w.check_rows(e + "word_embeddings.weight", tokens, f"tokenizer.json has {tokens} tokens (qkv imports a model "
+                                                       "whose vocabulary is its tokenizer's)")
+    word = w.take(e + "word_embeddings.weight", (tokens, d), D)
     s["src_embed.weight"] = ids.rows(word)
     s["src_pos.weight"] = w.take(e + "position_embeddings.weight", (cfg.max_positions, d),
                                  ("max_position_embeddings", "hidden_size"))

@@ -278,14 +278,21 @@ class Weights(Mapping):
         return max(found) + 1 if found else 0
 
     def check_layers(self, pattern: str, n: int, field: str) -> None:
-        """Refuse weights with layers beyond config.json's ``field`` = n (the missing ones :meth:`take`
-        refuses by name)."""
+        """Refuse weights whose layer count (:meth:`layer_count` of ``pattern``) is not config.json's
+        ``field`` = n."""
         have = self.layer_count(pattern)
-        if have > n:
+        if have != n:
             where = ", ".join(sorted({p.name for p in self.files.values()}))
             says = self.config.says(field) if self.config else f"{field} = {n}"
             raise FolderError(f"{self.config.path.parent if self.config else where}: the weights ({where}) hold "
-                              f"{have} layers, but {says}")
+                              f"{have} layer{'s' * (have != 1)}, but {says}")
+
+    def check_rows(self, name: str, rows: int, what: str) -> None:
+        """Refuse the tensor ``name`` unless it has ``rows`` rows (``what``: where that number comes from,
+        e.g. "tokenizer.json has 200 tokens")."""
+        t = self._tensors.get(name)
+        if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] != rows:
+            raise FolderError(f"{self.file_of(name)}: tensor {name!r} has {t.shape[0]} rows, but {what}")
 
 
 def _load_safetensors(path: Path) -> dict[str, Any]:
@@ -303,9 +310,9 @@ def _pickle_refusal(path: Path, e: BaseException) -> FolderError:
     """Why torch.load(weights_only=True) refused ``path``, in qkv's words (torch's own advice to load
     the file unsafely is not passed on)."""
     text = str(e)
-    found = re.search(r"Unsupported (?:global|operand)[^\n]*?(GLOBAL [\w.]+|[\w.]+)", text)
-    if "weights_only" in text or "Unsupported global" in text or "WeightsUnpickler" in text:
-        what = f" (it asks for {found.group(1).removeprefix('GLOBAL ')})" if found else ""
+    found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"[Uu]nsupported (operand \S+)", text)
+    if "weights_only" in text or "WeightsUnpickler" in text or found:
+        what = f" (it asks for {found.group(1)})" if found else ""
         return FolderError(f"{path}: refused: this pickle holds more than tensors{what}; a pickle can run code "
                            "when it is read, so qkv reads only tensors from it (save the model as "
                            "model.safetensors to be sure)")

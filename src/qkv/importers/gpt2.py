@@ -83,11 +83,13 @@ def state_dict(weights, cfg: ModelConfig, idmap, where: Path) -> dict[str, torch
         return weights.take(prefix + name, shape, fields)
 
     weights.check_layers(re.escape(prefix) + r"h\.(\d+)\.", cfg.n_decoder_layers, "n_layer")
-    wte = w("wte.weight", (None, d))
     tokens = sum(m is not None for m in idmap.model_ids)
-    if wte.size(0) != tokens:
-        raise FolderError(f"{where}: wte has {wte.size(0)} rows, but tokenizer.json has {tokens} tokens: qkv "
-                          "imports a model whose vocabulary is its tokenizer's")
+    vocab = weights.config.int("vocab_size", None) if weights.config else None
+    if vocab is not None:
+        weights.check_rows(prefix + "wte.weight", vocab, weights.config.says("vocab_size"))
+    weights.check_rows(prefix + "wte.weight", tokens, f"tokenizer.json has {tokens} tokens (qkv imports a model whose "
+                                                      "vocabulary is its tokenizer's)")
+    wte = w("wte.weight", (tokens, d))
     out = {"embed.weight": idmap.rows(wte).contiguous(),
            "pos.weight": w("wpe.weight", (cfg.max_positions, d), ("n_positions", "n_embd")).contiguous(),
            "final_norm.weight": w("ln_f.weight", (d,)), "final_norm.bias": w("ln_f.bias", (d,))}
