@@ -612,10 +612,15 @@ def add_import_parser(sub, handlers: dict) -> None:
                        description="Convert a pretrained model saved by transformers (config.json, model.safetensors\n"
                                    "or pytorch_model.bin, tokenizer.json) or a sentence-transformers folder into a\n"
                                    "qkv checkpoint directory that every command takes (embed, search, classify,\n"
-                                   "fill, serve, viz, train --init-from, ...). BERT-family encoders: BertModel,\n"
-                                   "BertForMaskedLM, BertForSequenceClassification. An architecture or option qkv\n"
-                                   "cannot convert exactly is refused by name (exit status 2). docs/pretrained.md\n"
-                                   "says what each command does with an imported model.")
+                                   "fill, translate, generate, serve, viz, train --init-from, ...). It imports\n"
+                                   "BertModel, BertForMaskedLM, BertForSequenceClassification, sentence-transformers\n"
+                                   "folders over a BERT, MarianMTModel (OPUS-MT) and GPT2LMHeadModel. An\n"
+                                   "architecture or option qkv cannot convert exactly is refused by name; a\n"
+                                   "malformed folder (a config.json field, a tensor that is not floating point,\n"
+                                   "finite and of the config's shape, a pickle holding more than tensors, a broken\n"
+                                   "tokenizer.json) is refused in one line naming the file and the field. Either\n"
+                                   "way: exit status 2, nothing written. docs/pretrained.md says what each command\n"
+                                   "does with an imported model.")
     m.add_argument("folder", metavar="HF_DIR", help="the model's folder, e.g. models/all-MiniLM-L6-v2")
     m.add_argument("--out", required=True, help="a new (or empty) checkpoint directory to write")
     m.set_defaults(func=handlers["import"])

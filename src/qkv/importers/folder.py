@@ -5,14 +5,16 @@ that names the file and the field (or tensor), before anything is written; never
 
     read_json(path)                 a JSON object (or list): unreadable, not JSON, nested too deep,
                                     or of the wrong kind is refused by file
-    read_config(path) -> Config     config.json with typed getters that name file and field:
+    read_config(path) -> Config     config.json with typed getters that name file and field
+                                    (``Config(dict, path)`` wraps the dict a converter is given):
         cfg.int("hidden_size")                  an integer >= 1 (at_least=, at_most=, default=)
         cfg.float("layer_norm_eps", 1e-12)      a finite number (at_least=, at_most=, below=)
         cfg.bool("tie_word_embeddings", True)   true or false
         cfg.str("hidden_act", "gelu")           a string (choices=)
         cfg.dict("id2label", {}) / cfg.list(..) an object / a list
         cfg.says("hidden_size", ...)            "config.json's hidden_size = 64" (for messages)
-        cfg.refuse("what")                      raise ImportRefused("<path>: what")
+        cfg.refuse("what")                      raise ImportRefused("<path>: what") (not supported)
+        cfg.error("what")                       raise FolderError("<path>: what") (malformed)
       (null counts as absent: the default if there is one, else "has no 'hidden_size'")
     read_weights(folder, cfg) -> Weights    model.safetensors, its sharded index, or pytorch_model.bin
                                     (tensors only: a pickle that asks for anything else is refused,
@@ -22,10 +24,15 @@ that names the file and the field (or tensor), before anything is written; never
                                         naming the tensor, its file and config.json's ``fields``
         w.take(name, ..., default=None) the same, or ``default`` when the folder has no such tensor
         name in w, w.names()            what the folder holds (nothing checked)
+        w.renamed(fn)                   the same tensors under fn(name) (a prefix, legacy names)
         w.check_layers(pattern, n, field)   the weights' layer count (a regex with one group: the
                                         layer index) equals config.json's ``field`` = n
+        w.check_rows(name, rows, what)  the tensor has ``rows`` rows (e.g. the tokenizer's tokens)
     read_tokenizer_json(path) -> bytes  a tokenizer.json the tokenizers package reads
     load_state(model, state, cfg)       ``model.load_state_dict(state)``, a mismatch refused by name
+
+:func:`qkv.importers.convert` runs a converter; anything that still escapes these checks ends in one
+line naming the folder ("unexpected ..."), which tests/test_import_fuzz.py requires never to happen.
 
 Converters take each tensor with :meth:`Weights.take` and the shape the config gives it, so that a
 config that contradicts its weights is refused naming both, before any model is built.
@@ -86,7 +93,7 @@ def read_json(path: str | Path, kind: type = dict) -> Any:
     """The JSON file ``path``, which must hold a ``kind`` (a dict: an object; a list)."""
     path = Path(path)
     if not path.is_file():
-        raise FolderError(f"{path}: not found")
+        raise FolderError(f"{path}: not a file" if path.exists() else f"{path}: not found")
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -267,8 +274,9 @@ class Weights(Mapping):
                 because = self.config.says(*fields) if fields and self.config else "the config"
                 raise FolderError(f"{file}: tensor {name!r} is {have}, but {because} makes it {want}")
         if not bool(torch.isfinite(t).all()):
-            bad = int((~torch.isfinite(t)).sum())
-            raise FolderError(f"{file}: tensor {name!r} has {bad} non-finite value{'s' * (bad != 1)} (NaN or inf)")
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            what = [f"{n} {kind} value{'s' * (n != 1)}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n]
+            raise FolderError(f"{file}: tensor {name!r} has {' and '.join(what)}: model weights must be finite")
         return t
 
     def layer_count(self, pattern: str) -> int:
@@ -299,7 +307,7 @@ def _load_safetensors(path: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     if not path.is_file():
-        raise FolderError(f"{path}: not found")
+        raise FolderError(f"{path}: not a file" if path.exists() else f"{path}: not found")
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors' own error types, OSError, MemoryError
@@ -321,7 +329,7 @@ def _pickle_refusal(path: Path, e: BaseException) -> FolderError:
 
 def _load_pickle(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise FolderError(f"{path}: not found")
+        raise FolderError(f"{path}: not a file" if path.exists() else f"{path}: not found")
     if path.stat().st_size == 0:
         raise FolderError(f"{path}: empty file (not a PyTorch state dict)")
     try:
