@@ -421,7 +421,6 @@ def _cases():
 
 
 CASES = _cases()
-FAMILY_OF = {"st": "st", "clf": "clf"}
 
 
 def _one_line(err: str) -> str:
@@ -462,8 +461,10 @@ def test_a_malformed_folder_ends_in_one_line(folders, tmp_path, capsys, name, fa
     assert not any(p.name.startswith(".out") for p in tmp_path.iterdir())  # no half-written temporary either
 
 
-# every 5th refused case (and each pickle and index case): qkv.load of the folder, the in-memory conversion
-LOAD_CASES = [c for i, c in enumerate(CASES) if c[3] == 2 and (i % 5 == 0 or "pickle" in c[0] or "index" in c[0])]
+# every 5th refused case (and each case of a broken config.json, pickle or index): qkv.load of the folder,
+# the in-memory conversion
+LOAD_CASES = [c for i, c in enumerate(CASES) if c[3] == 2 and (i % 5 == 0 or any(
+    w in c[0] for w in ("-config-", "pickle", "index")))]
 
 
 @pytest.mark.parametrize("name, family, mutate, status, words", LOAD_CASES, ids=[c[0] for c in LOAD_CASES])
@@ -475,6 +476,7 @@ def test_load_of_a_malformed_folder_is_refused_in_one_line(folders, tmp_path, na
         qkv.load(d)
     message = str(e.value)
     assert "\n" not in message and "unexpected" not in message, message
+    assert all(w in message for w in words), f"{name}: {words} not all in {message!r}"
     assert not (tmp_path / "PWNED").exists()
     assert not (d / "manifest.json").exists()
 

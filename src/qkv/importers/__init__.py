@@ -22,7 +22,6 @@ import ends in a checkpoint or in that line (exit status 2), never in a tracebac
 from __future__ import annotations
 
 import importlib
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

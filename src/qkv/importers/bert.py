@@ -38,7 +38,6 @@ from pathlib import Path
 import torch
 
 from qkv.config import CLS, ModelConfig, TrainConfig
-from qkv.errors import QkvError
 
 ADDED_ROW_LOGIT = -1e4  # exp(-1e4) is 0 in float32; finite, so that a label-smoothed loss stays finite
 ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
