@@ -214,24 +214,26 @@ def malicious_bin(d: Path):
     torch.save(w, d / "pytorch_model.bin")
 
 
-def sharded(weight_map=None, index=None, shard_change=None):
-    """The weights in two shards with a model.safetensors.index.json; ``weight_map(map)`` changes the
-    map, ``index`` replaces the index's bytes, ``shard_change`` changes the second shard's tensors."""
+def sharded(weight_map=None, index=None, shard_change=None, pickled=False):
+    """The weights in two shards with a model.safetensors.index.json (``pickled``: pytorch_model-*.bin
+    shards and pytorch_model.bin.index.json); ``weight_map(map)`` changes the map, ``index`` replaces
+    the index's bytes, ``shard_change`` changes the second shard's tensors."""
     def mutate(d: Path):
         w = load_file(str(d / "model.safetensors"))
         (d / "model.safetensors").unlink()
         names = sorted(w)
-        half = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-                "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+        stem, ext = ("pytorch_model", "bin") if pickled else ("model", "safetensors")
+        half = {f"{stem}-00001-of-00002.{ext}": names[: len(names) // 2],
+                f"{stem}-00002-of-00002.{ext}": names[len(names) // 2:]}
         wm = {}
         for shard, keys in half.items():
             part = {k: w[k] for k in keys}
-            if shard_change and shard.startswith("model-00002"):
+            if shard_change and "-00002-" in shard:
                 part = shard_change(part)
-            save_file(part, str(d / shard))
+            torch.save(part, d / shard) if pickled else save_file(part, str(d / shard))
             wm.update({k: shard for k in keys})
         data = {"metadata": {"total_size": 0}, "weight_map": weight_map(wm) if weight_map else wm}
-        (d / "model.safetensors.index.json").write_bytes(index if index is not None else json.dumps(data).encode())
+        (d / f"{stem}.{ext}.index.json").write_bytes(index if index is not None else json.dumps(data).encode())
     return mutate
 
 
@@ -377,6 +379,11 @@ def _cases():
             (f"{fam}-tokenizer-fifo", fam, special(tj, "fifo"), 2, [tj]),
         ]
     cases += [
+        ("bert-bin-sharded", "bert", sharded(pickled=True), 0, []),
+        ("bert-bin-index-to-config", "bert", sharded(point_one("config.json"), pickled=True), 2,
+         ["pytorch_model.bin.index.json", "weight_map"]),
+        ("bert-bin-shard-nan", "bert", sharded(shard_change=poke(float("nan")), pickled=True), 2,
+         ["pytorch_model-00002-of-00002.bin", "NaN"]),
         ("bert-post-processor-list", "bert", bert_post_processor([]), 2, ["tokenizer.json"]),
         ("bert-post-processor-bad-id", "bert", bert_post_processor(
             {"type": "BertProcessing", "cls": ["[CLS]", 99999], "sep": ["[SEP]", 3]}), 2, ["tokenizer.json"]),

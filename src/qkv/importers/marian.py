@@ -108,7 +108,7 @@ def model_config(hf, where: Path) -> ModelConfig:
         d_ff=c.int("encoder_ffn_dim", 4096), n_encoder_layers=c.int("encoder_layers", 12),
         n_decoder_layers=c.int("decoder_layers", 12), dropout=c.float("dropout", 0.1, at_least=0, below=1),
         attention_dropout=c.float("attention_dropout", 0.0, at_least=0, below=1), positional="sinusoidal",
-        sinusoid_layout="halves", max_positions=c.int("max_position_embeddings", 1024, at_least=2, at_most=1 << 20),
+        sinusoid_layout="halves", max_positions=c.int("max_position_embeddings", 1024, at_least=2, at_most=1 << 16),
         norm_first=False, final_norm="auto", share_embeddings=True,
         tie_output=c.bool("tie_word_embeddings", True), output_bias=True,
         src_vocab_size=vocab + 1, tgt_vocab_size=vocab + 1, **extra,
