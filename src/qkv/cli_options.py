@@ -660,8 +660,12 @@ def add_import_parser(sub, handlers: dict) -> None:
                                    "fill, translate, generate, serve, viz, train --init-from, ...; what the model\n"
                                    "offers). It converts these families (config.json's model_type: its\n"
                                    "architectures):\n{families}\n"
-                                   "An architecture or option qkv cannot convert exactly is refused by name (exit\n"
-                                   "status 2). docs/pretrained.md says what each command does with an imported model.")
+                                   "An architecture or option qkv cannot convert exactly is refused by name; a\n"
+                                   "malformed folder (a config.json field, a tensor that is not floating point,\n"
+                                   "finite and of the config's shape, a pickle holding more than tensors, a broken\n"
+                                   "tokenizer.json) is refused in one line naming the file and the field. Either\n"
+                                   "way: exit status 2, nothing written. docs/pretrained.md says what each command\n"
+                                   "does with an imported model.")
     m.add_argument("folder", metavar="HF_DIR", help="the model's folder, e.g. models/all-MiniLM-L6-v2")
     m.add_argument("--out", required=True, help="a new (or empty) checkpoint directory to write")
     m.set_defaults(func=handlers["import"])

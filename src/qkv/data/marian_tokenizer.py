@@ -46,6 +46,8 @@ def read_vocab(path: Path) -> dict[str, int]:
         vocab = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise QkvError(f"{path}: not a readable JSON vocabulary: {e}") from None
+    except RecursionError:
+        raise QkvError(f"{path}: not a readable JSON vocabulary: nested too deeply") from None
     if not isinstance(vocab, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in vocab.values()):
         raise QkvError(f"{path}: expected a JSON object mapping pieces to integer ids")
     ids = sorted(vocab.values())
@@ -74,10 +76,14 @@ class MarianSide:
     vocabulary numbers the pieces in qkv's order."""
 
     def __init__(self, spm_bytes: bytes, pieces: list[str], source: str) -> None:
+        if not spm_bytes:
+            raise QkvError(f"{source}: empty (not a SentencePiece model)")
         try:
             self.sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
         except RuntimeError:
             raise QkvError(f"{source}: not a valid SentencePiece model") from None
+        if self.sp.get_piece_size() == 0:
+            raise QkvError(f"{source}: not a valid SentencePiece model (no pieces)")
         self.model_bytes = spm_bytes
         # qkv id -> piece; BOS (a second <pad> row) is named "<s>" so that every id has its own piece
         self.pieces = [p if i != BOS else _bos_name(pieces) for i, p in enumerate(pieces)]

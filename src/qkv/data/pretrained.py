@@ -110,24 +110,17 @@ class HFTokenizer:
     FILES = (FILE, IDS_FILE)
 
     def __init__(self, tokenizer_json: bytes, ids_json: bytes, source: str = "<memory>") -> None:
-        tokenizers = _hf()
-        try:
-            self.tok = tokenizers.Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-        except Exception as e:  # tokenizers raises its own Exception subclass
-            raise QkvError(f"{source}/{self.FILE}: not a Hugging Face tokenizer ({str(e).splitlines()[0]})") from None
+        self.tok = _tokenizer(tokenizer_json, f"{source}/{self.FILE}")
         self.tok.no_truncation()
         self.tok.no_padding()
-        try:
-            meta = json.loads(ids_json.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise QkvError(f"{source}/{self.IDS_FILE}: not valid JSON ({e})") from None
+        meta = _json(ids_json, f"{source}/{self.IDS_FILE}")
         self.ids = IdMap.from_json(meta, f"{source}/{self.IDS_FILE}")
         vocab = self.tok.get_vocab_size(with_added_tokens=True)
         if any(m is not None and m >= vocab for m in self.ids.model_ids):
             raise QkvError(f"{source}/{self.IDS_FILE}: ids beyond the tokenizer's vocabulary of {vocab}")
         self._to_qkv = self.ids.to_qkv
         suffix = meta.get("suffix", [])
-        if not isinstance(suffix, list) or any(i not in self._to_qkv for i in suffix):
+        if not isinstance(suffix, list) or any(not isinstance(i, int) or i not in self._to_qkv for i in suffix):
             raise QkvError(f"{source}/{self.IDS_FILE}: 'suffix' must list token ids of the tokenizer, got {suffix!r}")
         self.suffix = [self._to_qkv[i] for i in suffix]
         self.model_bytes = tokenizer_json + b"\0" + ids_json
@@ -139,12 +132,11 @@ class HFTokenizer:
                source: str = "<memory>") -> "HFTokenizer":
         """A new one over ``tokenizer_json``; ``roles`` (qkv special id -> the model's id) and ``suffix``
         (the model's ids put after every text) as :class:`IdMap` and the importers decide them."""
-        tokenizers = _hf()
+        vocab = _tokenizer(tokenizer_json, source).get_vocab_size(with_added_tokens=True)
         try:
-            vocab = tokenizers.Tokenizer.from_str(tokenizer_json.decode("utf-8")).get_vocab_size(with_added_tokens=True)
-        except Exception as e:
-            raise QkvError(f"{source}: not a Hugging Face tokenizer ({str(e).splitlines()[0]})") from None
-        ids = IdMap.build(vocab, roles)
+            ids = IdMap.build(vocab, roles)
+        except QkvError as e:
+            raise QkvError(f"{source}: {e}") from None
         meta = {**ids.to_json(), "suffix": list(suffix)}
         return cls(tokenizer_json, json.dumps(meta).encode("utf-8"), source)
 
@@ -236,10 +228,7 @@ def special_token_names(folder: str | Path) -> dict[str, str]:
         p = Path(folder) / name
         if not p.is_file():
             continue
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise QkvError(f"{p}: not valid JSON ({e})") from None
+        data = _json(p.read_bytes(), p)
         for role in SLOT_NAMES.values():
             value = data.get(f"{role}_token") if isinstance(data, dict) else None
             if isinstance(value, dict):
@@ -249,10 +238,30 @@ def special_token_names(folder: str | Path) -> dict[str, str]:
     return names
 
 
+def _json(raw: bytes, where) -> object:
+    """``raw`` as JSON, or a QkvError naming ``where`` (not UTF-8, not JSON, nested too deep)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise QkvError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise QkvError(f"{where}: JSON nested too deeply to read") from None
+
+
+def _tokenizer(tokenizer_json: bytes, where: str):
+    try:
+        return _hf().Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    except QkvError:
+        raise
+    except Exception as e:  # tokenizers raises its own Exception subclass
+        lines = [s for s in str(e).splitlines() if s.strip()]
+        raise QkvError(f"{where}: not a Hugging Face tokenizer ({lines[0] if lines else type(e).__name__})") from None
+
+
 def roles(tokenizer_json: bytes, names: Mapping[str, str], where: str) -> dict[int, int | None]:
     """qkv special id -> the model's id of the token ``names`` gives that role (None: no such role); a
     name the tokenizer does not know is refused."""
-    tok = _hf().Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    tok = _tokenizer(tokenizer_json, where)
     out: dict[int, int | None] = {}
     for slot, role in SLOT_NAMES.items():
         name = names.get(role)
@@ -266,22 +275,34 @@ def roles(tokenizer_json: bytes, names: Mapping[str, str], where: str) -> dict[i
 def single_template(tokenizer_json: bytes, where: str) -> tuple[list[int], list[int]]:
     """The model's ids the post-processor puts before and after a single text (BERT: [CLS] / [SEP]);
     ([], []) without a post-processor (GPT-2's byte-level one adds nothing)."""
-    data = json.loads(tokenizer_json.decode("utf-8"))
-    post = data.get("post_processor") or {}
-    kind = post.get("type")
+    data = _json(tokenizer_json, where)
+    post = (data.get("post_processor") if isinstance(data, dict) else None) or {}
+    kind = post.get("type") if isinstance(post, dict) else "?"
     if kind in (None, "ByteLevel"):
         return [], []
-    if kind == "BertProcessing":
-        return [post["cls"][1]], [post["sep"][1]]
-    if kind == "TemplateProcessing":
-        before, after, seen = [], [], False
-        for item in post.get("single", []):
-            if "Sequence" in item:
-                seen = True
-                continue
-            token = item["SpecialToken"]["id"]
-            ids = post["special_tokens"][token]["ids"]
-            (after if seen else before).extend(ids)
-        return before, after
+    vocab = _tokenizer(tokenizer_json, where).get_vocab_size(with_added_tokens=True)
+
+    def token_ids(ids) -> list[int]:
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab
+                                                for i in ids):
+            raise ValueError(f"token ids {str(ids)[:40]} are not ids of its {vocab} tokens")
+        return ids
+
+    try:
+        if kind == "BertProcessing":
+            return token_ids([post["cls"][1]]), token_ids([post["sep"][1]])
+        if kind == "TemplateProcessing":
+            before, after, seen = [], [], False
+            for item in post.get("single", []):
+                if "Sequence" in item:
+                    seen = True
+                    continue
+                token = item["SpecialToken"]["id"]
+                ids = token_ids(post["special_tokens"][token]["ids"])
+                (after if seen else before).extend(ids)
+            return before, after
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+        why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__} {str(e)[:60]}".strip()
+        raise QkvError(f"{where}: its post_processor ({kind}) is malformed ({why})") from None
     raise QkvError(f"{where}: tokenizer.json post-processor {kind!r} is not supported (TemplateProcessing, "
                    "BertProcessing or ByteLevel)")

@@ -144,13 +144,19 @@ def is_pretrained_folder(path: str | Path) -> bool:
     p = Path(path)
     if not p.is_dir() or (p / "manifest.json").exists():
         return False
-    if (p / "modules.json").is_file():
+    if (p / "modules.json").exists():
         return True
+    if any((p / name).exists() for name in HF_FILES):
+        return True  # files only Hugging Face writes: the importer reads the folder (and names what is wrong in it)
     try:
         config = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return False
     return isinstance(config, dict) and ("model_type" in config or "architectures" in config) and "model" not in config
+
+
+HF_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.safetensors.index.json", "tokenizer_config.json",
+            "generation_config.json")  # never in a qkv checkpoint
 
 
 def _load_pretrained(path: Path, device, quantize: str | None, compile: bool):

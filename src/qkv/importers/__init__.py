@@ -6,18 +6,22 @@ has a converter module (``bert``, ...) with
 
     ARCHITECTURES: the names it converts (``config.json``'s ``architectures``)
     MODEL_TYPES:   the ``model_type`` values it converts
-    convert(folder, config, architecture) -> Imported
+    convert(folder, base, config, architecture, sentence) -> Imported
 
 that reads the weights and tokenizer, builds a :class:`~qkv.config.ModelConfig` of the options the
 model needs (every option it cannot express is refused by name, never converted approximately) and
 returns the qkv model, its tokenizer pair and the config.json entries to save. :func:`import_model`
 writes them as an ordinary checkpoint directory, which every qkv command takes.
+
+A converter reads the folder through :mod:`qkv.importers.folder` (``Config(config, path)`` or
+``read_config``, ``read_weights`` and ``Weights.take``, ``read_tokenizer_json``), which refuses every
+malformed file in one line naming the file and the field or tensor, before any model is built: an
+import ends in a checkpoint or in that line (exit status 2), never in a traceback.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 from qkv.errors import QkvError
+from qkv.importers.folder import Config, FolderError, Weights, read_config, read_tokenizer_json  # noqa: F401
 
 # converter modules, in the order they are asked
 FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2")
@@ -59,55 +64,43 @@ class Imported:
 
 
 def read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise QkvError(f"{path}: not found")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise QkvError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise QkvError(f"{path}: expected a JSON object")
-    return data
+    """A JSON object file of the folder, checked (:func:`qkv.importers.folder.read_json`)."""
+    from qkv.importers.folder import read_json as read
+
+    return read(path)
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The folder's weights: model.safetensors (or its sharded index), else pytorch_model.bin (read with
-    ``weights_only``: tensors, never pickled code)."""
-    from safetensors.torch import load_file
+def read_weights(folder: Path, config=None):
+    """The folder's weights (:func:`qkv.importers.folder.read_weights`: a :class:`~qkv.importers.folder.Weights`,
+    whose ``take`` checks each tensor's dtype, finiteness and shape)."""
+    from qkv.importers.folder import read_weights as read
 
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.is_file():
-        try:
-            return load_file(str(single))
-        except Exception as e:  # safetensors' own error types
-            raise QkvError(f"{single}: not a readable safetensors file ({e})") from None
-    if index.is_file():
-        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
-        out: dict[str, torch.Tensor] = {}
-        for name in shards:
-            out.update(load_file(str(folder / name)))
-        return out
-    pt = folder / "pytorch_model.bin"
-    if pt.is_file():
-        try:
-            return torch.load(pt, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise QkvError(f"{pt}: not a readable PyTorch state dict ({str(e).splitlines()[0]})") from None
-    raise QkvError(f"{folder}: no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)")
+    return read(folder, config)
 
 
 def model_folder(folder: Path) -> tuple[Path, dict | None]:
     """The folder with config.json and the sentence-transformers modules.json (None: not such a folder)."""
+    from qkv.importers.folder import FolderError, read_json as read
+
     modules = folder / "modules.json"
     if not modules.is_file():
         return folder, None
-    try:
-        listed = json.loads(modules.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise QkvError(f"{modules}: not valid JSON ({e})") from None
-    if not isinstance(listed, list) or not listed:
-        raise QkvError(f"{modules}: expected a list of modules")
-    return folder / listed[0].get("path", ""), {"modules": listed}
+    listed = read(modules, list)
+    if not listed:
+        raise FolderError(f"{modules}: expected a list of modules, got an empty list")
+    for i, entry in enumerate(listed):
+        if not isinstance(entry, dict):
+            raise FolderError(f"{modules}: module {i} must be an object (with 'type' and 'path')")
+        for key in ("type", "path"):
+            if not isinstance(entry.get(key, ""), str):
+                raise FolderError(f"{modules}: module {i}'s {key} must be a string")
+        path = entry.get("path", "")
+        if Path(path).is_absolute() or ".." in Path(path).parts:
+            raise FolderError(f"{modules}: module {i}'s path {path!r} must be a folder inside the model's folder")
+    base = folder / listed[0].get("path", "")
+    if not base.is_dir():
+        raise FolderError(f"{modules}: module 0's path {listed[0].get('path')!r} is not a folder of {folder}")
+    return base, {"modules": listed}
 
 
 def convert(folder: str | Path) -> Imported:
@@ -119,6 +112,10 @@ def convert(folder: str | Path) -> Imported:
     config = read_json(base / "config.json")
     architectures = config.get("architectures") or []
     model_type = config.get("model_type")
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise FolderError(f"{base / 'config.json'}: architectures must be a list of names")
+    if model_type is not None and not isinstance(model_type, str):
+        raise FolderError(f"{base / 'config.json'}: model_type must be a string")
     for name in FAMILIES:
         family = importlib.import_module(name)
         arch = next((a for a in architectures if a in family.ARCHITECTURES), None)
@@ -128,7 +125,7 @@ def convert(folder: str | Path) -> Imported:
             raise ImportRefused(f"{base / 'config.json'}: architecture {', '.join(map(str, architectures))} of "
                                 f"model_type {model_type!r} is not supported; qkv imports {', '.join(family.ARCHITECTURES)}")
         if arch is not None:
-            return as_given(family.convert(folder, base, config, arch, sentence))
+            return as_given(_converted(family, folder, base, config, arch, sentence))
     known = [a for n in FAMILIES for a in importlib.import_module(n).ARCHITECTURES]
     what = ", ".join(map(str, architectures)) or f"model_type {model_type!r}"
     raise ImportRefused(f"{base / 'config.json'}: {what} is not supported; qkv imports {', '.join(known)}")
@@ -143,6 +140,22 @@ def as_given(imported: Imported) -> Imported:
 
     imported.train_cfg = replace(imported.train_cfg or TrainConfig(), clean_html=False)
     return imported
+
+
+def _converted(family, folder: Path, base: Path, config: dict, arch: str, sentence: dict | None) -> Imported:
+    """``family.convert(...)``: a malformed folder is refused by the converter (the checks of
+    :mod:`qkv.importers.folder`); what slips past them still ends in one line naming the folder (the
+    fuzz set of tests/test_import_fuzz.py checks that none does)."""
+    try:
+        return family.convert(folder, base, config, arch, sentence)
+    except (QkvError, KeyboardInterrupt):
+        raise
+    except MemoryError:
+        raise FolderError(f"{base / 'config.json'}: the model it describes does not fit in memory") from None
+    except Exception as e:  # a converter's slip on a folder no check foresaw: one line, never a traceback
+        lines = [s for s in str(e).splitlines() if s.strip()]
+        raise FolderError(f"{base}: cannot be converted as {arch} (unexpected {type(e).__name__}: "
+                          f"{lines[0][:200] if lines else ''})") from None
 
 
 def import_model(folder: str | Path, out: str | Path, log=print) -> Path:

@@ -38,7 +38,6 @@ from pathlib import Path
 import torch
 
 from qkv.config import CLS, ModelConfig, TrainConfig
-from qkv.errors import QkvError
 
 ADDED_ROW_LOGIT = -1e4  # exp(-1e4) is 0 in float32; finite, so that a label-smoothed loss stays finite
 ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
@@ -54,35 +53,34 @@ def refuse(where: Path, what: str):
     raise ImportRefused(f"{where}: {what}")
 
 
-def model_config(cfg: dict, where: Path, task: str, vocab_size: int) -> ModelConfig:
-    """The qkv encoder of BERT's config.json ``cfg``; what qkv's encoder cannot be is refused by name."""
-    def need(key):
-        if key not in cfg:
-            refuse(where, f"has no {key!r}")
-        return cfg[key]
+def model_config(cfg, where: Path, task: str, vocab_size: int) -> ModelConfig:
+    """The qkv encoder of BERT's config.json ``cfg`` (a dict or a :class:`~qkv.importers.folder.Config`);
+    a malformed field is refused naming it, and what qkv's encoder cannot be is refused by name."""
+    from qkv.importers.folder import Config
 
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
-        refuse(where, f"position_embedding_type {cfg['position_embedding_type']!r} is not supported (qkv's BERT "
-                      "has absolute learned positions)")
+    c = cfg if isinstance(cfg, Config) else Config(cfg, where)
+    kind = c.str("position_embedding_type", "absolute")
+    if kind != "absolute":
+        refuse(where, f"position_embedding_type {kind!r} is not supported (qkv's BERT has absolute learned positions)")
     for key in ("is_decoder", "add_cross_attention"):
-        if cfg.get(key):
+        if c.bool(key, False):
             refuse(where, f"{key} = true is not supported (qkv imports BERT as an encoder)")
-    act = need("hidden_act")
+    act = c.str("hidden_act")
     if act not in ACTIVATIONS:
         refuse(where, f"hidden_act {act!r} is not supported (qkv has {', '.join(ACTIVATIONS)})")
-    d, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+    d, heads = c.int("hidden_size"), c.int("num_attention_heads")
     if d % heads:
-        refuse(where, f"hidden_size {d} is not a multiple of num_attention_heads {heads}")
-    if cfg.get("attention_head_size") not in (None, d // heads):
-        refuse(where, f"attention_head_size {cfg['attention_head_size']} is not hidden_size / num_attention_heads")
+        c.error(f"hidden_size {d} is not a multiple of num_attention_heads {heads}")
+    if c.get("attention_head_size") not in (None, d // heads):
+        refuse(where, f"attention_head_size {c.get('attention_head_size')} is not hidden_size / num_attention_heads")
     return ModelConfig(
-        task=task, arch="transformer", d_model=d, n_heads=heads, d_ff=int(need("intermediate_size")),
-        n_encoder_layers=int(need("num_hidden_layers")), n_decoder_layers=1,
-        dropout=float(cfg.get("hidden_dropout_prob", 0.1)),
-        attention_dropout=float(cfg.get("attention_probs_dropout_prob", 0.1)),
-        positional="learned", max_positions=int(need("max_position_embeddings")), norm_first=False,
-        activation=ACTIVATIONS[act], layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)), scale_embeddings=False,
-        type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
+        task=task, arch="transformer", d_model=d, n_heads=heads, d_ff=c.int("intermediate_size"),
+        n_encoder_layers=c.int("num_hidden_layers"), n_decoder_layers=1,
+        dropout=c.float("hidden_dropout_prob", 0.1, at_least=0, below=1),
+        attention_dropout=c.float("attention_probs_dropout_prob", 0.1, at_least=0, below=1),
+        positional="learned", max_positions=c.int("max_position_embeddings", at_least=2), norm_first=False,
+        activation=ACTIVATIONS[act], layer_norm_eps=c.float("layer_norm_eps", 1e-12, at_least=0, at_most=1),
+        scale_embeddings=False, type_vocab_size=c.int("type_vocab_size", 2), embedding_norm=True,
         src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, share_embeddings=True, tie_output=True,
     )
 
@@ -90,13 +88,14 @@ def model_config(cfg: dict, where: Path, task: str, vocab_size: int) -> ModelCon
 def _tokenizer(folder: Path, base: Path):
     from qkv.data.pretrained import HFTokenizer, roles, single_template, special_token_names
     from qkv.data.tokenizer import TokenizerPair
+    from qkv.importers.folder import read_tokenizer_json
 
     where = next((p for p in (base, folder) if (p / "tokenizer.json").is_file()), None)
     if where is None:
         refuse(base, "has no tokenizer.json (qkv reads a BERT tokenizer from the tokenizer.json of the "
                      "tokenizers library; a folder with vocab.txt only can be converted by loading it with "
                      "transformers' BertTokenizerFast and save_pretrained)")
-    raw = (where / "tokenizer.json").read_bytes()
+    raw = read_tokenizer_json(where / "tokenizer.json")
     names = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]",
              **special_token_names(where)}
     names.pop("bos", None), names.pop("eos", None)  # BERT has none (a tokenizer_config may alias them)
@@ -108,42 +107,48 @@ def _tokenizer(folder: Path, base: Path):
     return TokenizerPair(tok, tok)
 
 
-def _weights(base: Path, arch: str) -> dict[str, torch.Tensor]:
-    from qkv.importers import read_weights
+def _weights(base: Path, config):
+    from qkv.importers.folder import read_weights
 
-    w = read_weights(base)
+    w = read_weights(base, config)
     # older checkpoints name LayerNorm's weight/bias gamma/beta
-    w = {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v
-         for k, v in w.items()}
+    w = w.renamed(lambda k: k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"))
     if any(k.startswith("bert.") for k in w):
-        w = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in w.items()}
+        w = w.renamed(lambda k: k[len("bert."):] if k.startswith("bert.") else k)
     return w
 
 
 def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | None):
     from qkv.importers import Imported
+    from qkv.importers.folder import Config, load_state
     from qkv.models import build_model
 
     where = base / "config.json"
+    c = Config(cfg, where)
     tokenizers = _tokenizer(folder, base)
     ids = tokenizers.src.ids
     extra: dict = {}
-    pooling, normalize, max_len = "mean", False, int(cfg.get("max_position_embeddings", 512)) - 1
+    pooling, normalize = "mean", False
+    task = {"BertForSequenceClassification": "classify"}.get(arch, "mlm")
+    mcfg = model_config(c, where, task, ids.size)
+    max_len = mcfg.max_positions - 1
     if sentence is not None:
         pooling, normalize, max_seq = _sentence_modules(folder, sentence["modules"])
-        max_len = min(max_len, max_seq - 1) if max_seq else max_len
+        max_len = min(max_len, max_seq - 1) if max_seq > 1 else max_len
         extra["sentence_embedding"] = {"pooling": pooling, "normalize": normalize}
-    task = {"BertForSequenceClassification": "classify"}.get(arch, "mlm")
-    mcfg = model_config(cfg, where, task, ids.size)
-    w = _weights(base, arch)
+    w = _weights(base, c)
     if task == "classify":
-        if cfg.get("problem_type") not in (None, "single_label_classification"):
-            refuse(where, f"problem_type {cfg['problem_type']!r} is not supported (qkv classifies single labels)")
-        n = int(cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2)
+        problem = c.str("problem_type", "single_label_classification")
+        if problem != "single_label_classification":
+            refuse(where, f"problem_type {problem!r} is not supported (qkv classifies single labels)")
+        id2label = c.dict("id2label", {})
+        n = c.int("num_labels", 0, at_least=0, at_most=100_000) or len(id2label) or 2
         if n < 2:
             refuse(where, "a regression head (num_labels = 1) is not supported (qkv classifies)")
-        id2label = cfg.get("id2label") or {}
-        labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+        labels = [id2label.get(str(i), id2label.get(i, f"LABEL_{i}")) for i in range(n)]
+        if not all(isinstance(label, (str, int, float)) and not isinstance(label, bool) for label in labels):
+            c.error("id2label must map each class index to a name")
+        labels = [str(label) for label in labels]
         if len(set(labels)) != n:
             refuse(where, f"id2label names a label twice: {labels}")
         extra["labels"] = labels
@@ -156,13 +161,10 @@ def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | Non
             refuse(where, f"a masked-LM head with hidden_act {cfg['hidden_act']!r} is not supported (qkv's head "
                           "uses GELU)")
         mcfg = ModelConfig(**{**mcfg.__dict__, "mlm_head": has_head and sentence is None, "pooling": pooling})
+    state = _state(w, mcfg, ids, c)  # every tensor checked against the config before a model is built
     mcfg.validate()
     model = build_model(mcfg)
-    state = _state(w, mcfg, ids, where)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != "mlm_head.embed.weight"]  # the tied embedding, loaded as src_embed
-    if missing or unexpected:
-        raise QkvError(f"internal: BERT weights do not fit qkv's encoder (missing {missing}, unexpected {unexpected})")
+    load_state(model, state, c, allow_missing=["mlm_head.embed.weight"])  # the tied embedding: src_embed
     model.eval()
     train_cfg = TrainConfig(max_len=max_len, tokenizer_from="")
     return Imported(model, mcfg, tokenizers, train_cfg, extra, arch if sentence is None else
@@ -181,7 +183,7 @@ POOLING_MODES = {"mean": "mean", "cls": "cls", "pooling_mode_mean_tokens": "mean
 
 def _sentence_modules(folder: Path, modules: list) -> tuple[str, bool, int]:
     """(pooling, normalize, max_seq_length) of a sentence-transformers folder; other modules are refused."""
-    from qkv.importers import read_json
+    from qkv.importers.folder import Config, read_json
 
     pooling, normalize = "mean", False
     if _module_kind(modules[0]) != "Transformer":
@@ -202,58 +204,70 @@ def _sentence_modules(folder: Path, modules: list) -> tuple[str, bool, int]:
             refuse(folder / "modules.json", f"module {m.get('type')!r} is not supported (qkv reproduces a Transformer, "
                                             "Pooling and Normalize)")
     st = folder / "sentence_bert_config.json"
-    settings = read_json(st) if st.is_file() else {}
-    if settings.get("do_lower_case"):
+    settings = Config(read_json(st) if st.exists() else {}, st)
+    if settings.bool("do_lower_case", False):
         refuse(st, "do_lower_case = true is not supported (the tokenizer's own normaliser is used)")
     own = folder / "config_sentence_transformers.json"
-    if own.is_file() and read_json(own).get("default_prompt_name"):
+    if own.exists() and read_json(own).get("default_prompt_name"):
         refuse(own, "a default prompt (default_prompt_name) is not supported (qkv embeds the text as given)")
-    max_seq = int(settings.get("max_seq_length") or 0)
+    max_seq = settings.int("max_seq_length", 0, at_least=2)
     tc = folder / "tokenizer_config.json"
-    if not max_seq and tc.is_file():
+    if not max_seq and tc.exists():
         limit = read_json(tc).get("model_max_length")
-        max_seq = int(limit) if isinstance(limit, int) and 0 < limit < 10**6 else 0
+        max_seq = int(limit) if isinstance(limit, int) and not isinstance(limit, bool) and 1 < limit < 10**6 else 0
     return pooling, normalize, max_seq
 
 
-def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path) -> dict[str, torch.Tensor]:
-    def get(name):
-        if name not in w:
-            refuse(where.parent, f"the weights have no {name!r} (not a BERT checkpoint of this configuration?)")
-        return w[name].float()
+def _state(w, cfg: ModelConfig, ids, c) -> dict[str, torch.Tensor]:
+    """qkv's state dict of BERT's weights ``w`` (:class:`~qkv.importers.folder.Weights`), each tensor
+    taken with the shape config.json ``c`` gives it."""
+    d, ff, n = cfg.d_model, cfg.d_ff, cfg.n_encoder_layers
+    D, FF = ("hidden_size",), ("hidden_size", "intermediate_size")
+    w.check_layers(r"encoder\.layer\.(\d+)\.", n, "num_hidden_layers")
 
     s: dict[str, torch.Tensor] = {}
     e = "embeddings."
-    word = get(e + "word_embeddings.weight")
     tokens = sum(m is not None for m in ids.model_ids)
-    if word.shape[0] != tokens:
-        refuse(where.parent, f"the word embeddings have {word.shape[0]} rows but tokenizer.json has {tokens} tokens: "
-                             "qkv imports a model whose vocabulary is its tokenizer's")
+    vocab = c.int("vocab_size", None)
+    if vocab is not None:
+        w.check_rows(e + "word_embeddings.weight", vocab, c.says("vocab_size"))
+    w.check_rows(e + "word_embeddings.weight", tokens, f"tokenizer.json has {tokens} tokens (qkv imports a model "
+                                                       "whose vocabulary is its tokenizer's)")
+    word = w.take(e + "word_embeddings.weight", (tokens, d), D)
     s["src_embed.weight"] = ids.rows(word)
-    s["src_pos.weight"] = get(e + "position_embeddings.weight")
-    s["src_types.weight"] = get(e + "token_type_embeddings.weight")
-    s["embed_norm.weight"], s["embed_norm.bias"] = get(e + "LayerNorm.weight"), get(e + "LayerNorm.bias")
-    for i in range(cfg.n_encoder_layers):
+    s["src_pos.weight"] = w.take(e + "position_embeddings.weight", (cfg.max_positions, d),
+                                 ("max_position_embeddings", "hidden_size"))
+    s["src_types.weight"] = w.take(e + "token_type_embeddings.weight", (cfg.type_vocab_size, d),
+                                   ("type_vocab_size", "hidden_size"))
+    s["embed_norm.weight"], s["embed_norm.bias"] = (w.take(e + "LayerNorm." + p, (d,), D) for p in ("weight", "bias"))
+    for i in range(n):
         h, q = f"encoder.layer.{i}.", f"encoder_layers.{i}."
         att = h + "attention.self."
-        s[q + "self_attn.in_proj.weight"] = torch.cat([get(att + n + ".weight") for n in ("query", "key", "value")])
-        s[q + "self_attn.in_proj.bias"] = torch.cat([get(att + n + ".bias") for n in ("query", "key", "value")])
-        for src, dst in (("attention.output.dense", "self_attn.out_proj"), ("attention.output.LayerNorm", "res_attn.norm"),
-                         ("intermediate.dense", "ffn.w_1"), ("output.dense", "ffn.w_2"),
-                         ("output.LayerNorm", "res_ffn.norm")):
-            s[q + dst + ".weight"], s[q + dst + ".bias"] = get(h + src + ".weight"), get(h + src + ".bias")
+        s[q + "self_attn.in_proj.weight"] = torch.cat([w.take(att + m + ".weight", (d, d), D)
+                                                      for m in ("query", "key", "value")])
+        s[q + "self_attn.in_proj.bias"] = torch.cat([w.take(att + m + ".bias", (d,), D) for m in ("query", "key", "value")])
+        for src, dst, shape, bias in (("attention.output.dense", "self_attn.out_proj", (d, d), d),
+                                      ("attention.output.LayerNorm", "res_attn.norm", (d,), d),
+                                      ("intermediate.dense", "ffn.w_1", (ff, d), ff),
+                                      ("output.dense", "ffn.w_2", (d, ff), d),
+                                      ("output.LayerNorm", "res_ffn.norm", (d,), d)):
+            s[q + dst + ".weight"] = w.take(h + src + ".weight", shape, FF)
+            s[q + dst + ".bias"] = w.take(h + src + ".bias", (bias,), FF)
     if cfg.task == "classify":
-        s["pooler.weight"], s["pooler.bias"] = get("pooler.dense.weight"), get("pooler.dense.bias")
-        s["classifier.weight"], s["classifier.bias"] = get("classifier.weight"), get("classifier.bias")
+        s["pooler.weight"], s["pooler.bias"] = w.take("pooler.dense.weight", (d, d), D), w.take("pooler.dense.bias", (d,), D)
+        k = cfg.n_classes
+        labels = ("hidden_size", "num_labels" if "num_labels" in c else "id2label")
+        s["classifier.weight"] = w.take("classifier.weight", (k, d), labels)
+        s["classifier.bias"] = w.take("classifier.bias", (k,), labels)
     elif cfg.mlm_head:
         p = "cls.predictions."
-        decoder = w.get(p + "decoder.weight")
-        if decoder is not None and not torch.equal(decoder.float(), word):
-            refuse(where.parent, "its masked-LM decoder is not tied to the word embeddings (qkv's head is tied)")
-        s["mlm_head.dense.weight"], s["mlm_head.dense.bias"] = get(p + "transform.dense.weight"), \
-            get(p + "transform.dense.bias")
-        s["mlm_head.norm.weight"], s["mlm_head.norm.bias"] = get(p + "transform.LayerNorm.weight"), \
-            get(p + "transform.LayerNorm.bias")
+        decoder = w.take(p + "decoder.weight", (word.shape[0], d), D, default=None)
+        if decoder is not None and not torch.equal(decoder, word):
+            refuse(c.path.parent, "its masked-LM decoder is not tied to the word embeddings (qkv's head is tied)")
+        s["mlm_head.dense.weight"] = w.take(p + "transform.dense.weight", (d, d), D)
+        s["mlm_head.dense.bias"] = w.take(p + "transform.dense.bias", (d,), D)
+        s["mlm_head.norm.weight"] = w.take(p + "transform.LayerNorm.weight", (d,), D)
+        s["mlm_head.norm.bias"] = w.take(p + "transform.LayerNorm.bias", (d,), D)
         # a row BERT lacks (qkv's BOS, EOS) gets no probability: every other token keeps BERT's own
-        s["mlm_head.bias"] = ids.rows(get(p + "bias"), fill=ADDED_ROW_LOGIT)
+        s["mlm_head.bias"] = ids.rows(w.take(p + "bias", (word.shape[0],), ()), fill=ADDED_ROW_LOGIT)
     return s

@@ -20,12 +20,14 @@ their own (zero, never emitted), added by the tokenizer's id map.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 
 from qkv.config import EOS, ModelConfig, TrainConfig
 from qkv.errors import QkvError
+from qkv.importers.folder import FolderError
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
 MODEL_TYPES = ("gpt2",)
@@ -40,53 +42,70 @@ def _refuse(where: Path, option: str, why: str) -> None:
     raise ImportRefused(f"{where}: {option} is not supported: {why}")
 
 
-def model_config(hf: dict, where: Path, vocab_size: int) -> ModelConfig:
-    act = hf.get("activation_function", "gelu_new")
+def model_config(hf, where: Path, vocab_size: int) -> ModelConfig:
+    """The qkv decoder-only model of GPT-2's config.json ``hf`` (a dict or a
+    :class:`~qkv.importers.folder.Config`); a malformed field is refused naming it."""
+    from qkv.importers.folder import Config
+
+    c = hf if isinstance(hf, Config) else Config(hf, where)
+    act = c.str("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
         _refuse(where, f"activation_function {act!r}", f"qkv computes {', '.join(sorted(ACTIVATIONS))}")
     for flag in ("add_cross_attention", "scale_attn_by_inverse_layer_idx"):
-        if hf.get(flag):
+        if c.bool(flag, False):
             _refuse(where, f"{flag} = true", "qkv's decoder-only layers are GPT-2's without it")
-    if hf.get("scale_attn_weights", True) is False:
+    if c.bool("scale_attn_weights", True) is False:
         _refuse(where, "scale_attn_weights = false", "qkv's attention divides by sqrt(d_k)")
-    if hf.get("tie_word_embeddings", True) is False:
+    if c.bool("tie_word_embeddings", True) is False:
         _refuse(where, "tie_word_embeddings = false", "qkv imports GPT-2 with its output tied to wte")
-    d = int(hf.get("n_embd", 768))
+    d, heads = c.int("n_embd", 768), c.int("n_head", 12)
+    if d % heads:
+        c.error(f"n_embd {d} is not a multiple of n_head {heads}")
     return ModelConfig(
-        task="lm", arch="transformer", d_model=d, n_heads=int(hf.get("n_head", 12)),
-        d_ff=int(hf.get("n_inner") or 4 * d), n_encoder_layers=1, n_decoder_layers=int(hf.get("n_layer", 12)),
-        dropout=float(hf.get("resid_pdrop", 0.1)), attention_dropout=float(hf.get("attn_pdrop", 0.1)),
-        positional="learned", max_positions=int(hf.get("n_positions", 1024)), norm_first=True, final_norm="auto",
-        activation=ACTIVATIONS[act], layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        task="lm", arch="transformer", d_model=d, n_heads=heads,
+        d_ff=c.int("n_inner", 4 * d), n_encoder_layers=1, n_decoder_layers=c.int("n_layer", 12),
+        dropout=c.float("resid_pdrop", 0.1, at_least=0, below=1),
+        attention_dropout=c.float("attn_pdrop", 0.1, at_least=0, below=1),
+        positional="learned", max_positions=c.int("n_positions", 1024, at_least=2), norm_first=True, final_norm="auto",
+        activation=ACTIVATIONS[act], layer_norm_eps=c.float("layer_norm_epsilon", 1e-5, at_least=0, at_most=1),
         scale_embeddings=False, share_embeddings=True, tie_output=True,
         src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
     ).validate()
 
 
-def state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, idmap, where: Path) -> dict[str, torch.Tensor]:
-    def w(name: str) -> torch.Tensor:
-        for candidate in (name, "transformer." + name):
-            if candidate in weights:
-                return weights[candidate].float()
-        raise QkvError(f"{where}: the weights have no {name!r} (not a GPT2LMHeadModel state dict?)")
+def state_dict(weights, cfg: ModelConfig, idmap, where: Path) -> dict[str, torch.Tensor]:
+    """qkv's state dict of GPT-2's weights (:class:`~qkv.importers.folder.Weights`), each tensor taken
+    with the shape config.json gives it."""
+    prefix = "transformer." if any(k.startswith("transformer.") for k in weights) else ""
+    d, ff = cfg.d_model, cfg.d_ff
 
-    out = {"embed.weight": idmap.rows(w("wte.weight")).contiguous(), "pos.weight": w("wpe.weight").contiguous(),
-           "final_norm.weight": w("ln_f.weight"), "final_norm.bias": w("ln_f.bias")}
-    if out["pos.weight"].size(0) < cfg.max_positions:
-        raise QkvError(f"{where}: wpe has {out['pos.weight'].size(0)} rows, n_positions says {cfg.max_positions}")
-    out["pos.weight"] = out["pos.weight"][: cfg.max_positions].contiguous()
+    def w(name: str, shape, fields=("n_embd",)) -> torch.Tensor:
+        return weights.take(prefix + name, shape, fields)
+
+    weights.check_layers(re.escape(prefix) + r"h\.(\d+)\.", cfg.n_decoder_layers, "n_layer")
+    tokens = sum(m is not None for m in idmap.model_ids)
+    vocab = weights.config.int("vocab_size", None) if weights.config else None
+    if vocab is not None:
+        weights.check_rows(prefix + "wte.weight", vocab, weights.config.says("vocab_size"))
+    weights.check_rows(prefix + "wte.weight", tokens, f"tokenizer.json has {tokens} tokens (qkv imports a model whose "
+                                                      "vocabulary is its tokenizer's)")
+    wte = w("wte.weight", (tokens, d))
+    out = {"embed.weight": idmap.rows(wte).contiguous(),
+           "pos.weight": w("wpe.weight", (cfg.max_positions, d), ("n_positions", "n_embd")).contiguous(),
+           "final_norm.weight": w("ln_f.weight", (d,)), "final_norm.bias": w("ln_f.bias", (d,))}
+    FF = ("n_embd", "n_inner")
     for i in range(cfg.n_decoder_layers):
         h, q = f"h.{i}", f"layers.{i}"
-        out[f"{q}.self_attn.in_proj.weight"] = w(f"{h}.attn.c_attn.weight").t().contiguous()  # Conv1D: (in, out)
-        out[f"{q}.self_attn.in_proj.bias"] = w(f"{h}.attn.c_attn.bias")
-        out[f"{q}.self_attn.out_proj.weight"] = w(f"{h}.attn.c_proj.weight").t().contiguous()
-        out[f"{q}.self_attn.out_proj.bias"] = w(f"{h}.attn.c_proj.bias")
-        out[f"{q}.ffn.w_1.weight"] = w(f"{h}.mlp.c_fc.weight").t().contiguous()
-        out[f"{q}.ffn.w_1.bias"] = w(f"{h}.mlp.c_fc.bias")
-        out[f"{q}.ffn.w_2.weight"] = w(f"{h}.mlp.c_proj.weight").t().contiguous()
-        out[f"{q}.ffn.w_2.bias"] = w(f"{h}.mlp.c_proj.bias")
+        out[f"{q}.self_attn.in_proj.weight"] = w(f"{h}.attn.c_attn.weight", (d, 3 * d)).t().contiguous()  # Conv1D: (in, out)
+        out[f"{q}.self_attn.in_proj.bias"] = w(f"{h}.attn.c_attn.bias", (3 * d,))
+        out[f"{q}.self_attn.out_proj.weight"] = w(f"{h}.attn.c_proj.weight", (d, d)).t().contiguous()
+        out[f"{q}.self_attn.out_proj.bias"] = w(f"{h}.attn.c_proj.bias", (d,))
+        out[f"{q}.ffn.w_1.weight"] = w(f"{h}.mlp.c_fc.weight", (d, ff), FF).t().contiguous()
+        out[f"{q}.ffn.w_1.bias"] = w(f"{h}.mlp.c_fc.bias", (ff,), FF)
+        out[f"{q}.ffn.w_2.weight"] = w(f"{h}.mlp.c_proj.weight", (ff, d), FF).t().contiguous()
+        out[f"{q}.ffn.w_2.bias"] = w(f"{h}.mlp.c_proj.bias", (d,))
         for qn, hn in (("res_attn.norm", "ln_1"), ("res_ffn.norm", "ln_2")):
-            out[f"{q}.{qn}.weight"], out[f"{q}.{qn}.bias"] = w(f"{h}.{hn}.weight"), w(f"{h}.{hn}.bias")
+            out[f"{q}.{qn}.weight"], out[f"{q}.{qn}.bias"] = w(f"{h}.{hn}.weight", (d,)), w(f"{h}.{hn}.bias", (d,))
     return out
 
 
@@ -95,11 +114,20 @@ def tokenizer(folder: Path, hf: dict):
     from qkv.data.pretrained import HFTokenizer
     from qkv.data.tokenizer import TokenizerPair
 
+    from qkv.importers.folder import Config, read_tokenizer_json
+
     path = folder / "tokenizer.json"
-    if not path.is_file():
+    if not path.exists():
         raise QkvError(f"{path}: missing (save the tokenizer with GPT2TokenizerFast.save_pretrained, which writes it)")
-    eos = hf.get("eos_token_id", 50256)
-    tok = HFTokenizer.create(path.read_bytes(), {EOS: eos}, (), str(path))
+    raw = read_tokenizer_json(path)
+    c = hf if isinstance(hf, Config) else Config(hf, folder / "config.json")
+    eos = c.int("eos_token_id", 50256, at_least=0)
+    from tokenizers import Tokenizer
+
+    size = Tokenizer.from_str(raw.decode("utf-8")).get_vocab_size(with_added_tokens=True)
+    if eos >= size:
+        raise FolderError(f"{c.path}: eos_token_id = {eos} is not a token of tokenizer.json ({size} tokens)")
+    tok = HFTokenizer.create(raw, {EOS: eos}, (), str(path))
     return TokenizerPair(tok, tok)
 
 
@@ -107,20 +135,18 @@ def convert(folder: Path, base: Path, config: dict, arch: str, sentence: dict | 
     """:mod:`qkv.importers`' entry point."""
     import dataclasses
 
-    from qkv.importers import Imported, read_weights
+    from qkv.importers import Imported
+    from qkv.importers.folder import Config, load_state, read_weights
     from qkv.models import build_model
 
     where = base / "config.json"
-    tokenizers = tokenizer(base, config)
+    c = Config(config, where)
+    tokenizers = tokenizer(base, c)
     tok = tokenizers.src
-    cfg = model_config(config, where, tok.vocab_size)
-    weights = read_weights(base)
+    cfg = model_config(c, where, tok.vocab_size)
+    sd = state_dict(read_weights(base, c), cfg, tok.ids, base)  # every tensor checked before a model is built
     model = build_model(cfg)
-    sd = state_dict(weights, cfg, tok.ids, base)
-    missing = sorted(set(model.state_dict()) - set(sd))
-    if missing:
-        raise QkvError(f"internal: the GPT-2 import left qkv parameters unset: {missing}")
-    model.load_state_dict(sd, strict=True)
+    load_state(model, sd, c)
     train = dataclasses.replace(TrainConfig(), max_len=min(TrainConfig().max_len, cfg.max_positions - 1))
     return Imported(model, cfg, tokenizers, train, {"data": {"train": f"imported from {base.name} ({arch})"}}, arch)
 
