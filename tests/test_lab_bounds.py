@@ -255,3 +255,41 @@ def test_solved_and_stopped_are_kept_across_restarts(tmp_path, fake, monkeypatch
     later = Lab(root)
     assert later.status("s") == "solved" and later.status("p") == "stopped"
     lab.stop_all()
+
+
+# --- a run's identity -----------------------------------------------------------------------------------
+
+def test_hues_are_chosen_apart_recorded_and_kept(tmp_path, fake, monkeypatch):
+    from qkv.lab.runs import name_hue, pick_hue
+
+    assert pick_hue("x", []) == name_hue("x") and 0 <= name_hue("anything") < 360
+    root = tmp_path / "runs"
+    lab = Lab(root, LabLimits(max_runs=12))
+    hues = {}
+    for k in range(12):
+        lab.start(f"r{k}", "copy", "transformer")
+        hues[f"r{k}"] = json.loads((root / f"r{k}" / "lab.json").read_text())["hue"]
+    values = list(hues.values())
+    for i in range(12):
+        for j in range(i):
+            d = abs(values[i] - values[j]) % 360
+            assert min(d, 360 - d) >= 22, values  # 12 hues, each farthest from those before it
+    lab.stop_all()
+    with TestClient(create_app(Lab(root), panels=None), base_url=LOCAL) as c:
+        assert c.delete("/api/runs/r3").json() == {"deleted": "r3"} and not (root / "r3").exists()
+        assert c.delete("/api/runs/r3").status_code == 404
+        listed = {r["name"]: r["hue"] for r in c.get("/api/runs").json()["runs"]}
+        assert listed == {n: h for n, h in hues.items() if n != "r3"}  # the others keep theirs
+
+
+def test_a_training_run_is_not_deleted(tmp_path, fake):
+    root = tmp_path / "runs"
+    lab = Lab(root)
+    with TestClient(create_app(lab, panels=None), base_url=LOCAL) as c:
+        assert c.post("/api/runs", json={"name": "busy", "task": "copy"}).status_code == 201
+        r = c.delete("/api/runs/busy")
+        assert r.status_code == 409 and "stop it first" in r.json()["error"] and (root / "busy").is_dir()
+        c.post("/api/runs/busy/stop")
+        lab.procs["busy"].wait(30)
+        assert c.delete("/api/runs/busy").status_code == 200 and not (root / "busy").exists()
+        assert c.get("/api/runs").json()["runs"] == []

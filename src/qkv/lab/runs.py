@@ -234,6 +234,26 @@ def write_whole(folder: Path, path: str, lines: list[str]) -> None:
         raise
 
 
+def name_hue(name: str) -> int:
+    """A hue (0-359) from a run's name alone (32-bit FNV-1a of its UTF-8 bytes): the colour of a run whose
+    ``lab.json`` records none (the page computes the same)."""
+    h = 0x811C9DC5
+    for byte in name.encode("utf-8"):
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h % 360
+
+
+def pick_hue(name: str, taken: list[int]) -> int:
+    """A new run's hue: the one farthest from every hue ``taken`` (ties: the lowest); the first run's from
+    its name. Recorded in its ``lab.json``, so a run keeps its colour across reloads, restarts of the lab
+    and the deletion of other runs."""
+    if not taken:
+        return name_hue(name)
+    def gap(h: int) -> int:
+        return min(min(abs(h - t) % 360, 360 - abs(h - t) % 360) for t in taken)
+    return max(range(360), key=lambda h: (gap(h), -h))
+
+
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 ENDED = "ended.json"  # in a run's directory: how it ended ({"status", "reason", "returncode", "ended"})
 
@@ -370,9 +390,10 @@ class Lab:
             fd = self.lifeline()
             argv = [sys.executable, "-m", "qkv.lab.child", str(fd), "train", *self.data(spec), "--out", str(out),
                     "--preset", "tiny", *flags(m), *flags(t)]
+            hue = pick_hue(name, [self.hue(other) for other in self.names()])
             out.mkdir(parents=True)
             record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "parameters": n,
-                      "stop_when_solved": bool(stop_when_solved), "started": time.time()}
+                      "stop_when_solved": bool(stop_when_solved), "hue": hue, "started": time.time()}
             (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                    "PYTHONUNBUFFERED": "1"}
@@ -568,13 +589,21 @@ class Lab:
         out = self.run_dir(name)
         record = json.loads((out / "lab.json").read_text(encoding="utf-8"))
         status = self.status(name)
-        record.update(status=status, dir=str(out), checkpoint=(out / "last").is_dir())
+        record.update(status=status, dir=str(out), checkpoint=(out / "last").is_dir(), hue=self.hue(name))
         end = None if status in ("training", "stopping") else self.end(name)
         if end:
             record["reason"] = end.get("reason", "")
         if status == "failed":
             record["error"] = self.log_tail(name)
         return record
+
+    def hue(self, name: str) -> int:
+        """The run's hue: its ``lab.json``'s, else :func:`name_hue`."""
+        try:
+            hue = json.loads((self.root / name / "lab.json").read_text(encoding="utf-8")).get("hue")
+        except (OSError, ValueError, AttributeError):
+            hue = None
+        return hue if isinstance(hue, int) and not isinstance(hue, bool) and 0 <= hue < 360 else name_hue(name)
 
     def checkpoint_step(self, name: str) -> int | None:
         """The update at which the run's newest checkpoint (``last/``) was saved: a validation's, or the one
@@ -626,4 +655,4 @@ def limits_from(args) -> LabLimits:
 
 
 __all__ = ["Lab", "LabLimits", "LabError", "Task", "TASKS", "PRESETS", "CHOICES", "SIZE_BOUNDS", "MAX_PARAMETERS",
-           "SOLVED", "files_task", "settings", "parameters", "flags", "pairs_of"]
+           "SOLVED", "files_task", "settings", "parameters", "flags", "pairs_of", "name_hue", "pick_hue", "ENDED"]
