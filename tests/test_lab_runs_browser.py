@@ -23,6 +23,7 @@ from qkv.lab.runs import ENDED, Lab, LabLimits, pick_hue, settings  # noqa: E402
 from qkv.serve import BackgroundServer  # noqa: E402
 
 from conftest import CHROMIUM, needs_chromium  # noqa: E402
+from lab_axes import check_axes  # noqa: E402
 
 pytestmark = needs_chromium
 T0 = 1_700_000_000.0
@@ -106,6 +107,19 @@ def test_legend_hover_colours_and_axes(lab_page):
             hue = abs(hls[i][0] - hls[j][0]) * 360
             assert min(hue, 360 - hue) > 15 or abs(hls[i][1] - hls[j][1]) > 0.05, (colours[i], colours[j])
 
+    # every tick label at its value (its centre on the scale's line, in screen pixels) and reading as it;
+    # run00's last point (update 500, loss 0.3) where those scales put it
+    got = check_axes(page, "#chart")
+    xs = [float(t["text"]) for t in got["x"]]
+    assert xs in ([float(v) for v in range(0, 501, 50)], [float(v) for v in range(0, 501, 100)]), xs
+    last = page.evaluate("""() => {
+        const svg = document.getElementById('chart'), line = svg.querySelector('polyline[data-run=run00]');
+        const p = line.points[line.points.numberOfItems - 1], m = line.getScreenCTM();
+        return [p.x * m.a + p.y * m.c + m.e, p.x * m.b + p.y * m.d + m.f];
+    }""")
+    (ax, bx), (ay, by) = got["x_scale"], got["y_scale"]
+    assert abs(ax + bx * 500 - last[0]) < 1 and abs(ay + by * 0.3 - last[1]) < 1
+
     # axis titles with units
     assert page.text_content("#x-title") == "updates (optimizer steps)"
     assert page.text_content("#y-title") == "training loss (nats per token)"
@@ -148,7 +162,8 @@ def test_log_axis_labels_are_powers_of_ten(lab_page):
     page.check("#log-y")
     page.wait_for_selector("#chart polyline.curve")
     labels = page.eval_on_selector_all("#chart text.ytick", "(ts) => ts.map((t) => t.textContent)")
-    assert labels == ["10-1", "100", "101", "102"]  # 10^-1 ... 10^2 (superscripts), around 0.2 ... 20
+    assert labels == ["0.1", "1", "10", "100"]  # a tick at each power of ten around 0.2 ... 20
+    check_axes(page, "#chart", log_y=True)  # each label centred at its value on a logarithmic axis
     ys = page.eval_on_selector_all("#chart text.ytick", "(ts) => ts.map((t) => +t.getAttribute('y'))")
     steps = [a - b for a, b in zip(ys, ys[1:])]
     assert max(steps) - min(steps) < 0.5  # evenly spaced: a logarithmic axis

@@ -42,6 +42,7 @@ from qkv.lab.runs import (CHOICES, MAX_PARAMETERS, MODEL_FIELDS, PRESETS, SIZE_B
 from qkv.serve.app import BodyLimit, HostCheck, error, validation_message
 
 MARKER = "<!-- PANELS -->"
+PLOT = "<!-- PLOT -->"  # where page.html takes plot.js, the charts every figure of the page draws with
 
 
 class StartRequest(BaseModel):
@@ -69,9 +70,12 @@ def default_panels() -> Path | None:
 
 
 def page_html(panels: Path | None) -> str:
-    page = resources.files("qkv.lab").joinpath("page.html").read_text(encoding="utf-8")
+    """page.html with the charts' script (plot.js) at ``PLOT`` and the panels' fragment at ``MARKER``."""
+    files = resources.files("qkv.lab")
+    page = files.joinpath("page.html").read_text(encoding="utf-8")
     fragment = panels.read_text(encoding="utf-8") if panels is not None and panels.is_file() else ""
-    return page.replace(MARKER, fragment)
+    plot = files.joinpath("plot.js").read_text(encoding="utf-8")
+    return page.replace(PLOT, f"<script>\n{plot}</script>").replace(MARKER, fragment)
 
 
 def add_panels(app: FastAPI) -> None:
@@ -181,4 +185,4 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     return app
 
 
-__all__ = ["create_app", "page_html", "add_panels", "StartRequest", "InsideRequest", "MARKER"]
+__all__ = ["create_app", "page_html", "add_panels", "StartRequest", "InsideRequest", "MARKER", "PLOT"]
