@@ -293,3 +293,20 @@ def test_a_training_run_is_not_deleted(tmp_path, fake):
         lab.procs["busy"].wait(30)
         assert c.delete("/api/runs/busy").status_code == 200 and not (root / "busy").exists()
         assert c.get("/api/runs").json()["runs"] == []
+
+
+def test_the_parameter_count_is_the_models_own_once_it_has_a_checkpoint(tmp_path):
+    from qkv.frontends import load
+
+    root = tmp_path / "runs"
+    fixture_run(root, "tr", "translate-transformer")
+    (root / "new").mkdir()
+    (root / "new" / "lab.json").write_text(json.dumps({"name": "new", "task": "copy", "preset": "x",
+                                                        "parameters": 123}))
+    lab = Lab(root)
+    model = load(FIXTURES / "translate-transformer").model
+    # the model's own parameters, each counted once (shared embeddings too)
+    real = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    d = lab.describe("tr")
+    assert d["parameters"] == real and d["parameters_counted"] is True
+    assert lab.describe("new")["parameters"] == 123 and "parameters_counted" not in lab.describe("new")

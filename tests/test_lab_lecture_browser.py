@@ -233,3 +233,45 @@ def test_the_settings_travel_in_the_address(page, browser):
         assert other.locator("#panel-masks details[open]").count() == 0
     finally:
         other.close()
+
+
+OVERFLOW_JS = """() => {
+  const w = document.documentElement.clientWidth;
+  const wide = [...document.querySelectorAll('body *')].filter((el) => {
+    const b = el.getBoundingClientRect();
+    if (!(b.width > 0 && b.right > w + 0.01)) return false;
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {  // inside a box that scrolls
+      if (["auto", "scroll", "hidden"].includes(getComputedStyle(a).overflowX)) return false;
+    }
+    return true;
+  }).slice(0, 8).map((el) => el.tagName + '#' + el.id + ' in ' + el.parentElement.tagName + '#' + el.parentElement.id + '.' + el.parentElement.className + ' ' + el.getBoundingClientRect().left + '-' + el.getBoundingClientRect().right);
+  return {scroll: document.documentElement.scrollWidth, width: w, wide};
+}"""
+
+
+def test_the_page_holds_at_420_px(browser, server):
+    """A phone's width: nothing wider than the window (wide tables scroll inside their own box), the
+    charts drawn at the width they get, their text at its size."""
+    page = browser.new_page(viewport={"width": 420, "height": 900})
+    page.set_default_timeout(PAGE_MS)
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.getElementById('lab-info').textContent.includes('of at most')")
+        page.fill("#inside-text", "abcdef")
+        page.select_option("#inside-run", "lstm")
+        page.click("#look")
+        page.wait_for_selector("#hidden:not([hidden]) #hidden-chart rect")
+        assert "word" in page.inner_text("#space-note")  # the ␣ the maps show, explained
+        assert "alignment" in page.inner_text("#heads figcaption") and page.locator("#layer").is_hidden()
+        for name in ("steps", "gates", "gradients", "schedule", "cost", "positions", "masks"):
+            page.click(f"#panel-{name} summary")
+            page.wait_for_selector(f"#panel-{name} .out[data-state=done], #panel-{name} .out[data-state=error]")
+        page.wait_for_timeout(500)
+        got = page.evaluate(OVERFLOW_JS)
+        assert got["scroll"] <= 420 and not got["wide"], got
+        # the charts fit and keep their text's size: drawn at their own width, not scaled down
+        for svg in page.locator(".panels svg.plot").all():
+            box = svg.bounding_box()
+            assert box["width"] <= 420 and abs(box["width"] - float(svg.get_attribute("width"))) < 1
+    finally:
+        page.close()

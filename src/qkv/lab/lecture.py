@@ -252,7 +252,8 @@ def _describe(cfg, stack_kind: str) -> str:
     what = {"encoder-decoder": "Transformer encoder-decoder", "decoder": "decoder-only Transformer",
             "encoder": "encoder-only Transformer"}[stack_kind]
     return (f"{what}: {cfg.n_encoder_layers if stack_kind != 'decoder' else cfg.n_decoder_layers} layers, "
-            f"d_model {cfg.d_model}, {cfg.n_heads} heads, {cfg.positional} positions, "
+            f"d_model {cfg.d_model}, {cfg.n_heads} heads, "
+            f"{'no positional encoding' if cfg.positional == 'none' else cfg.positional + ' positions'}, "
             f"{'pre' if cfg.norm_first else 'post'}-norm")
 
 

@@ -128,7 +128,7 @@ window.QkvPlot = window.QkvPlot || (() => {
       }
     });
     const legend = opts.legend === false ? "" : series.map((s, i) => `<span class="key"><span style="color:${s.color || COLORS[i % COLORS.length]}">■</span> ${esc(s.name)}</span>`).join(" ");
-    return `<figure class="qkv-chart" style="max-width:${w}px"><svg class="plot" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}">${out}</svg>` +
+    return `<figure class="qkv-chart" style="margin:0;max-width:${w}px"><svg class="plot" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}">${out}</svg>` +
       `<figcaption>${esc(opts.title || "")}${legend ? "<br>" + legend : ""}</figcaption></figure>`;
   }
 
@@ -153,7 +153,7 @@ window.QkvPlot = window.QkvPlot || (() => {
     out += `<line x1="${box.l}" x2="${w - box.r}" y1="${h - box.b}" y2="${h - box.b}" stroke="#98a2b3"/><line x1="${box.l}" x2="${box.l}" y1="${box.t}" y2="${h - box.b}" stroke="#98a2b3"/>`;
     if (opts.xlabel) out += `<text class="axis-title x" x="${box.l + (w - box.l - box.r) / 2}" y="${h - 3}" text-anchor="middle">${esc(opts.xlabel)}</text>`;
     if (opts.ylabel) out += `<text class="axis-title y" transform="translate(11 ${box.t + (h - box.t - box.b) / 2}) rotate(-90)" text-anchor="middle">${esc(opts.ylabel)}</text>`;
-    return `<figure class="qkv-bars" style="max-width:${w}px"><svg class="plot" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}">${out}</svg>` +
+    return `<figure class="qkv-bars" style="margin:0;max-width:${w}px"><svg class="plot" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}">${out}</svg>` +
       (opts.title ? `<figcaption>${esc(opts.title)}</figcaption>` : "") + "</figure>";
   }
 

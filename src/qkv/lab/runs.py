@@ -210,6 +210,21 @@ def parameters(model: dict, vocab_size: int, n_classes: int = 0) -> int:
         return parameter_breakdown(build_model(cfg))["total"]
 
 
+def counted(checkpoint: Path) -> int:
+    """The parameters of the model a checkpoint holds (its config.json's, with the vocabularies its run
+    built), counted on the meta device: what the run trains, where :func:`parameters` estimated it from
+    the task's vocabulary bound before the run started."""
+    import torch
+
+    from qkv.checkpoint import read_config
+    from qkv.info import parameter_breakdown
+    from qkv.models import build_model
+
+    cfg = read_config(checkpoint, "model")
+    with torch.device("meta"):
+        return parameter_breakdown(build_model(cfg))["total"]
+
+
 def flags(fields: dict) -> list[str]:
     """``{"d_model": 64, "bidirectional": False}`` -> ``["--d-model", "64", "--no-bidirectional"]``."""
     out = []
@@ -281,6 +296,7 @@ class Lab:
         self._settling = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._steps: dict[str, tuple[int, int]] = {}  # run -> (trainer_state.pt's mtime, its step)
+        self._counted: dict[str, tuple[int, int]] = {}  # run -> (last/config.json's mtime, its parameters)
 
     # --- data --------------------------------------------------------------------------------------
 
@@ -532,7 +548,7 @@ class Lab:
                 raise LabError(500, f"could not delete {out}: {e.strerror or e}") from None
             finally:
                 self.deleting.discard(name)
-            for table in (self.procs, self.ended, self.solved, self.to_solve, self._steps):
+            for table in (self.procs, self.ended, self.solved, self.to_solve, self._steps, self._counted):
                 table.pop(name, None)
             self.stopping.discard(name)
         return {"deleted": name}
@@ -590,12 +606,32 @@ class Lab:
         record = json.loads((out / "lab.json").read_text(encoding="utf-8"))
         status = self.status(name)
         record.update(status=status, dir=str(out), checkpoint=(out / "last").is_dir(), hue=self.hue(name))
+        real = self.parameters(name) if record["checkpoint"] else None
+        if real is not None:  # the model as built, with the vocabulary its run made (the start's was a bound)
+            record.update(parameters=real, parameters_counted=True)
         end = None if status in ("training", "stopping") else self.end(name)
         if end:
             record["reason"] = end.get("reason", "")
         if status == "failed":
             record["error"] = self.log_tail(name)
         return record
+
+    def parameters(self, name: str) -> int | None:
+        """The run's model's parameters as its checkpoint has it (None before its first checkpoint)."""
+        config = self.root / name / "last" / "config.json"
+        try:
+            stamp = config.stat().st_mtime_ns
+        except OSError:
+            return None
+        cached = self._counted.get(name)
+        if cached and cached[0] == stamp:
+            return cached[1]
+        try:
+            n = counted(config.parent)
+        except Exception:  # noqa: BLE001 - being replaced, or unreadable: the estimate stands
+            return None
+        self._counted[name] = (stamp, n)
+        return n
 
     def hue(self, name: str) -> int:
         """The run's hue: its ``lab.json``'s, else :func:`name_hue`."""
