@@ -338,3 +338,20 @@ def test_the_status_says_why_a_run_ended(lab_page):
     assert word("cut") == "time limit" and reason("cut") == "reached its time limit (600s) at update 500"
     assert word("won") == "solved" and word("shot") == "failed" and reason("shot") == "killed by SIGKILL (signal 9)"
     assert page.locator('#runs tr[data-run="cut"] button.delete').is_visible()
+
+
+def test_a_hover_is_cleared_when_the_data_change(lab_page):
+    root, open_page, _ = lab_page
+    for k in range(2):
+        write_run(root, f"h{k}", curve(k))
+    page = open_page()
+    page.wait_for_function("document.querySelectorAll('#chart polyline.curve').length === 2")
+    box = page.locator("#chart").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_selector("#tip:not([hidden])")
+    assert "h1:" in page.inner_text("#tip")
+    # h1's curve goes (ticked off without moving the pointer off the chart): its value must not stay
+    page.evaluate("() => { const c = document.querySelector('#runs tr[data-run=h1] input.show');"
+                  " c.checked = false; c.dispatchEvent(new Event('change')); }")
+    page.wait_for_function("document.querySelectorAll('#chart polyline.curve').length === 1")
+    assert page.locator("#tip").is_hidden()
