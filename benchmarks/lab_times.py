@@ -3,6 +3,7 @@ latency while two runs train.
 
     python benchmarks/lab_times.py [--tasks copy,reverse,...] [--presets transformer,lstm+attention,...]
                                    [--threads 2] [--budget 120] [--target 0.99] [--latency-seconds 60]
+    python benchmarks/lab_times.py --concurrent 1,4 --tasks copy,reverse [--threads 1] [--budget 600]
 
 1. Time to a working model. For each task and preset, one at a time, the lab starts the run as the
    page does (:class:`qkv.lab.runs.Lab`: ``qkv train`` in a child process with ``--threads``
@@ -16,6 +17,14 @@ latency while two runs train.
    as the lab's default bounds say) while one client asks, in turn, for what the page polls
    (``GET /api/runs``, ``GET /api/runs/NAME/metrics``) and looks inside (``POST .../inside``) for
    ``--latency-seconds``: p50 and p99 per endpoint.
+
+3. Concurrent runs (``--concurrent 1,4``): for each task and each count N, N runs start at once as the
+   lab's page starts them (one thread each by default, the lab's bound; stopped once solved, as the page
+   does): the Transformer preset, and with it the first N - 1 of ``--companions`` (the tour's
+   comparison: LSTM with attention, LSTM, GRU with attention). For each run: its start-up (from Start
+   to its first update's record: process start, imports, data and tokenizer), the delay from its first
+   update to its first validation point (update 25), and its time to ``--target`` exact match.
+   Times are only meaningful on an otherwise idle machine: the JSON records the load average.
 
 Prints Markdown tables and writes JSON to benchmarks/results/lab-times-DATE.json.
 """
@@ -68,6 +77,41 @@ def time_to_target(root: Path, task: str, preset: str, threads: int, budget: flo
     log(f"{task:<10} {preset:<15} " + (f"{row['seconds']:.1f} s (step {row['step']})" if reached else
                                        f"not reached in {budget:g} s (best {100 * best:.1f}%, step {step})"))
     return row
+
+
+def concurrent_times(root: Path, task: str, presets: list[str], threads: int, budget: float, target: float) -> dict:
+    """``presets`` started at once on ``task``: each run's start-up, first-point delay and time to ``target``."""
+    lab = Lab(root, LabLimits(max_runs=len(presets), run_threads=threads, max_time=budget))
+    names, started = [], {}
+    for k, preset in enumerate(presets):
+        name = f"n{len(presets)}-{k}-{preset.replace('+', '-')}-{task}"
+        started[name] = time.time()
+        lab.start(name, task, preset)
+        names.append(name)
+    rows = {n: {"preset": p, "startup_s": None, "first_point_s": None, "seconds": None, "step": None, "best_exact": 0.0}
+            for n, p in zip(names, presets)}
+    t0 = time.monotonic()
+    while any(lab.status(n) in ("training", "stopping") for n in names) and time.monotonic() - t0 < budget + 90:
+        time.sleep(0.5)
+        for n in names:
+            records, row = lab.metrics(n)["records"], rows[n]
+            if records and row["startup_s"] is None and "time" in records[0]:
+                row["startup_s"] = round(records[0]["time"] - started[n], 1)
+            valid = [r for r in records if "valid_exact" in r]
+            if valid and row["first_point_s"] is None and records and "time" in records[0]:
+                row["first_point_s"] = round(valid[0]["time"] - records[0]["time"], 1)
+            for r in valid:
+                row["best_exact"] = max(row["best_exact"], r["valid_exact"])
+                if r["valid_exact"] >= target and row["seconds"] is None:
+                    row["seconds"], row["step"] = round(r["time"] - started[n], 1), r["step"]
+    lab.stop_all()
+    for n in names:
+        rows[n]["status"] = lab.status(n)
+        r = rows[n]
+        log(f"{task:<8} N={len(presets)} {r['preset']:<15} start-up {r['startup_s']} s, first point +{r['first_point_s']} s, "
+            + (f"{r['seconds']} s to {100 * target:g}% (update {r['step']})" if r["seconds"] is not None
+               else f"not reached in {budget:g} s (best {100 * r['best_exact']:.1f}%)"))
+    return {"task": task, "n": len(presets), "threads": threads, "budget_s": budget, "runs": list(rows.values())}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -125,8 +169,14 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=120, help="seconds a timed run may take (default 120)")
     ap.add_argument("--target", type=float, default=0.99, help="validation exact match that counts as working")
     ap.add_argument("--latency-seconds", type=float, default=60, help="0: no latency measurement")
+    ap.add_argument("--concurrent", default="", help="counts of runs at once, e.g. 1,4 (see 3. above); "
+                                                     "with it, only this is measured")
+    ap.add_argument("--companions", default="lstm+attention,lstm,gru+attention",
+                    help="the presets that train beside the Transformer in --concurrent")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
+    if args.concurrent:
+        return concurrent_main(args)
     work = Path(tempfile.mkdtemp(prefix="lab-times-"))
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
@@ -154,6 +204,38 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"lab-times-{datetime.date.today().isoformat()}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    log(f"wrote {path}")
+
+
+def concurrent_main(args) -> None:
+    work = Path(tempfile.mkdtemp(prefix="lab-times-"))
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+                          "load_average_at_start": os.getloadavg()},
+              "command": " ".join(sys.argv), "target": args.target, "concurrent": []}
+    companions = [p for p in args.companions.split(",") if p]
+    try:
+        for task in args.tasks.split(","):
+            for n in (int(x) for x in args.concurrent.split(",")):
+                presets = ["transformer", *companions[: n - 1]]
+                if len(presets) < n:
+                    raise SystemExit(f"--concurrent {n}: give at least {n - 1} --companions")
+                result["concurrent"].append(concurrent_times(work / f"{task}-{n}", task, presets, args.threads,
+                                                             args.budget, args.target))
+    finally:
+        result["machine"]["load_average_at_end"] = os.getloadavg()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"| task | runs at once | preset | start-up | first point after update 1 | time to {100 * args.target:g}% |")
+    print("|---|---:|---|---:|---:|---:|")
+    for c in result["concurrent"]:
+        for r in c["runs"]:
+            when = f"{r['seconds']:.0f} s (update {r['step']})" if r["seconds"] is not None else \
+                f"not in {c['budget_s']:g} s ({100 * r['best_exact']:.1f}%)"
+            print(f"| {c['task']} | {c['n']} | {r['preset']} | {r['startup_s']} s | {r['first_point_s']} s | {when} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"lab-concurrent-{datetime.date.today().isoformat()}.json"
     path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     log(f"wrote {path}")
 

@@ -260,8 +260,7 @@ def test_a_real_run_trains_stops_on_request_and_is_an_ordinary_run_dir(tmp_path)
 
     lab = Lab(tmp_path / "runs", LabLimits(max_time=300))
     with TestClient(create_app(lab, panels=None), base_url=LOCAL) as c:
-        body = {"name": "t", "task": "copy", "model": {"d_model": 32, "n_heads": 2, "d_ff": 64},
-                "train": {"eval_every": 10}}
+        body = {"name": "t", "task": "copy", "model": {"d_model": 32, "n_heads": 2, "d_ff": 64}}
         assert c.post("/api/runs", json=body).status_code == 201
         deadline = time.monotonic() + 240
         while not any("valid_exact" in r for r in c.get("/api/runs/t/metrics").json()["records"]):
@@ -275,6 +274,11 @@ def test_a_real_run_trains_stops_on_request_and_is_an_ordinary_run_dir(tmp_path)
         records = c.get("/api/runs/t/metrics").json()["records"]
         assert {"train_loss", "lr", "grad_norm"} <= set(records[0])  # the first update's record
         assert any("valid_exact" in r for r in records)
+        # the first validation comes early (update 25, first_eval), not at the first eval_every (100): a
+        # curve point within seconds of the first update
+        first, valid = records[0], next(r for r in records if "valid_exact" in r)
+        assert first["step"] == 1 and valid["step"] == 25
+        assert valid["time"] - first["time"] < 10, (first, valid)
         assert "interrupted at step" in lab.log_tail("t", 20)  # SIGTERM: the trainer saved and said so
     assert main(["translate", str(tmp_path / "runs" / "t" / "last"), "abc", "--beam-size", "1"]) == 0
 

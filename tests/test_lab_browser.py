@@ -202,3 +202,27 @@ def test_a_request_that_hangs_does_not_stop_the_refreshes(lab_server, browser):
     page.wait_for_selector('#runs tr[data-run="after"]')
     page.wait_for_function("document.getElementById('lab-info').textContent.includes('of at most')")
     lab.stop("after")
+
+
+def test_an_early_curve_point_and_a_time_limit_said_as_such(lab_server, browser):
+    """A real run started from the page with the lab's defaults: its first validation point is on the
+    chart within 10 s of its first update (update 25, before the interval of 100), and when its
+    --max-time ends it the page says "time limit", and why."""
+    server, lab = lab_server
+    page = browser.new_page(viewport={"width": 1150, "height": 900})
+    page.set_default_timeout(PAGE_MS)
+    page.goto(server.url + "/")
+    page.wait_for_selector("#preset option", state="attached")
+    start(page, "quick", "transformer", {"d_model": 32, "d_ff": 64, "max_time": 25})
+    page.select_option("#metric", "valid_exact")
+    page.wait_for_selector('#chart [data-run="quick"]', timeout=3 * PAGE_MS)  # the first point, drawn
+    records = page.evaluate("runs.quick.records")
+    first, valid = records[0], next(r for r in records if "valid_exact" in r)
+    assert first["step"] == 1 and valid["step"] == 25
+    assert valid["time"] - first["time"] < 10, (first, valid)
+    page.wait_for_function("document.querySelector('#runs tr[data-run=quick] td.status .word')"
+                           "?.textContent === 'time limit'", timeout=3 * PAGE_MS)
+    reason = page.inner_text("#runs tr[data-run=quick] td.status .reason")
+    assert reason.startswith("reached its time limit (25s) at update"), reason
+    assert lab.log_tail("quick", 1).startswith("qkv lab: time limit: reached its time limit (25s)")
+    page.close()

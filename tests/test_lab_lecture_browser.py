@@ -9,6 +9,7 @@ Skipped where Playwright or Chromium is missing (set-up: see tests/test_serve_br
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from qkv.lab.runs import Lab, LabLimits  # noqa: E402
 from qkv.serve import BackgroundServer  # noqa: E402
 
 from conftest import needs_chromium  # noqa: E402
+from lab_axes import check_axes, read  # noqa: E402
 from lab_tour import choose  # noqa: E402
 
 pytestmark = needs_chromium
@@ -74,6 +76,12 @@ def test_step_by_step_shows_every_stage_and_the_temperature_reaches_the_model(pa
     stages = page.locator("#panel-steps .stage h4").all_inner_texts()
     assert [s.split(".")[0] for s in stages] == ["1", "2", "3", "4", "5", "6"]
     assert page.locator("#panel-steps table.mat").count() >= 11
+    # every heat map with its rows and columns labelled and a colour scale with its range
+    for fig in page.locator("#panel-steps figure:has(table.mat)").all():
+        assert fig.locator(".colour-scale").count() == 1
+        assert fig.locator("table.mat tr").first.locator("th").count() > 1 and fig.locator("table.mat tr").nth(1).locator("th").count() == 1
+    softmax = page.locator("#panel-steps figure:has-text('softmax: each row') .colour-scale")
+    assert softmax.get_attribute("data-lo") == "0" and softmax.get_attribute("data-hi") == "1"
     # the softmax table shows the answer's weights, row by row
     shown = page.locator("#panel-steps figure:has-text('softmax: each row') tr").nth(1).locator("td").all()
     assert [float(td.get_attribute("title")) for td in shown] == pytest.approx(answer["weights"][0], abs=1e-4)
@@ -155,10 +163,25 @@ def test_gates_and_gradients_draw_the_rnn_and_the_transformer(page):
     legend = page.inner_text("#panel-gradients figcaption")
     assert "lstm (lstm, attention general)" in legend and "tr (transformer)" in legend
     assert page.locator("#panel-gradients polyline").count() == 2
-    # the log axis is labelled with the values at its ends (not a power of ten rounded from them)
+    # the log axis: a tick at every power of ten from below the smallest norm to above the largest, each
+    # label at its value; every point where the scales put it
     norms = [float(v) for v in page.locator("#panel-gradients table.nums td:nth-child(n+3)").all_text_contents()]
-    top, bottom = (float(t) for t in page.locator("#panel-gradients svg text").all_text_contents()[:2])
-    assert top == pytest.approx(max(norms), rel=0.06) and bottom == pytest.approx(min(norms), rel=0.06)
+    got = check_axes(page, "#panel-gradients svg.plot", log_y=True)
+    ys = sorted(read(t["text"]) for t in got["y"])
+    decades = [v for v in ys if abs(math.log10(v) - round(math.log10(v))) < 1e-9]
+    assert decades[0] <= min(norms) and decades[-1] >= max(norms) and len(decades) >= 2
+    assert [round(math.log10(v)) for v in decades] == list(range(round(math.log10(decades[0])), round(math.log10(decades[-1])) + 1))
+    assert len(got["points"]) == 2 * len(norms) // 2  # every norm drawn as a point with its value
+    # every heat map of the gates: its units and source tokens labelled, and a colour scale with its range
+    page.click("#panel-gates summary") if not page.locator("#panel-gates details[open]").count() else None
+    maps = page.locator("#panel-gates figure:has(canvas)")
+    assert maps.count() == 4
+    tokens = reply.value.json()["tokens"]
+    for i in range(4):
+        fig = maps.nth(i)
+        assert fig.locator(".colour-scale").count() == 1
+        assert fig.locator(".collabels span").count() >= min(len(tokens), 4) and fig.locator(".rowlabels span").count() >= 2
+    assert maps.nth(2).locator(".colour-scale").get_attribute("data-lo") == "-1"  # the candidate: tanh's range
 
 
 def test_schedule_and_smoothing_show_their_code(page):
@@ -170,6 +193,16 @@ def test_schedule_and_smoothing_show_their_code(page):
     with page.expect_response(lambda r: "/api/panels/schedule?d_model=64&" in r.url):
         page.click("#panel-schedule [data-go]")
     page.wait_for_function("document.querySelectorAll('#panel-schedule polyline').length === 2")
+    # d_model 64, warmup 400: the peak (64 · 400)^-0.5 = 0.00625 reads as such, and the axis to the step's
+    # decimals (0.001 apart: "0.006", never "0.01" for the top), every label at its value
+    page.fill("#panel-schedule input[name=warmup]", "400")
+    with page.expect_response(lambda r: "warmup=400" in r.url):
+        page.click("#panel-schedule [data-go]")
+    page.wait_for_function("document.querySelectorAll('#panel-schedule polyline').length === 1")
+    assert page.locator("#panel-schedule text.peak").all_text_contents() == ["0.00625"]
+    got = check_axes(page, "#panel-schedule svg.plot")
+    labels = [t["text"] for t in got["y"]]
+    assert labels[0] == "0.000" and float(labels[-1]) >= 0.00625 and all(len(t) == 5 for t in labels), labels
     page.click("#panel-smoothing summary")
     drawn(page, "smoothing")
     assert "def label_smoothed_nll_loss(" in page.inner_text("#panel-smoothing pre.code")
@@ -200,3 +233,45 @@ def test_the_settings_travel_in_the_address(page, browser):
         assert other.locator("#panel-masks details[open]").count() == 0
     finally:
         other.close()
+
+
+OVERFLOW_JS = """() => {
+  const w = document.documentElement.clientWidth;
+  const wide = [...document.querySelectorAll('body *')].filter((el) => {
+    const b = el.getBoundingClientRect();
+    if (!(b.width > 0 && b.right > w + 0.01)) return false;
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {  // inside a box that scrolls
+      if (["auto", "scroll", "hidden"].includes(getComputedStyle(a).overflowX)) return false;
+    }
+    return true;
+  }).slice(0, 8).map((el) => el.tagName + '#' + el.id + ' in ' + el.parentElement.tagName + '#' + el.parentElement.id + '.' + el.parentElement.className + ' ' + el.getBoundingClientRect().left + '-' + el.getBoundingClientRect().right);
+  return {scroll: document.documentElement.scrollWidth, width: w, wide};
+}"""
+
+
+def test_the_page_holds_at_420_px(browser, server):
+    """A phone's width: nothing wider than the window (wide tables scroll inside their own box), the
+    charts drawn at the width they get, their text at its size."""
+    page = browser.new_page(viewport={"width": 420, "height": 900})
+    page.set_default_timeout(PAGE_MS)
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.getElementById('lab-info').textContent.includes('of at most')")
+        page.fill("#inside-text", "abcdef")
+        page.select_option("#inside-run", "lstm")
+        page.click("#look")
+        page.wait_for_selector("#hidden:not([hidden]) #hidden-chart rect")
+        assert "word" in page.inner_text("#space-note")  # the ␣ the maps show, explained
+        assert "alignment" in page.inner_text("#heads figcaption") and page.locator("#layer").is_hidden()
+        for name in ("steps", "gates", "gradients", "schedule", "cost", "positions", "masks"):
+            page.click(f"#panel-{name} summary")
+            page.wait_for_selector(f"#panel-{name} .out[data-state=done], #panel-{name} .out[data-state=error]")
+        page.wait_for_timeout(500)
+        got = page.evaluate(OVERFLOW_JS)
+        assert got["scroll"] <= 420 and not got["wide"], got
+        # the charts fit and keep their text's size: drawn at their own width, not scaled down
+        for svg in page.locator(".panels svg.plot").all():
+            box = svg.bounding_box()
+            assert box["width"] <= 420 and abs(box["width"] - float(svg.get_attribute("width"))) < 1
+    finally:
+        page.close()

@@ -70,6 +70,10 @@ def test_opening_each_panel_fetches_and_draws(page):
         assert reply.value.ok
         page.wait_for_selector(f"#panel-{name} .out {drawn}")
     assert page.locator("#panel-positions canvas").count() == 2
+    for fig in page.locator("#panel-positions figure:has(canvas)").all():  # labels and a colour scale each
+        assert fig.locator(".colour-scale").count() == 1 and fig.locator(".collabels span").count() >= 2
+    for fig in page.locator("#panel-attention figure.qkv-bars").all():  # the weights' bars have an axis 0 … 1
+        assert fig.locator("text.tick.y").all_text_contents()[0] == "0.0" and fig.locator("text.tick.y").all_text_contents()[-1] == "1.0"
     assert page.locator("#panel-masks table.grid").count() == 2 + 3  # padding, causal, one decoder mask per sentence
     assert page.problems == []
 

@@ -19,22 +19,27 @@ sync_api = pytest.importorskip("playwright.sync_api",
                                reason='the browser test needs playwright: pip install -c constraints.txt -e ".[test]"')
 
 from qkv.lab.app import create_app  # noqa: E402
-from qkv.lab.runs import Lab, LabLimits, settings  # noqa: E402
+from qkv.lab.runs import ENDED, Lab, LabLimits, pick_hue, settings  # noqa: E402
 from qkv.serve import BackgroundServer  # noqa: E402
 
 from conftest import CHROMIUM, needs_chromium  # noqa: E402
+from lab_axes import check_axes  # noqa: E402
 
 pytestmark = needs_chromium
 T0 = 1_700_000_000.0
 
 
 def write_run(root: Path, name: str, records: list[dict], checkpoint: bool = False, preset: str = "transformer",
-              task: str = "copy") -> None:
+              task: str = "copy", ended: dict | None = None) -> None:
+    """A run as the lab leaves it: its hue chosen as Lab.start chooses it (farthest from the others')."""
+    taken = [Lab(root).hue(n) for n in Lab(root).names()]
     run = root / name
     run.mkdir(parents=True)
     m, t = settings(preset)
     (run / "lab.json").write_text(json.dumps({"name": name, "task": task, "preset": preset, "model": m, "train": t,
-                                              "parameters": 123456, "started": T0}))
+                                              "parameters": 123456, "hue": pick_hue(name, taken), "started": T0}))
+    if ended:
+        (run / ENDED).write_text(json.dumps(ended))
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if checkpoint:
         (run / "last").mkdir()
@@ -102,6 +107,19 @@ def test_legend_hover_colours_and_axes(lab_page):
             hue = abs(hls[i][0] - hls[j][0]) * 360
             assert min(hue, 360 - hue) > 15 or abs(hls[i][1] - hls[j][1]) > 0.05, (colours[i], colours[j])
 
+    # every tick label at its value (its centre on the scale's line, in screen pixels) and reading as it;
+    # run00's last point (update 500, loss 0.3) where those scales put it
+    got = check_axes(page, "#chart")
+    xs = [float(t["text"]) for t in got["x"]]
+    assert xs in ([float(v) for v in range(0, 501, 50)], [float(v) for v in range(0, 501, 100)]), xs
+    last = page.evaluate("""() => {
+        const svg = document.getElementById('chart'), line = svg.querySelector('polyline[data-run=run00]');
+        const p = line.points[line.points.numberOfItems - 1], m = line.getScreenCTM();
+        return [p.x * m.a + p.y * m.c + m.e, p.x * m.b + p.y * m.d + m.f];
+    }""")
+    (ax, bx), (ay, by) = got["x_scale"], got["y_scale"]
+    assert abs(ax + bx * 500 - last[0]) < 1 and abs(ay + by * 0.3 - last[1]) < 1
+
     # axis titles with units
     assert page.text_content("#x-title") == "updates (optimizer steps)"
     assert page.text_content("#y-title") == "training loss (nats per token)"
@@ -144,7 +162,8 @@ def test_log_axis_labels_are_powers_of_ten(lab_page):
     page.check("#log-y")
     page.wait_for_selector("#chart polyline.curve")
     labels = page.eval_on_selector_all("#chart text.ytick", "(ts) => ts.map((t) => t.textContent)")
-    assert labels == ["10-1", "100", "101", "102"]  # 10^-1 ... 10^2 (superscripts), around 0.2 ... 20
+    assert labels == ["0.1", "1", "10", "100"]  # a tick at each power of ten around 0.2 ... 20
+    check_axes(page, "#chart", log_y=True)  # each label centred at its value on a logarithmic axis
     ys = page.eval_on_selector_all("#chart text.ytick", "(ts) => ts.map((t) => +t.getAttribute('y'))")
     steps = [a - b for a, b in zip(ys, ys[1:])]
     assert max(steps) - min(steps) < 0.5  # evenly spaced: a logarithmic axis
@@ -265,3 +284,74 @@ def test_a_classifier_and_a_language_model_in_the_table_and_chart(lab_page):
     assert "valid_exact" not in options and "valid_bleu" not in options
     page.select_option("#metric", "valid_accuracy")
     assert page.text_content("#y-title") == "validation accuracy (%)"
+
+
+def stroke_of(page) -> dict:
+    return page.evaluate("Object.fromEntries([...document.querySelectorAll('#chart polyline.curve')]"
+                         ".map((p) => [p.dataset.run, getComputedStyle(p).stroke]))")
+
+
+def test_colours_survive_a_deletion_and_a_reload_and_a_run_gone_from_disk_leaves_the_page(lab_page):
+    import shutil
+
+    root, open_page, _ = lab_page
+    for k, name in enumerate(("alpha", "beta", "gamma", "delta")):
+        write_run(root, name, curve(k), ended={"status": "stopped", "reason": "stopped at update 500"})
+    page = open_page()
+    page.wait_for_function("document.querySelectorAll('#chart polyline.curve').length === 4")
+    before = stroke_of(page)
+    assert len(set(before.values())) == 4
+    from qkv.lab.runs import name_hue  # a run without a recorded hue: the page's hash of its name is the lab's
+    names = ["alpha", "run00", "ümlaut-ß", "x.y_z-9"]
+    assert page.evaluate(f"{json.dumps(names)}.map(nameHue)") == [name_hue(n) for n in names]
+    # the page's Delete asks first; dismissed, nothing happens
+    page.once("dialog", lambda d: d.dismiss())
+    page.click('#runs tr[data-run="beta"] button.delete')
+    time.sleep(1.5)
+    assert (root / "beta").is_dir()
+    dialogs = []
+    page.once("dialog", lambda d: (dialogs.append(d.message), d.accept()))
+    page.click('#runs tr[data-run="beta"] button.delete')
+    page.wait_for_function("!document.querySelector('#runs tr[data-run=\"beta\"]')")
+    assert "beta" in dialogs[0] and not (root / "beta").exists()
+    assert stroke_of(page) == {n: c for n, c in before.items() if n != "beta"}
+    page.reload()
+    page.wait_for_function("document.querySelectorAll('#chart polyline.curve').length === 3")
+    assert stroke_of(page) == {n: c for n, c in before.items() if n != "beta"}
+    # a run removed on disk leaves the open page at its next refresh
+    shutil.rmtree(root / "gamma")
+    page.wait_for_function("!document.querySelector('#runs tr[data-run=\"gamma\"]')")
+    assert sorted(stroke_of(page)) == ["alpha", "delta"]
+
+
+def test_the_status_says_why_a_run_ended(lab_page):
+    root, open_page, _ = lab_page
+    write_run(root, "cut", curve(0), checkpoint=True,
+              ended={"status": "time limit", "reason": "reached its time limit (600s) at update 500"})
+    write_run(root, "won", curve(9), checkpoint=True,
+              ended={"status": "solved", "reason": "exact 100.0% at update 200 (the lab stops a run at 99%)"})
+    write_run(root, "shot", curve(1), ended={"status": "failed", "reason": "killed by SIGKILL (signal 9)"})
+    page = open_page()
+    page.wait_for_selector('#runs tr[data-run="shot"] td.status .word')
+    word = lambda n: page.inner_text(f'#runs tr[data-run="{n}"] td.status .word')  # noqa: E731
+    reason = lambda n: page.inner_text(f'#runs tr[data-run="{n}"] td.status .reason')  # noqa: E731
+    assert word("cut") == "time limit" and reason("cut") == "reached its time limit (600s) at update 500"
+    assert word("won") == "solved" and word("shot") == "failed" and reason("shot") == "killed by SIGKILL (signal 9)"
+    assert page.locator('#runs tr[data-run="cut"] button.delete').is_visible()
+
+
+def test_a_hover_is_cleared_when_the_data_change(lab_page):
+    root, open_page, _ = lab_page
+    for k in range(2):
+        write_run(root, f"h{k}", curve(k))
+    page = open_page()
+    page.wait_for_function("document.querySelectorAll('#chart polyline.curve').length === 2")
+    box = page.locator("#chart").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_selector("#tip:not([hidden])")
+    assert "h1:" in page.inner_text("#tip")
+    # h1's curve goes (ticked off without moving the pointer off the chart): its value must not stay
+    page.evaluate("() => { const c = document.querySelector('#runs tr[data-run=h1] input.show');"
+                  " c.checked = false; c.dispatchEvent(new Event('change')); }")
+    page.wait_for_function("document.querySelectorAll('#chart polyline.curve').length === 1")
+    assert page.locator("#tip").is_hidden()

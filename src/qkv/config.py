@@ -326,6 +326,8 @@ class TrainConfig:
         'how many times the rate may shrink before patience stops training (0: stop at once)', bound=whole(0, 10**4))
     # evaluation and checkpoints
     eval_every: int = setting(1000, 'validate and checkpoint every this many updates', bound=whole(1, MAX_STEPS))
+    first_eval: int = setting(0, 'validate and checkpoint at this update too, before the first eval_every, so a '
+                                 'curve starts early (0: no early validation)', bound=whole(0, MAX_STEPS))
     eval_bleu_samples: int = setting(
         200, "validation sentences decoded greedily for BLEU, each output at most 2 x its reference's tokens + 5",
         bound=whole(0, 10**8))
@@ -521,7 +523,7 @@ def check_option_bounds(seed: int | None = None, threads: int = 0, **floats: flo
 # update_freq may change only so that an update keeps its size, update_freq x processes, when the
 # number of processes changes (Trainer.restore checks it: the run's own process count is in its state).
 RESUMABLE = frozenset({"max_steps", "max_epochs", "max_time", "patience", "lr_shrink", "max_lr_shrinks",
-                       "eval_every", "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile",
+                       "eval_every", "first_eval", "eval_bleu_samples", "keep_last", "threads", "device", "amp", "compile",
                        "fused_loss", "nonfinite_limit", "update_freq"})
 SECTIONS = ("model", "train", "decode")
 

@@ -6,9 +6,12 @@
     GET  /api/runs                  every run: its settings and status
     POST /api/runs                  start a run: {"name", "task", "preset", "model": {...}, "train": {...}}
     POST /api/runs/NAME/stop        stop it (SIGTERM: last/ is committed, then the process exits)
+    DELETE /api/runs/NAME           delete its directory (409 while it trains: stop it first)
     GET  /api/runs/NAME/metrics     its metrics.jsonl records from ?since=N on, and the next N
     POST /api/runs/NAME/inside      {"text"}: the newest checkpoint's step, output, attention, hidden-state norms
     POST /api/runs/NAME/steps       one attention computation step by step (qkv.lab.lecture), and /gates, /gradients
+                                    (/inside, /steps, /gates, /gradients: one at a time per run, at most
+                                    --run-queue at once per run, 429 with Retry-After beyond)
     GET  /api/panels/...            the concept panels (qkv.lab.panels)
 
 The Host-header check and the body bound are ``qkv serve``'s; every error is JSON ``{"error": message}``
@@ -39,6 +42,7 @@ from qkv.lab.runs import (CHOICES, MAX_PARAMETERS, MODEL_FIELDS, PRESETS, SIZE_B
 from qkv.serve.app import BodyLimit, HostCheck, error, validation_message
 
 MARKER = "<!-- PANELS -->"
+PLOT = "<!-- PLOT -->"  # where page.html takes plot.js, the charts every figure of the page draws with
 
 
 class StartRequest(BaseModel):
@@ -66,9 +70,12 @@ def default_panels() -> Path | None:
 
 
 def page_html(panels: Path | None) -> str:
-    page = resources.files("qkv.lab").joinpath("page.html").read_text(encoding="utf-8")
+    """page.html with the charts' script (plot.js) at ``PLOT`` and the panels' fragment at ``MARKER``."""
+    files = resources.files("qkv.lab")
+    page = files.joinpath("page.html").read_text(encoding="utf-8")
     fragment = panels.read_text(encoding="utf-8") if panels is not None and panels.is_file() else ""
-    return page.replace(MARKER, fragment)
+    plot = files.joinpath("plot.js").read_text(encoding="utf-8")
+    return page.replace(PLOT, f"<script>\n{plot}</script>").replace(MARKER, fragment)
 
 
 def add_panels(app: FastAPI) -> None:
@@ -83,7 +90,7 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     ``panels``: the HTML fragment inlined at the page's marker (``"default"``: the package's own)."""
     limits = lab.limits
     fragment = default_panels() if panels == "default" else panels
-    checkpoints = Checkpoints()
+    checkpoints = Checkpoints(queue=limits.run_queue)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -108,7 +115,10 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
 
     @app.exception_handler(QkvError)
     async def refused(request, e: QkvError):
-        return error(getattr(e, "status", 422), str(e))
+        response = error(getattr(e, "status", 422), str(e))
+        if getattr(e, "retry_after", None):
+            response.headers["Retry-After"] = str(e.retry_after)
+        return response
 
     @app.exception_handler(Exception)
     async def broken(request, e: Exception):  # a fault of the lab's own: JSON too, never a plain-text page
@@ -131,7 +141,8 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
                 "max_parameters": MAX_PARAMETERS, "solved": SOLVED,
                 "train_defaults": {**{f: getattr(TrainConfig(), f) for f in TRAIN_FIELDS}, "max_time": limits.max_time},
                 "limits": {"max_runs": limits.max_runs, "run_threads": limits.run_threads,
-                           "max_time": limits.max_time, "max_chars": limits.max_chars},
+                           "max_time": limits.max_time, "max_chars": limits.max_chars,
+                           "run_queue": limits.run_queue},
                 "root": str(lab.root)}
 
     @app.get("/api/runs", summary="every run: its settings and status")
@@ -146,6 +157,13 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     @app.post("/api/runs/{name}/stop", summary="stop a run: it saves last/ and exits")
     async def stop(name: str):
         return lab.stop(name)
+
+    @app.delete("/api/runs/{name}", summary="delete a run's directory (refused while it trains: stop it first)")
+    async def delete(name: str):
+        run_dir = lab.run_dir(name)
+        out = await run_in_threadpool(lab.delete, name)
+        checkpoints.forget(run_dir)
+        return out
 
     @app.get("/api/runs/{name}/metrics", summary="the run's metrics.jsonl records from ?since=N on")
     async def metrics(name: str, since: int = 0):
@@ -167,4 +185,4 @@ def create_app(lab: Lab, allowed_hosts: tuple[str, ...] = (), panels: Path | Non
     return app
 
 
-__all__ = ["create_app", "page_html", "add_panels", "StartRequest", "InsideRequest", "MARKER"]
+__all__ = ["create_app", "page_html", "add_panels", "StartRequest", "InsideRequest", "MARKER", "PLOT"]

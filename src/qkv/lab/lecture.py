@@ -59,6 +59,7 @@ def _bounded(name: str, value: int, lo: int, hi: int) -> int:
 
 
 def _check_tokens(n: int, side: str) -> None:
+    """Refused before the model runs: a long input is never decoded only to be turned away."""
     if n > MAX_TOKENS:
         raise LectureError(f"text: the {side} is {n} tokens; this view takes at most {MAX_TOKENS}")
 
@@ -87,7 +88,10 @@ def _inputs(frontend, text: str, target: str | None) -> dict:
 
         tok = frontend.tokenizers
         src_ids = tok.src.encode([text])[0]
-        if target is None:
+        _check_tokens(len(src_ids) + 1, "source")  # pieces + EOS: before any decoding
+        if target is not None:
+            _check_tokens(len(tok.tgt.encode([target])[0]) + 1, "target")  # BOS + pieces
+        else:
             target = attention_data(frontend, text)["target"]  # the greedy output, as /inside shows it
         tgt_ids = tok.tgt.encode([target])[0] if target else []
         batch = collate([src_ids], [tgt_ids])
@@ -248,7 +252,8 @@ def _describe(cfg, stack_kind: str) -> str:
     what = {"encoder-decoder": "Transformer encoder-decoder", "decoder": "decoder-only Transformer",
             "encoder": "encoder-only Transformer"}[stack_kind]
     return (f"{what}: {cfg.n_encoder_layers if stack_kind != 'decoder' else cfg.n_decoder_layers} layers, "
-            f"d_model {cfg.d_model}, {cfg.n_heads} heads, {cfg.positional} positions, "
+            f"d_model {cfg.d_model}, {cfg.n_heads} heads, "
+            f"{'no positional encoding' if cfg.positional == 'none' else cfg.positional + ' positions'}, "
             f"{'pre' if cfg.norm_first else 'post'}-norm")
 
 
@@ -393,6 +398,7 @@ def input_gradients(frontend, text: str, target: str | None = None, scope: str =
     if not text.strip():
         raise LectureError("text: give a non-empty input")
     tok = frontend.tokenizers
+    _check_tokens(len(tok.src.encode([text])[0]) + 1, "source")  # pieces + EOS: before any decoding
     if target is None:
         if getattr(model, "has_attention", True):
             target = attention_data(frontend, text)["target"]

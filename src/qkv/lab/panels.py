@@ -430,8 +430,10 @@ def smoothing_panel(epsilon: float = 0.1, vocab: int = 10, gold: int = 3) -> dic
 # --- the routes ----------------------------------------------------------------------------------------
 
 def fragment() -> str:
-    """The panels' HTML fragment, for the lab page to inline."""
-    return FRAGMENT.read_text(encoding="utf-8")
+    """The panels' HTML fragment, for the lab page to inline, with the charts' script (``plot.js``, which
+    defines ``window.QkvPlot`` once however often it is inlined) before it."""
+    plot = (FRAGMENT.parent / "plot.js").read_text(encoding="utf-8")
+    return f"<script>\n{plot}</script>\n" + FRAGMENT.read_text(encoding="utf-8")
 
 
 def register(app, results_dir: Path | None = None) -> None:

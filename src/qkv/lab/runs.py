@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,8 @@ class LabLimits(Limits):
     max_runs: int = bound(3, "runs training at once (another start is refused until one ends)", high=64)
     run_threads: int = bound(1, "torch threads of each run", high=1024)
     max_time: float = bound(600.0, "seconds of training a run may take at most (its --max-time)", high=7 * 86400)
+    run_queue: int = bound(4, "requests looking inside one run at once (one computing, the rest waiting; more "
+                              "are refused with 429)", high=1024)
 
 
 class LabError(QkvError):
@@ -127,10 +130,11 @@ def files_task(src_train: str, tgt_train: str, src_valid: str | None = None, tgt
 
 # --- architectures -----------------------------------------------------------------------------------
 
-# What every lab run shares: small batches, validation (and a checkpoint) every 100 updates, exact
-# match on 200 validation sentences, no label smoothing (the tasks have one right answer).
-TRAIN = dict(max_len=64, max_tokens=1024, label_smoothing=0.0, eval_every=100, eval_bleu_samples=200,
-             max_steps=100_000, schedule="inverse_sqrt", warmup_steps=100, device="cpu", seed=1)
+# What every lab run shares: small batches, validation (and a checkpoint) at update 25, then every 100
+# (the first curve point within seconds of the first update), exact match on 200 validation sentences,
+# no label smoothing (the tasks have one right answer).
+TRAIN = dict(max_len=64, max_tokens=1024, label_smoothing=0.0, eval_every=100, first_eval=25,
+             eval_bleu_samples=200, max_steps=100_000, schedule="inverse_sqrt", warmup_steps=100, device="cpu", seed=1)
 RECURRENT = dict(d_model=128, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, bidirectional=True)
 PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainConfig fields)
     "transformer": (dict(arch="transformer", d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
@@ -207,6 +211,21 @@ def parameters(model: dict, vocab_size: int, n_classes: int = 0) -> int:
         return parameter_breakdown(build_model(cfg))["total"]
 
 
+def counted(checkpoint: Path) -> int:
+    """The parameters of the model a checkpoint holds (its config.json's, with the vocabularies its run
+    built), counted on the meta device: what the run trains, where :func:`parameters` estimated it from
+    the task's vocabulary bound before the run started."""
+    import torch
+
+    from qkv.checkpoint import read_config
+    from qkv.info import parameter_breakdown
+    from qkv.models import build_model
+
+    cfg = read_config(checkpoint, "model")
+    with torch.device("meta"):
+        return parameter_breakdown(build_model(cfg))["total"]
+
+
 def flags(fields: dict) -> list[str]:
     """``{"d_model": 64, "bidirectional": False}`` -> ``["--d-model", "64", "--no-bidirectional"]``."""
     out = []
@@ -231,7 +250,28 @@ def write_whole(folder: Path, path: str, lines: list[str]) -> None:
         raise
 
 
+def name_hue(name: str) -> int:
+    """A hue (0-359) from a run's name alone (32-bit FNV-1a of its UTF-8 bytes): the colour of a run whose
+    ``lab.json`` records none (the page computes the same)."""
+    h = 0x811C9DC5
+    for byte in name.encode("utf-8"):
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h % 360
+
+
+def pick_hue(name: str, taken: list[int]) -> int:
+    """A new run's hue: the one farthest from every hue ``taken`` (ties: the lowest); the first run's from
+    its name. Recorded in its ``lab.json``, so a run keeps its colour across reloads, restarts of the lab
+    and the deletion of other runs."""
+    if not taken:
+        return name_hue(name)
+    def gap(h: int) -> int:
+        return min(min(abs(h - t) % 360, 360 - abs(h - t) % 360) for t in taken)
+    return max(range(360), key=lambda h: (gap(h), -h))
+
+
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
+ENDED = "ended.json"  # in a run's directory: how it ended ({"status", "reason", "returncode", "ended"})
 
 
 class Lab:
@@ -251,9 +291,13 @@ class Lab:
         # the run then stops (qkv.lab.child). No thread of the lab owns it, so none can end a run.
         self._lifeline: tuple[int, int] | None = None
         self.to_solve: dict[str, str] = {}  # runs to stop at their first validation score >= SOLVED: the score
-        self.solved: set[str] = set()  # runs so stopped
+        self.solved: dict[str, str] = {}  # runs so stopped -> what solved them ("valid_exact 99.5% at update 1200")
+        self.ended: dict[str, dict] = {}  # runs of this lab that have ended -> their end record (ENDED)
+        self.deleting: set[str] = set()
+        self._settling = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._steps: dict[str, tuple[int, int]] = {}  # run -> (trainer_state.pt's mtime, its step)
+        self._counted: dict[str, tuple[int, int]] = {}  # run -> (last/config.json's mtime, its parameters)
 
     # --- data --------------------------------------------------------------------------------------
 
@@ -363,9 +407,10 @@ class Lab:
             fd = self.lifeline()
             argv = [sys.executable, "-m", "qkv.lab.child", str(fd), "train", *self.data(spec), "--out", str(out),
                     "--preset", "tiny", *flags(m), *flags(t)]
+            hue = pick_hue(name, [self.hue(other) for other in self.names()])
             out.mkdir(parents=True)
             record = {"name": name, "task": task, "preset": preset, "model": m, "train": t, "parameters": n,
-                      "stop_when_solved": bool(stop_when_solved), "started": time.time()}
+                      "stop_when_solved": bool(stop_when_solved), "hue": hue, "started": time.time()}
             (out / "lab.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                    "PYTHONUNBUFFERED": "1"}
@@ -377,13 +422,14 @@ class Lab:
                                                     pass_fds=(fd,))
             if stop_when_solved and spec.solved_by:
                 self.to_solve[name] = spec.solved_by
-                self._watch()
+            self._watch()
         return self.describe(name)
 
     def _watch(self) -> None:
-        """The thread that stops runs once solved (one, started with the first run that asks for it)."""
+        """The thread that stops runs once solved and records how each run ended (one, started with the
+        first run)."""
         if self._watcher is None or not self._watcher.is_alive():
-            self._watcher = threading.Thread(target=self._watch_loop, name="lab-solved", daemon=True)
+            self._watcher = threading.Thread(target=self._watch_loop, name="lab-runs", daemon=True)
             self._watcher.start()
 
     def _watch_loop(self, every: float = 0.5) -> None:
@@ -394,12 +440,73 @@ class Lab:
                 if proc is None or proc.poll() is not None:
                     self.to_solve.pop(name, None)
                     continue
-                scores = [r[key] for r in self.metrics(name)["records"] if key in r]
-                if scores and scores[-1] >= SOLVED:
+                records = [r for r in self.metrics(name)["records"] if key in r]
+                if records and records[-1][key] >= SOLVED:
+                    last = records[-1]
                     self.to_solve.pop(name, None)
-                    self.solved.add(name)
+                    self.solved[name] = (f"{key.removeprefix('valid_')} {last[key]:.1%} at update {last.get('step', '?')}"
+                                         f" (the lab stops a run at {SOLVED:.0%})")
                     self.stopping.add(name)
                     proc.send_signal(signal.SIGTERM)
+            for name, proc in list(self.procs.items()):
+                if proc.poll() is not None and name not in self.ended:
+                    self._settle(name)
+
+    # --- how a run ended ----------------------------------------------------------------------------
+
+    def _end_of(self, name: str, rc: int) -> dict:
+        """How the run ``name`` that exited with ``rc`` ended: solved, time limit, finished (its max_steps),
+        stopped, or failed (a signal, or the error its log ends with), with the reason in words."""
+        if name in self.solved:
+            return {"status": "solved", "reason": self.solved[name]}
+        if rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            if name in self.stopping and -rc in (signal.SIGTERM, signal.SIGKILL):  # the lab's own signal
+                return {"status": "stopped", "reason": f"stopped ({sig}) at update {self._last_step(name)}"}
+            return {"status": "failed", "reason": f"killed by {sig} (signal {-rc})", "signal": sig}
+        if name in self.stopping:
+            return {"status": "stopped", "reason": f"stopped at update {self._last_step(name)}"}
+        said = [line for line in self.log_tail(name, 40).splitlines() if line.strip()]
+        end = next((line for line in reversed(said) if line.startswith("stopped: ")), None)
+        if rc == 0 and end and "reached max_time=" in end:
+            limit = end.split("reached max_time=", 1)[1].split(";", 1)[0]
+            return {"status": "time limit", "reason": f"reached its time limit ({limit}) at update "
+                                                      f"{self._last_step(name)}"}
+        if rc == 0:
+            return {"status": "finished", "reason": end.split(";", 1)[0].removeprefix("stopped: ") if end
+                    else "exited"}
+        error = next((line for line in reversed(said) if line.startswith("qkv ")), said[-1] if said else "")
+        return {"status": "failed", "reason": f"exit status {rc}" + (f": {error}" if error else "")}
+
+    def _last_step(self, name: str) -> int:
+        steps = [r["step"] for r in self.metrics(name)["records"] if isinstance(r.get("step"), int)]
+        return max(steps, default=0)
+
+    def _settle(self, name: str) -> dict:
+        """Record once how the ended run ``name`` ended: ``ENDED`` in its directory (what a later lab
+        reads) and the same words as ``train.log``'s last line."""
+        with self._settling:
+            if name in self.ended:
+                return self.ended[name]
+            return self._record_end(name)
+
+    def _record_end(self, name: str) -> dict:
+        rc = self.procs[name].poll()
+        record = {**self._end_of(name, rc), "returncode": rc, "ended": time.time()}
+        self.ended[name] = record
+        out = self.root / name
+        if name in self.deleting or not out.is_dir():
+            return record
+        try:
+            write_whole(out, str(out / ENDED), [json.dumps(record)])
+            with open(out / "train.log", "a", encoding="utf-8") as log:
+                log.write(f"qkv lab: {record['status']}: {record['reason']}\n")
+        except OSError:
+            pass
+        return record
 
     def stop(self, name: str) -> dict:
         """Ask a training run to stop (SIGTERM: it commits ``last/`` at the next update and exits)."""
@@ -423,7 +530,29 @@ class Lab:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for name in list(self.procs):
+            if name not in self.ended:
+                self._settle(name)
         self.close()
+
+    def delete(self, name: str) -> dict:
+        """Delete the run ``name``'s directory; refused (409) while it trains: stop it first."""
+        out = self.run_dir(name)
+        with self.lock:
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                raise LabError(409, f"run {name!r} is training: stop it first, then delete it")
+            self.deleting.add(name)
+            try:
+                shutil.rmtree(out)
+            except OSError as e:
+                raise LabError(500, f"could not delete {out}: {e.strerror or e}") from None
+            finally:
+                self.deleting.discard(name)
+            for table in (self.procs, self.ended, self.solved, self.to_solve, self._steps, self._counted):
+                table.pop(name, None)
+            self.stopping.discard(name)
+        return {"deleted": name}
 
     # --- reading back ----------------------------------------------------------------------------------
 
@@ -441,29 +570,77 @@ class Lab:
         found = [p for p in self.root.iterdir() if NAME.fullmatch(p.name) and (p / "lab.json").is_file()]
         return [p.name for p in sorted(found, key=lambda p: (p / "lab.json").stat().st_mtime)]
 
-    def status(self, name: str) -> str:
-        """training | stopping | finished | solved | stopped | failed (runs this lab started); saved | empty
-        (runs an earlier lab left). solved: stopped by the lab at an exact match of SOLVED or more."""
+    def end(self, name: str) -> dict | None:
+        """How the run ended (:meth:`_end_of`'s record), None while it trains; a run an earlier lab
+        started: the record it left (``ENDED``), else what its log says."""
         proc = self.procs.get(name)
-        if proc is None:
-            return "saved" if (self.root / name / "last").is_dir() else "empty"
-        rc = proc.poll()
-        if rc is None:
+        if proc is not None:
+            rc = proc.poll()
+            if rc is None:
+                return None
+            return self.ended.get(name) or self._settle(name)
+        try:
+            return json.loads((self.root / name / ENDED).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pass
+        said = self.log_tail(name, 40)
+        if "reached max_time=" in said:
+            return {"status": "time limit", "reason": "reached its time limit"}
+        if "interrupted" in said:
+            return {"status": "stopped", "reason": "stopped (the lab that ran it recorded no more)"}
+        has = (self.root / name / "last").is_dir()
+        return {"status": "saved" if has else "empty",
+                "reason": "a checkpoint, no record of how it ended" if has else "no checkpoint"}
+
+    def status(self, name: str) -> str:
+        """training | stopping (runs training now); solved | time limit | finished | stopped | failed (how a
+        run ended, kept in its directory across restarts of the lab); saved | empty (a run without that
+        record). solved: stopped by the lab at a validation score of SOLVED or more; time limit: its
+        max_time ended it; finished: its max_steps; failed: a signal or an error."""
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
             return "stopping" if name in self.stopping else "training"
-        if name in self.solved:
-            return "solved"
-        if rc == 0:
-            return "finished"
-        return "stopped" if name in self.stopping else "failed"
+        return self.end(name)["status"]
 
     def describe(self, name: str) -> dict:
         out = self.run_dir(name)
         record = json.loads((out / "lab.json").read_text(encoding="utf-8"))
         status = self.status(name)
-        record.update(status=status, dir=str(out), checkpoint=(out / "last").is_dir())
+        record.update(status=status, dir=str(out), checkpoint=(out / "last").is_dir(), hue=self.hue(name))
+        real = self.parameters(name) if record["checkpoint"] else None
+        if real is not None:  # the model as built, with the vocabulary its run made (the start's was a bound)
+            record.update(parameters=real, parameters_counted=True)
+        end = None if status in ("training", "stopping") else self.end(name)
+        if end:
+            record["reason"] = end.get("reason", "")
         if status == "failed":
             record["error"] = self.log_tail(name)
         return record
+
+    def parameters(self, name: str) -> int | None:
+        """The run's model's parameters as its checkpoint has it (None before its first checkpoint)."""
+        config = self.root / name / "last" / "config.json"
+        try:
+            stamp = config.stat().st_mtime_ns
+        except OSError:
+            return None
+        cached = self._counted.get(name)
+        if cached and cached[0] == stamp:
+            return cached[1]
+        try:
+            n = counted(config.parent)
+        except Exception:  # noqa: BLE001 - being replaced, or unreadable: the estimate stands
+            return None
+        self._counted[name] = (stamp, n)
+        return n
+
+    def hue(self, name: str) -> int:
+        """The run's hue: its ``lab.json``'s, else :func:`name_hue`."""
+        try:
+            hue = json.loads((self.root / name / "lab.json").read_text(encoding="utf-8")).get("hue")
+        except (OSError, ValueError, AttributeError):
+            hue = None
+        return hue if isinstance(hue, int) and not isinstance(hue, bool) and 0 <= hue < 360 else name_hue(name)
 
     def checkpoint_step(self, name: str) -> int | None:
         """The update at which the run's newest checkpoint (``last/``) was saved: a validation's, or the one
@@ -515,4 +692,4 @@ def limits_from(args) -> LabLimits:
 
 
 __all__ = ["Lab", "LabLimits", "LabError", "Task", "TASKS", "PRESETS", "CHOICES", "SIZE_BOUNDS", "MAX_PARAMETERS",
-           "SOLVED", "files_task", "settings", "parameters", "flags", "pairs_of"]
+           "SOLVED", "files_task", "settings", "parameters", "flags", "pairs_of", "name_hue", "pick_hue", "ENDED"]

@@ -617,7 +617,7 @@ class Trainer:
                                  "(the first update since resuming)")
                     logged = True
                 reason = self._stop_reason(started)
-                if reason or (not stats["skipped"] and self.step % c.eval_every == 0):
+                if reason or (not stats["skipped"] and (self.step % c.eval_every == 0 or self.step == c.first_eval)):
                     self.elapsed += time.perf_counter() - started
                     started = time.perf_counter()
                     last_record = self._validate_and_save(bar)
