@@ -117,8 +117,10 @@ def _distinct_sizes():
     """While dynamo traces: sizes that happen to be equal (a source and a target of the same padded
     length) get symbols of their own, so that the graph is not specialised to their equality (duck
     shaping) and recompiled the first time they differ."""
-    config = getattr(getattr(torch.fx.experimental, "_config", None), "patch", None)
-    return config(use_duck_shape=False) if config is not None else contextlib.nullcontext()
+    config = getattr(torch.fx.experimental, "_config", None)
+    if config is None or not hasattr(config, "use_duck_shape") or not hasattr(config, "patch"):
+        return contextlib.nullcontext()  # an older torch: equal sizes may cost one more graph
+    return config.patch(use_duck_shape=False)
 
 
 def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:

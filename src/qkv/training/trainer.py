@@ -508,7 +508,8 @@ class Trainer:
         """
         self.model.train()
         if self._pending is None:
-            self._pending = {"run": torch.tensor(self.nonfinite, device=self.device),  # non-finite in a row
+            # filled on the device (torch.tensor(x, device=...) would copy from the host and wait)
+            self._pending = {"run": torch.full((), self.nonfinite, dtype=torch.long, device=self.device),  # in a row
                              "skipped": torch.zeros((), dtype=torch.long, device=self.device), "from": self.step}
         batches = [self.train_split.collate(ix) for ix in group]
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # counted on the host, before the copy
