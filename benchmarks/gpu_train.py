@@ -24,19 +24,34 @@ the trainer's own length-bucketed batching (``EncodedSplit.batches``), and every
 the same batches, from the same initial weights.
 
 **Settings**, each from a fresh model: ``fp32`` (TF32 on), ``bf16`` (autocast), ``bf16+compile``
-(``--amp bf16 --compile``: ``torch.compile`` of the model). Hugging Face: ``MarianMTModel`` (the same
+(``--amp bf16 --compile``: the training step compiled whole, ``qkv.training.step``). Hugging Face: ``MarianMTModel`` (the same
 architecture: post-norm, ReLU, sinusoidal positions, scaled and shared embeddings, SDPA attention)
 built from a ``MarianConfig`` of the same shapes, trained by a plain loop a Hugging Face user writes
 (logits, ``F.cross_entropy(label_smoothing=0.1)`` summed over the non-pad targets and divided by their
 number, fused Adam, the same schedule), as ``hf-fp32``, ``hf-bf16`` and ``hf-bf16+compile``.
 
-**Ablations** (``--ablations``): each of qkv's GPU-side choices timed against its absence, in the
-eager setting it belongs to, the choice undone for the baseline by replacing a library name during
-the call (benchmark only):
+On CUDA qkv's update is sync-free (``qkv.training.step``): the benchmark synchronises after each timed
+update itself, and reads the losses back at the end; the last warm-up update of each such setting runs
+under ``torch.cuda.set_sync_debug_mode("error")``, and ``host_syncs`` records whether it synchronised.
 
+**Ablations** (``--ablations``): each of qkv's GPU-side choices timed against its absence, one at a time,
+in the setting it belongs to (bf16 unless said), the choice undone for the baseline by replacing a
+library name during the call (benchmark only) or by another setting:
+
+* ``bf16``: bf16 autocast vs float32 (TF32 products);
+* ``tf32``: in the float32 setting, TF32 matrix products (what ``qkv train`` sets on CUDA) vs full float32;
+* ``sdpa``: attention through SDPA's fused kernels (flash / memory-efficient) vs its math backend;
+* ``fused-adam``: Adam's fused kernel vs its multi-tensor one, both reading the figures back every
+  update (the multi-tensor Adam cannot skip an update on the device);
+* ``sync-free``: the update that never waits for the GPU vs one that reads its figures back every update;
+* ``loss-upcast``: ``log_softmax(logits, dtype=float32)`` vs the logits copied to float32 first;
 * ``fused-loss``: on a GPU the logits are made and the loss taken from them (``qkv.tasks.base.
-  FUSED_LOSS_DEVICES`` is the CPU alone) vs the CPU's fused, chunked projection + loss, in bf16;
-* ``tf32``: in the float32 setting, TF32 matrix products (what ``qkv train`` sets on CUDA) vs full float32.
+  FUSED_LOSS_DEVICES`` is the CPU alone) vs the CPU's fused, chunked projection + loss;
+* ``compile``: the step compiled whole on padded shapes (``bf16+compile``) vs eager ``bf16``.
+
+``--dry-run`` rehearses all of it on the CPU at tiny shapes (``benchmarks/gpu_run.sh --dry-run``, which a
+test runs): the sync-free update as on CUDA, ``torch.compile`` through the ``eager`` backend (dynamo's
+tracing, fullgraph, without code generation).
 
 **Figures** per setting: target and source tokens/s (real tokens, padding not counted), the median
 step time, peak GPU memory (``torch.cuda.max_memory_allocated``), and MFU = model FLOPs per step /
@@ -192,7 +207,7 @@ def build_trainer(s: Shapes, split, setting: dict, device: str, out: Path):
     vocab = types.SimpleNamespace(vocab_size=s.vocab)
     tokenizers = types.SimpleNamespace(src=vocab, tgt=vocab, joint=True)
     return Trainer(model_cfg, train_cfg, DecodeConfig(), tokenizers, split, None, out, log=lambda m: None,
-                   device=device)
+                   device=device, sync_free=setting.get("sync_free"))
 
 
 def sync(device: str) -> None:
@@ -201,31 +216,56 @@ def sync(device: str) -> None:
 
 
 def time_qkv(s: Shapes, split, groups, warmup: int, setting: dict, device: str, first: int) -> dict:
-    """Warm-up updates, then each timed update alone (the trainer syncs at its end: the gradient norm).
-    The updates are the trainer's own (``Trainer._groups``, the loop ``qkv train`` runs) from the
-    ``first``-th batch of the epoch on; they are checked to be ``groups``."""
+    """Warm-up updates, then each timed update alone, the device synchronised after it (by the benchmark:
+    on CUDA the trainer's update is sync-free, its figures read back here at the end). The updates are
+    the trainer's own (``Trainer._groups``, the loop ``qkv train`` runs) from the ``first``-th batch of
+    the epoch on; they are checked to be ``groups``. On CUDA the last warm-up update of a sync-free
+    trainer runs under ``torch.cuda.set_sync_debug_mode("error")``: ``host_syncs`` records the result."""
     with tempfile.TemporaryDirectory() as tmp, setting.get("patch", contextlib.nullcontext)():
         trainer = build_trainer(s, split, setting, device, Path(tmp))
         trainer.batch_in_epoch = first
         own = trainer._groups()
+        checked = "not checked (CPU: tests/test_step.py guards the step)" if not device.startswith("cuda") else \
+            "not checked (the update reads back every update: not sync-free)" if not trainer.sync_free else None
         t0 = time.perf_counter()
-        for expected in groups[:warmup]:
+        for i, expected in enumerate(groups[:warmup]):
             group = next(own)
             assert group == expected, "the trainer's batches differ from the benchmark's"
-            trainer.train_step(group)
+            if checked is None and i == warmup - 1:
+                checked = sync_checked_step(trainer, group)
+            else:
+                trainer.train_step(group)
         sync(device)
         warm = time.perf_counter() - t0
-        times, losses = [], []
+        times, stats = [], []
         for expected in groups[warmup:]:
             group = next(own)
             assert group == expected, "the trainer's batches differ from the benchmark's"
             t = time.perf_counter()
-            stats = trainer.train_step(group)
+            stats.append(trainer.train_step(group))
             sync(device)
             times.append(time.perf_counter() - t)
-            losses.append(stats["loss"])
+        losses = [trainer._read_back(st)["loss"] for st in stats]
+        row = {"warmup_s": warm, "step_s": times, "loss": losses, "sync_free": trainer.sync_free,
+               "host_syncs": checked}
         del trainer
-    return {"warmup_s": warm, "step_s": times, "loss": losses}
+    return row
+
+
+def sync_checked_step(trainer, group) -> str:
+    """One update of ``trainer`` with CUDA's sync debug mode set to raise at any host synchronisation."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        trainer.train_step(group)
+        verdict = "none (one update under torch.cuda.set_sync_debug_mode('error'))"
+    except RuntimeError as e:
+        traceback.print_exc()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        verdict = f"synchronised: {str(e)[:300]}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return verdict
 
 
 # --- Hugging Face ----------------------------------------------------------------------------------------
@@ -311,6 +351,49 @@ def no_tf32():
         torch.set_float32_matmul_precision(before)
 
 
+@contextlib.contextmanager
+def math_attention():
+    """Attention through SDPA's math backend (eq. 1 as separate kernels) instead of its fused ones
+    (flash / memory-efficient on a GPU)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        yield
+
+
+@contextlib.contextmanager
+def unfused_adam():
+    """Adam's multi-tensor (foreach) implementation instead of its fused kernel; an optimizer that cannot
+    skip an update on the device, so the update reads back every update as well."""
+    from qkv.training import trainer
+
+    saved = trainer.build_optimizer
+    trainer.build_optimizer = lambda params, cfg, fused=False: saved(params, cfg, fused=False)
+    try:
+        yield
+    finally:
+        trainer.build_optimizer = saved
+
+
+@contextlib.contextmanager
+def upcast_logits():
+    """The loss as qkv took it before: the logits copied to float32, then their float32 log-softmax
+    (two float32 tensors of tokens x vocabulary), instead of ``log_softmax(dtype=float32)``."""
+    from qkv import losses
+    from qkv.tasks import base
+
+    saved = base.label_smoothed_nll_loss
+
+    def old(logits, target, epsilon, ignore_index=0):
+        return saved(logits.to(losses.loss_dtype(logits.dtype)), target, epsilon, ignore_index)
+
+    base.label_smoothed_nll_loss = old
+    try:
+        yield
+    finally:
+        base.label_smoothed_nll_loss = saved
+
+
 SETTINGS = {
     "fp32": {"kind": "qkv", "amp": "none", "compile": False},
     "bf16": {"kind": "qkv", "amp": "bf16", "compile": False},
@@ -319,10 +402,19 @@ SETTINGS = {
     "hf-bf16": {"kind": "hf", "amp": "bf16", "compile": False},
     "hf-bf16+compile": {"kind": "hf", "amp": "bf16", "compile": True},
 }
-ABLATIONS = {  # name: (the setting without the measure, the setting with it)
-    "fused-loss": ({"kind": "qkv", "amp": "bf16", "compile": False, "patch": fused_on_gpu}, "bf16"),
-    "tf32": ({"kind": "qkv", "amp": "none", "compile": False, "patch": no_tf32}, "fp32"),
+BF16 = SETTINGS["bf16"]
+ABLATIONS = {  # name: (the setting without the measure, the setting with it; a name is a row of SETTINGS)
+    "fused-loss": ({**BF16, "patch": fused_on_gpu}, "bf16"),
+    "tf32": ({**SETTINGS["fp32"], "patch": no_tf32}, "fp32"),
+    "bf16": ("fp32", "bf16"),  # bf16 autocast against float32 (TF32 products)
+    "sdpa": ({**BF16, "patch": math_attention}, "bf16"),  # SDPA's fused kernels against its math backend
+    "loss-upcast": ({**BF16, "patch": upcast_logits}, "bf16"),  # log_softmax(dtype=float32) against a copy first
+    "sync-free": ("bf16 read every update", "bf16"),  # no host sync in the update against a read every update
+    "fused-adam": ({**BF16, "patch": unfused_adam}, "bf16 read every update"),  # both read back every update
+    "compile": ("bf16", "bf16+compile"),  # the step compiled whole (padded shapes) against eager
 }
+#: rows an ablation compares with that are not among SETTINGS
+EXTRA_ROWS = {"bf16 read every update": {**BF16, "sync_free": False}}
 
 
 # --- the GPU's own rate ----------------------------------------------------------------------------------
@@ -465,6 +557,19 @@ def _ct2_time(model, model_cfg, src, out_len, rounds, device):
 
 # --- the run ---------------------------------------------------------------------------------------------
 
+def use_backend(backend: str) -> None:
+    """Every ``torch.compile`` call of this process (qkv's, Hugging Face's, the benchmark's) through
+    ``backend``, without inductor's ``mode`` and ``options``."""
+    real = torch.compile
+
+    def compile_with(fn=None, **kw):
+        kw.pop("mode", None), kw.pop("options", None)
+        return real(fn, **{**kw, "backend": backend}) if fn is not None else \
+            (lambda f: real(f, **{**kw, "backend": backend}))
+
+    torch.compile = compile_with
+
+
 def summarise(name: str, r: dict, flops: float, src_tok: float, tgt_tok: float, peak: float | None,
               measured: float | None, steps: int) -> dict:
     med = statistics.median(r["step_s"])
@@ -476,6 +581,7 @@ def summarise(name: str, r: dict, flops: float, src_tok: float, tgt_tok: float, 
            "source_tokens_per_s": src_tok / total, "model_tflop_per_step": flops / 1e12,
            "achieved_tflops": flops / med / 1e12, "warmup_s": r["warmup_s"], "step_s": r["step_s"],
            "loss": r["loss"], "peak_memory_gib": r.get("peak_memory_gib"),
+           "sync_free": r.get("sync_free"), "host_syncs": r.get("host_syncs"),
            "projected_hours_100k_steps": med * PAPER_STEPS / 3600}
     if peak:
         row["mfu"] = flops / med / 1e12 / peak
@@ -507,7 +613,23 @@ def main() -> int:
                     help="qkv eager, qkv --compile, CTranslate2 (default: %(default)s)")
     ap.add_argument("--budget", type=float, default=540, help="seconds; sections that would start later are skipped")
     ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile's backend for every compiled setting (default: %(default)s)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="rehearse every section on the CPU at tiny shapes: --tiny --device cpu, 2 timed updates, "
+                         "the updates sync-free as on CUDA, torch.compile's tracing (dynamo, fullgraph) without "
+                         "code generation (backend eager; inductor's C++ build would take minutes; "
+                         "tests/test_step.py traces the compiled step's backward too)")
     args = ap.parse_args()
+    if args.dry_run:
+        from qkv.training import step as step_mod
+
+        step_mod.SYNC_FREE_DEVICES = ("cpu", "cuda")  # the CPU runs the update CUDA runs
+        args.tiny, args.device, args.compile_backend = True, "cpu", "eager"
+        args.steps, args.warmup, args.decode_len, args.decode_rounds = 2, 1, 6, 1
+        args.budget = math.inf  # every section runs, whatever the CPU's speed
+    if args.compile_backend != "inductor":
+        use_backend(args.compile_backend)
     started = time.perf_counter()
 
     def left() -> float:
@@ -526,7 +648,7 @@ def main() -> int:
     split = make_split(src_lens, tgt_lens, s.vocab, seed=1)
     seed = qkv_configs(s, "none", False, "cpu")[1].seed  # the trainer's batch order: its seed, epoch 0
     order = split.batches(s.max_tokens, shuffle=True, seed=seed, epoch=0)
-    compiled_extra = 3
+    compiled_extra = 1 if args.dry_run else 3
     n_groups = args.warmup + compiled_extra + args.steps
     groups = [[order[i]] for i in range(n_groups)]  # one batch an update (one GPU, update_freq 1)
     timed = groups[-args.steps:]
@@ -592,24 +714,42 @@ def main() -> int:
     unknown = [n for n in names if n not in SETTINGS] + [n for n in args.ablations.split(",") if n and n not in ABLATIONS]
     if unknown:
         ap.error(f"unknown setting or ablation: {', '.join(unknown)}")
-    eager = [n for n in names if SETTINGS[n]["kind"] == "qkv" and not SETTINGS[n]["compile"]]
-    for name in eager:  # qkv's eager settings, then the ablations (cheap), then what compiles and the peer
-        report["settings"].append(run(name, SETTINGS[name]))
-        write()
-    by_name = {r["setting"]: r for r in report["settings"]}
-    for name in [n for n in args.ablations.split(",") if n]:
+    rows: dict[str, dict | None] = {}  # every row run, by name: each setting runs once
+
+    def row(name: str, setting: dict | None = None) -> dict | None:
+        if name not in rows:
+            rows[name] = run(name, setting or SETTINGS.get(name) or EXTRA_ROWS[name])
+            if name in SETTINGS:
+                report["settings"].append(rows[name])
+            write()
+        return rows[name]
+
+    def ablate(name: str) -> None:
         without, with_name = ABLATIONS[name]
-        base_row = run(f"{with_name} without {name}", without)
-        with_row = by_name.get(with_name) or run(with_name, SETTINGS[with_name])
-        entry = {"measure": name, "without": base_row, "with": with_row.get("setting") if with_row else None}
+        base_row = row(without) if isinstance(without, str) else row(f"{with_name} without {name}", without)
+        with_row = row(with_name)
+        entry = {"measure": name, "without": base_row, "with": with_name}
+        if with_name not in SETTINGS:
+            entry["with_row"] = with_row
         if base_row and "median_step_s" in base_row and with_row and "median_step_s" in with_row:
             entry["speedup"] = base_row["median_step_s"] / with_row["median_step_s"]
             print(f"ablation {name}: {entry['speedup']:.3f}x", flush=True)
         report["ablations"].append(entry)
         write()
+
+    def compiles(name: str) -> bool:
+        return any((SETTINGS.get(side) or {}).get("compile") for side in ABLATIONS[name] if isinstance(side, str))
+
+    eager = [n for n in names if SETTINGS[n]["kind"] == "qkv" and not SETTINGS[n]["compile"]]
+    wanted = [n for n in args.ablations.split(",") if n]
+    for name in eager:  # qkv's eager settings, the ablations that compile nothing (cheap), what compiles and
+        row(name)       # the peer, then the ablations that compare with what compiled
+    for name in [n for n in wanted if not compiles(n)]:
+        ablate(name)
     for name in [n for n in names if n not in eager]:
-        report["settings"].append(run(name, SETTINGS[name]))
-        write()
+        row(name)
+    for name in [n for n in wanted if compiles(n)]:
+        ablate(name)
     if args.decode:
         report["decoding"] = decode_section(s, args.device, args.decode_len, args.decode_rounds,
                                             args.decode_engines.split(","), left)

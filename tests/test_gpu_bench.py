@@ -129,34 +129,45 @@ def test_compiled_training_forward_equals_eager():
         torch.testing.assert_close(p.grad, g)
 
 
-def test_the_benchmark_runs_at_tiny_shapes(tmp_path):
-    """The script end to end on the CPU at tiny shapes: every eager setting trains on the same batches
-    (the same real tokens), the ablations have both sides, decoding writes fixed-length outputs."""
-    have_hf = importlib.util.find_spec("transformers") is not None
-    have_ct2 = importlib.util.find_spec("ctranslate2") is not None
-    settings = "fp32,bf16" + (",hf-fp32" if have_hf else "")
-    engines = "eager" + (",ct2" if have_ct2 else "")
+def test_the_device_run_rehearses_every_section_on_the_cpu(tmp_path):
+    """benchmarks/gpu_run.sh --dry-run: the script the GPU machine runs, every section at tiny shapes on
+    the CPU (the sync-free update, torch.compile's tracing by dynamo). Every setting trains
+    on the same batches, every ablation has both sides and a speedup, the sides of the ablations that
+    change no arithmetic agree on the loss, decoding writes fixed-length outputs eager and compiled."""
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-                           "--settings", settings, "--ablations", "fused-loss,tf32", "--decode-engines", engines,
-                           "--decode-len", "6", "--decode-rounds", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_run.sh"), "--dry-run", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     rows = {row["setting"]: row for row in r["settings"]}
-    assert set(rows) == set(settings.split(","))
+    have_hf = importlib.util.find_spec("transformers") is not None
+    assert set(rows) == {"fp32", "bf16", "bf16+compile"} | (
+        {"hf-fp32", "hf-bf16", "hf-bf16+compile"} if have_hf else set())
     for row in rows.values():
+        if row["setting"].startswith("hf-") and not have_hf:
+            continue
         assert "skipped" not in row, row
         assert len(row["step_s"]) == 2 and row["target_tokens_per_s"] > 0 and all(np.isfinite(row["loss"]))
         assert row["projected_hours_100k_steps"] == pytest.approx(row["median_step_s"] * 100_000 / 3600)
+    assert rows["bf16"]["sync_free"] and rows["bf16+compile"]["sync_free"]  # the CUDA update, rehearsed
+    assert rows["bf16"]["host_syncs"].startswith("not checked (CPU")
     # the same batches: qkv's fp32 and bf16 start from the same weights, so their first losses agree closely
     assert rows["fp32"]["loss"][0] == pytest.approx(rows["bf16"]["loss"][0], rel=0.02)
-    assert {a["measure"] for a in r["ablations"]} == {"fused-loss", "tf32"}
-    assert all("speedup" in a for a in r["ablations"])
+    ablations = {a["measure"]: a for a in r["ablations"]}
+    assert set(ablations) == {"bf16", "tf32", "sdpa", "fused-adam", "sync-free", "loss-upcast", "fused-loss",
+                              "compile"}
+    for a in ablations.values():
+        assert "speedup" in a and a["speedup"] > 0, a
+    for name in ("sdpa", "sync-free", "loss-upcast", "fused-loss"):  # the same update, computed another way
+        without, with_row = ablations[name]["without"], rows["bf16"]
+        np.testing.assert_allclose(without["loss"], with_row["loss"], rtol=2e-3, err_msg=name)
+    assert ablations["sync-free"]["without"]["sync_free"] is False
+    assert ablations["fused-adam"]["with"] == "bf16 read every update" and not ablations["fused-adam"]["with_row"][
+        "sync_free"]
     assert r["mean_real_tokens_per_update"]["target"] <= r["mean_padded_tokens_per_update"]["target"] <= 600
     dec = r["decoding"]
-    assert {d["engine"].split(" ")[0] for d in dec} == {"qkv"} | ({"ctranslate2"} if have_ct2 else set())
+    assert {(d["engine"], d["beam"]) for d in dec} == {(e, b) for e in ("qkv eager", "qkv --compile") for b in (1, 4)}
     for d in dec:
         assert "skipped" not in d, d
         assert d["output_tokens"] == 64 * 6
-    assert "| fp32 |" in proc.stdout
+    assert "| fp32 |" in proc.stdout and "| hf-bf16+compile |" in proc.stdout

@@ -357,7 +357,8 @@ class TrainConfig:
         'mixed precision of the training forward: none | bf16 | fp16 (CUDA only, with a gradient scaler)')
     compile: bool = setting(
         False,
-        'torch.compile the model for the training forward (slow first steps, faster later ones)')
+        'torch.compile the training step: forward and loss as one graph with its backward, batches padded to '
+        'multiples of 8 (slow first steps, faster later ones)')
     fused_loss: bool = setting(
         True,
         'on the CPU, compute the output projection and the label-smoothed loss together, chunk by chunk, without'

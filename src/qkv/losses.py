@@ -47,7 +47,9 @@ def label_smoothed_nll_loss(
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"epsilon must be in [0, 1), got {epsilon}")
     vocab_size = logits.size(-1)
-    log_probs = torch.log_softmax(logits.to(loss_dtype(logits.dtype)), dim=-1)  # (..., V), float32 even for bf16 logits
+    # (..., V) in float32 even for bf16 logits, converted inside the kernel: no float32 copy of the logits
+    # besides this one (and in the backward, the gradient comes back in the logits' dtype)
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=loss_dtype(logits.dtype))
     keep = target != ignore_index  # (...)
     safe_target = target.masked_fill(~keep, 0)  # ignored ids may be out of range (e.g. -100)
     nll = -log_probs.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1)  # (...)

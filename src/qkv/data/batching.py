@@ -54,6 +54,14 @@ class Batch:
 
         return dataclasses.replace(self, src=move(self.src), tgt_in=move(self.tgt_in), tgt_out=move(self.tgt_out))
 
+    def pin_memory(self) -> "Batch":
+        """A copy in page-locked host memory (CUDA only), whose ``to(cuda, non_blocking=True)`` does not wait."""
+
+        def pin(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.pin_memory()
+
+        return dataclasses.replace(self, src=pin(self.src), tgt_in=pin(self.tgt_in), tgt_out=pin(self.tgt_out))
+
     def __len__(self) -> int:
         return self.src.size(0)
 

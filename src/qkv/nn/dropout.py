@@ -10,8 +10,9 @@ values, and kept elements are scaled by 65536 / (number of kept values), so E[dr
 exactly. The one difference from torch's own is that p is quantised to 1/65,536 (0.3 becomes
 0.300003).
 
-On other devices (CUDA's fused kernel is already fast), for integer tensors, and where the
-quantised p would be 0 or 1, it is :func:`torch.nn.functional.dropout`. Outside training it
+On other devices (CUDA's fused kernel is already fast), for integer tensors, where the
+quantised p would be 0 or 1, and inside ``torch.compile`` (whose tracer does not take ``random_``;
+the compiled code generates its own masks), it is :func:`torch.nn.functional.dropout`. Outside training it
 returns its input.
 """
 
@@ -40,7 +41,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     dropped = round(p * LANE_VALUES)
-    if x.device.type != "cpu" or not x.is_floating_point() or not 0 < dropped < LANE_VALUES:  # p outside [0, 1] too
+    if x.device.type != "cpu" or not x.is_floating_point() or not 0 < dropped < LANE_VALUES \
+            or torch.compiler.is_compiling():  # p outside [0, 1] too; torch.compile traces no random_
         return F.dropout(x, p, training)
     keep, scale = keep_mask(x.shape, p, x.device)
     return _Dropout.apply(x, keep, scale)

@@ -115,11 +115,13 @@ def token_loss(module: torch.nn.Module, inputs: tuple, target: torch.Tensor, tra
     (``features=True``) and the output projection runs inside :func:`linear_label_smoothed_nll_loss`,
     which never makes the full logits; otherwise the loss is taken from the logits. Both give the same
     values and gradients (to float rounding). ``module`` may be wrapped (DDP, torch.compile): it is
-    called, the weight is read from inside.
+    called, the weight is read from inside. Traced by ``torch.compile`` (a compiled training step,
+    :mod:`qkv.training.step`), the loss is taken from the logits, which the compiler fuses.
     """
     model = unwrap(module)
     if train_cfg.fused_loss and target.device.type in FUSED_LOSS_DEVICES and hasattr(model, "output_weight") \
-            and getattr(model, "output_bias", None) is None:  # the fused loss has no bias term
+            and getattr(model, "output_bias", None) is None \
+            and not torch.compiler.is_compiling():  # its chunk loop and nonzero are eager code; no bias term
         hidden = module(*inputs, features=True)  # (B, T, d)
         return linear_label_smoothed_nll_loss(hidden, model.output_weight, target, train_cfg.label_smoothing)
     return label_smoothed_nll_loss(module(*inputs), target, train_cfg.label_smoothing)

@@ -15,7 +15,9 @@ Everything else is here, the same for every task:
 * gradient clipping, gradient accumulation (``update_freq``);
 * length-bucketed batches under a token budget (:mod:`qkv.data.batching`);
 * the device (``device``: CPU or CUDA, fused Adam on CUDA), mixed precision (``amp``: bf16, or fp16
-  with a gradient scaler) and ``torch.compile`` (``compile``) for the training forward;
+  with a gradient scaler) and ``torch.compile`` (``compile``: the forward and the loss as one graph,
+  on padded shapes); on CUDA an update that never waits for the device, its figures read back every
+  50 updates (:mod:`qkv.training.step`);
 * data parallelism under ``torchrun`` (:mod:`qkv.training.distributed`): an update takes
   ``update_freq x world_size`` batches of the one seeded batch order, rank r trains on every
   world_size-th of them, and the loss is normalised by the update's global number of target
@@ -72,6 +74,8 @@ from qkv.training.distributed import DistInfo
 from qkv.training.progress import clock_fields
 from qkv.training.rundir import RunLock, holds_checkpoints, missing_last_message, recover, truncate_metrics
 from qkv.training.schedule import cooldown, learning_rate
+from qkv.training import step as step_mod
+from qkv.training.step import READ_EVERY, grad_norm, loss_function, pad_batch, supports_found_inf, sync_free_update
 
 
 # the metrics.jsonl field of the training rate, by what the task's batches count (Task.unit)
@@ -101,10 +105,11 @@ def _to_cpu(obj):
     return obj
 
 
-def build_optimizer(params, train_cfg: TrainConfig, on_cuda: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(params, train_cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
     """The optimizer named by ``train_cfg.optimizer``; its rate is set before every update.
 
-    * ``adam``: Adam(β1, β2, ε) as the paper trains (fused into one kernel on CUDA).
+    * ``adam``: Adam(β1, β2, ε) as the paper trains (with ``fused``, one kernel for all parameters:
+      the trainer fuses it on CUDA, and wherever the update is sync-free, :mod:`qkv.training.step`).
     * ``nag``: SGD with Nesterov momentum μ (``momentum``), fairseq 0.9's default optimizer. fairseq's
       NAG keeps its buffer with the rate folded in, b ← μ·(lr/lr_prev)·b − lr·g, and steps
       θ ← θ + μ²·(lr/lr_prev)·b_prev − (1+μ)·lr·g; with B = −b/lr that is exactly torch's
@@ -121,7 +126,7 @@ def build_optimizer(params, train_cfg: TrainConfig, on_cuda: bool = False) -> to
         betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
         eps=train_cfg.adam_eps,
         weight_decay=train_cfg.weight_decay,
-        **({"fused": True} if on_cuda else {}),  # one kernel for all parameters
+        **({"fused": True} if fused else {}),  # one kernel for all parameters
     )
 
 
@@ -151,8 +156,13 @@ class Trainer:
         device: torch.device | str = "cpu",
         dist_info: DistInfo | None = None,
         task: Task | None = None,
+        sync_free: bool | None = None,
     ):
-        """``train_split``/``valid_split``: what ``task.encode`` returned (see :mod:`qkv.tasks`)."""
+        """``train_split``/``valid_split``: what ``task.encode`` returned (see :mod:`qkv.tasks`).
+
+        ``sync_free``: updates that never wait for the device, their figures read back every
+        :data:`~qkv.training.step.READ_EVERY` updates (:mod:`qkv.training.step`); default: on CUDA. Used
+        on one process with Adam and without fp16 (whose gradient scaler reads its overflow check)."""
         self.train_cfg, self.decode_cfg = train_cfg, decode_cfg
         self.task = task or get_task(model_cfg.task)
         self.model_cfg = self.task.model_config(model_cfg, tokenizers).validate()
@@ -168,7 +178,13 @@ class Trainer:
         if self.dist.rank > 0:
             torch.manual_seed(_rank_seed(train_cfg.seed, self.dist.rank))
         on_cuda = self.device.type == "cuda"
-        self.optimizer = build_optimizer(self.model.parameters(), train_cfg, on_cuda)
+        if sync_free is None:
+            sync_free = self.device.type in step_mod.SYNC_FREE_DEVICES
+        self.sync_free = sync_free and not self.dist.distributed \
+            and train_cfg.amp != "fp16" and train_cfg.optimizer == "adam"
+        self.optimizer = build_optimizer(self.model.parameters(), train_cfg, fused=on_cuda or self.sync_free)
+        self.sync_free = self.sync_free and supports_found_inf(self.optimizer)
+        self._pending = None  # a sync-free run's device-side counters (see _read_back)
         # fp16 gradients underflow without loss scaling; bf16 has float32's range and needs none.
         self.scaler = torch.amp.GradScaler("cuda") if train_cfg.amp == "fp16" else None
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train_cfg.amp)
@@ -179,7 +195,12 @@ class Trainer:
         if self.dist.distributed:
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if on_cuda else None)
             module = self.ddp
-        self.train_module = torch.compile(module) if train_cfg.compile else module
+        # One process compiles the forward and the loss whole (fullgraph), on padded shapes (qkv.training.step);
+        # under DDP the module is compiled (DDP's bucketing breaks the graph between all-reduces).
+        self.pad_shapes = train_cfg.compile and self.ddp is None
+        self.train_module = torch.compile(module) if train_cfg.compile and self.ddp is not None else module
+        self.train_loss = loss_function(self.task, self.train_module, train_cfg, self.device, self.amp_dtype,
+                                        compile=self.pad_shapes)
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # batches of the current epoch already consumed
@@ -292,6 +313,7 @@ class Trainer:
         self.bad_evals = int(st.get("bad_evals", 0))  # older checkpoints: counting starts again here
         self.lr_shrinks = int(st.get("lr_shrinks", 0))
         self.nonfinite = int(st.get("nonfinite", 0))
+        self._pending = None
         self.saved_last = self.step if path.name == "last" else -1
         self._check_update_size(path, int(ckpt.config.get("train", {}).get("update_freq", 1)),
                                 int(st.get("world_size", 1)))
@@ -360,10 +382,7 @@ class Trainer:
         training forward (DDP / compiled, under autocast), else the plain model in full precision.
         The task computes the loss from the logits in float32 whatever their dtype."""
         if train:
-            autocast = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None
-                        else contextlib.nullcontext())
-            with autocast:
-                return self.task.loss(self.train_module, batch, self.train_cfg)
+            return self.train_loss(batch)
         return self.task.loss(self.model, batch, self.train_cfg)
 
     def _stop_reason(self, started: float) -> str | None:
@@ -413,7 +432,12 @@ class Trainer:
         are all-reduced in the backward of their last batch only (``no_sync`` before it). A rank
         whose share of an epoch's last, short group is empty still joins that all-reduce, with a
         zero-weighted backward of another batch.
+
+        A sync-free trainer (``self.sync_free``) runs :meth:`_sync_free_step` instead, whose figures stay
+        on the device until :meth:`_read_back`.
         """
+        if self.sync_free:
+            return self._sync_free_step(group)
         self.model.train()
         world = self.dist.world_size
         batches = [self.train_split.collate(ix) for ix in group[self.dist.rank :: world]]
@@ -423,6 +447,8 @@ class Trainer:
             n_tokens = int(distributed.all_reduce_sum(torch.tensor([n_tokens], dtype=torch.long)).item())
             if not batches:
                 batches, weights = [self.train_split.collate(group[0])], [0.0]
+        if self.pad_shapes:
+            batches = [pad_batch(b) for b in batches]
         denominator = n_tokens / world
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
@@ -469,9 +495,79 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             return 0.0
-        if self.train_cfg.clip_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(params, self.train_cfg.clip_norm))
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+        return float(grad_norm(params, self.train_cfg.clip_norm))
+
+    def _sync_free_step(self, group: list[list[int]]) -> dict:
+        """One update (one process) that never waits for the device (:mod:`qkv.training.step`).
+
+        The same update as :meth:`train_step`'s, except for what is known when it returns: the loss,
+        the gradient norm and whether the update was skipped stay on the device (``"deferred": True``;
+        :meth:`_read_back` reads them), and the step is counted whether or not the device skipped it
+        (as the fp16 gradient scaler's skipped updates are): the next read-back reports skipped updates
+        and stops a run that has had ``nonfinite_limit`` of them in a row.
+        """
+        self.model.train()
+        if self._pending is None:
+            # filled on the device (torch.tensor(x, device=...) would copy from the host and wait)
+            self._pending = {"run": torch.full((), self.nonfinite, dtype=torch.long, device=self.device),  # in a row
+                             "skipped": torch.zeros((), dtype=torch.long, device=self.device), "from": self.step}
+        batches = [self.train_split.collate(ix) for ix in group]
+        n_tokens = sum(b.n_tgt_tokens for b in batches)  # counted on the host, before the copy
+        if self.pad_shapes:
+            batches = [pad_batch(b) for b in batches]
+        if self.device.type == "cuda":
+            batches = [b.pin_memory() if hasattr(b, "pin_memory") else b for b in batches]
+        lr = self.lr(self.step + 1)
+        stats = self._device_update(batches, n_tokens, lr)
+        self.batch_in_epoch += len(group)
+        self.step += 1
+        return stats
+
+    def _device_update(self, batches: list, n_tokens: int, lr: float) -> dict:
+        """The device's part of a sync-free update: copies, forward and loss, backward, the gradient norm
+        and the optimizer's step, with nothing read back (``tests/test_step.py`` makes every read raise)."""
+        loss_sum = torch.zeros((), device=self.device)
+        nll_sum = torch.zeros((), device=self.device)
+        for batch in batches:
+            loss, nll = self.loss(batch.to(self.device, non_blocking=True), train=True)
+            (loss / n_tokens).backward()
+            loss_sum += loss.detach()
+            nll_sum += nll.detach()
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        norm, finite = sync_free_update(self.optimizer, list(self.model.parameters()), loss_sum,
+                                        self.train_cfg.clip_norm)
+        bad = (~finite).long()
+        self._pending["run"] = (self._pending["run"] + 1) * bad  # 0 again after a finite update
+        self._pending["skipped"] += bad
+        return {"loss": loss_sum / n_tokens, "nll": nll_sum / n_tokens, "lr": lr, "tokens": n_tokens,
+                "grad_norm": norm, "skipped": False, "deferred": True}
+
+    def _read_back(self, stats: dict | None = None) -> dict | None:
+        """A sync-free run's figures, read from the device (the one host sync of READ_EVERY updates):
+        ``stats`` with floats for its tensors; warns about the updates the device skipped since the
+        last read and stops a run whose last ``nonfinite_limit`` updates were all skipped."""
+        if stats is not None and stats.get("deferred"):
+            keys = ("loss", "nll", "grad_norm")
+            stats = {**stats, **dict(zip(keys, torch.stack([stats[k].float() for k in keys]).tolist())),
+                     "deferred": False}
+        if self._pending is None:
+            return stats
+        run, skipped = (int(v) for v in torch.stack([self._pending["run"], self._pending["skipped"]]).tolist())
+        first = self._pending["from"]
+        self._pending = None
+        self.nonfinite = run
+        if skipped:
+            limit = self.train_cfg.nonfinite_limit
+            self.log(f"warning: steps {first + 1}-{self.step}: {skipped} update(s) with a non-finite loss or "
+                     f"gradient norm, skipped ({run} in a row at step {self.step}; training stops at {limit})")
+            if run >= limit:
+                kept = f"{self.out_dir / 'last'} holds step {self.saved_last}" if self.saved_last >= 0 else \
+                    "no checkpoint was written"
+                raise TrainingDiverged(f"training diverged: the last {run} updates had a non-finite loss or gradient "
+                                       f"norm (nonfinite_limit={limit}) at step {self.step}; nothing non-finite was "
+                                       f"saved ({kept}); lower the learning rate (lr, lr_scale) or raise warmup_steps")
+        return stats
 
     @torch.no_grad()
     def validate(self) -> dict:
@@ -517,6 +613,7 @@ class Trainer:
         A kill before ``last/`` is committed resumes from the previous ``last/`` and redoes these
         steps, bit for bit, so ``best/`` is never left behind the ``best_score`` that ``last/`` records.
         """
+        self._read_back()  # a sync-free run's skipped updates, before anything is saved
         rank_rng = self.gather_rng()  # a collective: every rank calls this method
         if not self.dist.is_main:
             return {}
@@ -599,17 +696,21 @@ class Trainer:
         try:
             for group in self._groups() if reason is None else ():
                 stats = self.train_step(group)
+                if stats.get("deferred") and (self.step % READ_EVERY == 0 or self.step == 1 or not logged
+                                              or self.step % c.eval_every == 0 or self.step >= c.max_steps):
+                    stats = self._read_back(stats)  # a sync-free run reads its figures back only now
                 if stats["skipped"]:
                     self._on_skipped(stats)
                 else:
                     window_tokens += stats["tokens"]
+                    bar.update(1)
+                if not stats["skipped"] and not stats.get("deferred"):
                     now = time.perf_counter()
                     tok_s = window_tokens / max(now - window_start, 1e-9)
                     elapsed = self.elapsed + now - started
-                    bar.update(1)
                     bar.set_postfix_str(f"loss {stats['loss']:.3f}, lr {stats['lr']:.2e}, {tok_s:,.0f} "
                                         f"{self.task.unit}/s, {clock_fields(self.step, c.max_steps, elapsed, c.max_time)}")
-                    if self.step % 50 == 0 or self.step == 1:
+                    if self.step % READ_EVERY == 0 or self.step == 1:
                         self._log_progress(stats, tok_s, bar, elapsed)
                         window_tokens, window_start = 0, now
                     elif not logged and bar.disable and main:  # a resumed run says when it trains again
@@ -661,6 +762,7 @@ class Trainer:
 
     def _save_interrupted(self) -> None:
         """Commit last/ at this update boundary, after Ctrl-C or SIGTERM (every rank calls it)."""
+        self._read_back()
         rank_rng = self.gather_rng()  # a collective: the ranks stopped at the same update
         if self.dist.is_main:
             if self.saved_last == self.step:
