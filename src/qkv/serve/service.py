@@ -261,7 +261,7 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
                 engine: str = "qkv", quantize: str | None = None, threads: int = 0, decode: dict | None = None,
                 log: Callable[[str], None] | None = None, compile: bool = False) -> list[Served]:
     """The checkpoints ``paths`` (``PATH`` or ``NAME=PATH``), each opened as its front-end, decoded by
-    ``engine`` (``ctranslate2``: translation Transformers only, each refused by name otherwise); names
+    ``engine`` (``ctranslate2``: Transformers for translate, classify, mlm and lm, others refused by name); names
     made unique. ``decode``: DecodeConfig fields that replace a translation model's saved settings.
     ``compile``: translation Transformers search with their step compiled (qkv's engine)."""
     if load is None:
@@ -301,14 +301,16 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
 def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[str], None] | None,
               compile: bool = False) -> Callable:
     """``load(path, device)`` for ``engine``: qkv's front-ends (``compile``: the translation
-    Transformers' step compiled), or CTranslate2's translator."""
+    Transformers' step compiled), or CTranslate2's (:func:`qkv.engines.load`: a translator, an encoder
+    or a generator, by the checkpoint's task)."""
     if engine == "qkv":
         from qkv.frontends import load
 
         return lambda path, device: load(path, device, quantize, compile)
     if compile:
         raise QkvError(f"--compile compiles qkv's own decoding step: leave out --engine {engine}, or --compile")
-    from qkv.export.engine import check_engine, load, stderr
+    from qkv.engines import check_engine, load
+    from qkv.export.engine import stderr
 
     check_engine(engine)
     return lambda path, device: load(path, device, quantize, threads, log or stderr)
