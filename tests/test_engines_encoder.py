@@ -146,6 +146,26 @@ def test_commands_take_engine_and_int8(own, tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "'lstm'" in err and "Traceback" not in err
 
 
+def test_served_embeddings_equal_on_both_engines(own):
+    """qkv serve --engine ctranslate2: /embed answers qkv's float model's embeddings within 1e-4 (a blank
+    text included)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from qkv.serve import Limits
+    from qkv.serve.app import create_app
+    from qkv.serve.service import load_models
+
+    rows = []
+    for engine in ("qkv", "ctranslate2"):
+        models = load_models([str(own["mlm-transformer"])], Limits(), engine=engine, threads=1)
+        with TestClient(create_app(models, Limits()), base_url="http://127.0.0.1") as client:
+            r = client.post("/embed", json={"texts": VARIED[:6]})
+            assert r.status_code == 200, r.text
+            rows.append(torch.tensor([x["embedding"] for x in r.json()["results"]]))
+    assert rows[0].shape == (6, 16) and (rows[0] - rows[1]).abs().max() < 1e-4
+
+
 # --- imported models ----------------------------------------------------------------------------------------
 
 transformers = pytest.importorskip("transformers")

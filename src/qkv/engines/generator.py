@@ -10,8 +10,9 @@ generation goes on after it (no end token), the special tokens qkv never emits a
 (the conversion's output bias, :mod:`qkv.export.ct2`), and the text comes out in whole characters
 (a byte-level tokenizer's token that ends inside a character is held back until the character is
 complete). Greedy tokens (``temperature=0``) are qkv's; a sampled draw follows CTranslate2's random
-generator (``seed``: ``ctranslate2.set_random_seed``), so it differs from qkv's draw for the same
-seed. :meth:`score` (perplexity) runs on qkv's engine: refused by name here.
+generators, so it differs from qkv's draw for the same seed, and ``seed`` (``ctranslate2.set_random_seed``)
+seeds them once per process: a command run again with the same ``--seed`` draws the same text, but two
+calls in one process continue one random stream. :meth:`score` (perplexity) runs on qkv's engine: refused by name here.
 """
 
 from __future__ import annotations
