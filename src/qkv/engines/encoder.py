@@ -15,8 +15,9 @@ layer, a masked language model's head (``LayerNorm(GELU(W H + b)) Eᵀ + b_v``).
 
 The network built here lives on the meta device but for its heads (their weights are read from
 the checkpoint; the encoder's live only in CTranslate2), so a model costs its conversion's memory
-and its heads'. ``quantize="int8"``: CTranslate2's int8 compute type for the encoder; the heads
-stay float32.
+and its heads'. ``quantize="int8"``: CTranslate2's int8 compute type for the encoder, but for the
+rows of at most :data:`SHORT_ROWS` tokens, which run in float32 (int8 moved their embeddings most);
+the heads stay float32.
 """
 
 from __future__ import annotations
@@ -42,22 +43,40 @@ class EngineEncoderOnly(EncoderOnly):
     heads loaded (:func:`load`). ``engine``: the ``ctranslate2.Encoder``."""
 
     engine = None
+    float_engine = None  # with int8: the float32 encoder that runs the shortest rows (SHORT_ROWS)
 
     def encode(self, tokens: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
         """``tokens (B, T)`` (``<cls>`` first, PAD on the right) -> CTranslate2's states ``(B, T, d)``
-        (zero at the padding), the padding mask, no attention weights."""
+        (zero at the padding), the padding mask, no attention weights. With int8, the rows of at most
+        :data:`SHORT_ROWS` tokens run in float32."""
         if need_weights:
             raise QkvError("the attention weights of every layer come from --engine qkv (CTranslate2's encoder "
                            "returns its last hidden states)")
         lengths = (tokens != PAD).sum(dim=1).tolist()
         rows = [tokens[i, :n].tolist() for i, n in enumerate(lengths)]
-        out = self.engine.forward_batch(rows).last_hidden_state
-        h = (torch.from_numpy(np.array(out)) if out.device == "cpu" else torch.as_tensor(out, device="cuda").cpu())
-        h = h.float()
-        if h.size(1) < tokens.size(1):  # (a batch CTranslate2 pads to its own longest row)
-            h = torch.nn.functional.pad(h, (0, 0, 0, tokens.size(1) - h.size(1)))
+        h = torch.zeros(tokens.size(0), tokens.size(1), self.cfg.d_model)
+        short = [i for i, n in enumerate(lengths) if n <= SHORT_ROWS] if self.float_engine is not None else []
+        long = sorted(set(range(len(rows))) - set(short))
+        for engine, part in ((self.float_engine, short), (self.engine, long)):
+            if part:
+                states = _tensor(engine.forward_batch([rows[i] for i in part]).last_hidden_state)
+                h[part, : states.size(1)] = states
         h = h * (tokens != PAD)[:, :, None]
         return h, padding_mask(tokens), []
+
+
+# With int8, rows of at most this many tokens (<cls> and the tokenizer's markers included) run in float32:
+# CTranslate2's int8 moved all-MiniLM-L6-v2's embeddings of such short texts to cosines 0.969-0.986 against
+# the float model (a blank text, "yes no", "..."), where every row of 8 tokens or more stayed above 0.992
+# (docs/pretrained.md); short rows cost little, so they keep the float model's answers.
+SHORT_ROWS = 8
+
+
+def _tensor(out) -> torch.Tensor:
+    """A CTranslate2 StorageView as a float32 CPU tensor."""
+    if out.device == "cpu":
+        return torch.from_numpy(np.array(out)).float()
+    return torch.as_tensor(out, device="cuda").float().cpu()
 
 
 class CT2Encoder(Encoder):
@@ -95,6 +114,9 @@ def load_encoder(path: Path, directory: Path, model_cfg, train_cfg, decode_cfg, 
     name, index = device
     model.engine = ctranslate2.Encoder(str(directory), device=name, device_index=index,
                                        compute_type="int8" if quantize else "default", intra_threads=threads)
+    if quantize:
+        model.float_engine = ctranslate2.Encoder(str(directory), device=name, device_index=index,
+                                                 compute_type="default", intra_threads=threads)
     model.eval()
     frontend = CT2Encoder.from_checkpoint(model, tokenizers, ckpt.config, decode_cfg, train_cfg)
     frontend.directory = directory
