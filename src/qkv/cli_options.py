@@ -99,7 +99,8 @@ COMPILE_HELP = ("search with the Transformer's decoding step compiled by torch.c
                 "on a GPU): the same outputs; the first batch of each shape compiles, for seconds to a minute; "
                 "faster on a GPU, not on the CPUs measured (docs/results.md; on a CPU it warns); translation Transformers, --engine "
                 "qkv, without --int8; needs a C++ compiler on the CPU")
-ENGINE_HELP = ("what decodes: qkv (its own modules; every option) or ctranslate2 (translation Transformers, "
+ENGINE_HELP = ("what decodes: qkv (its own modules; every option) or ctranslate2 (Transformers: translation, and "
+               "with qkv serve also encoders and language models; "
                "converted once and cached beside the checkpoint, faster on CPU; greedy outputs equal qkv's; beam "
                "search only with --length-norm length --early-stopping; options it cannot honour exactly are "
                "refused by name; needs the export extra) (default: qkv)")
