@@ -166,4 +166,5 @@ def test_imported_gpt2_greedy_tokens_equal_qkv(tmp_path, capsys):
         agree += sum(a == b for a, b in zip(want, got))
         total += len(want)
     with capsys.disabled():
-        print(f"\nimported tiny GPT-2, CTranslate2 int8 greedy vs float: {agree}/{total} tokens equal position by position")
+        print(f"\nimported tiny GPT-2, CTranslate2 int8 greedy vs float: {agree}/{total} tokens equal position "
+              "by position")

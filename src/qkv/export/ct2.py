@@ -392,7 +392,8 @@ def describe_encoder(src: Source, spm: dict[str, str], quantization: str | None,
                                                "positional", "embedding_norm")},
         **({"tokenizer_json": spm} if hf_tokenizer(src, "src") else {"sentencepiece": spm}),
         "tokenize": f"ids: [{CLS}] + the tokenizer's ids (qkv's numbering: the vocabulary's order; the first piece "
-                    f"is {pieces[CLS]!r}); forward_batch(ids).last_hidden_state; pooling and heads are the checkpoint's",
+                    f"is {pieces[CLS]!r}); forward_batch(ids).last_hidden_state; pooling and heads are the "
+                    "checkpoint's",
         "verified": check,
     }
 
@@ -459,4 +460,5 @@ def verify(src: Source, out: Path, quantization: str | None) -> dict:
             "max_abs_log_prob_difference": delta, "checked": quantization is None}
 
 
-__all__ = ["check", "is_encoder", "write", "model_spec", "ENCODERS", "converter_class", "SUPPORTED", "POSITIONS", "BEAM_NOTE"]
+__all__ = ["check", "is_encoder", "write", "model_spec", "ENCODERS", "converter_class", "SUPPORTED", "POSITIONS",
+           "BEAM_NOTE"]
