@@ -15,7 +15,9 @@ LAYERS = {
     "decoding": 3,
     "tasks": 4,
     "frontends": 5, "training": 5, "importers": 5,
-    "cli": 6, "cli_options": 6, "export": 6, "serve": 6, "viz": 6, "info": 6, "complexity": 6, "long_range": 6, "lab": 6, "__init__": 6,
+    "cli": 6, "cli_options": 6, "export": 6,
+    "engines": 6,  # CTranslate2 running qkv's models: the exporter's converter and cache (export/) under the front-ends
+    "serve": 6, "viz": 6, "info": 6, "complexity": 6, "long_range": 6, "lab": 6, "__init__": 6,
     "__main__": 6,
     "lab": 6,  # qkv lab: its concept panels call nn/, masks and complexity
 }

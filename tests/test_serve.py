@@ -708,7 +708,7 @@ class Counting:
 def ct2_served(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     shutil.copytree(TRAINED, root / "numbers")  # the conversion is cached beside the checkpoint
-    shutil.copytree(FIXTURES / "lm-transformer", root / "lm")
+    shutil.copytree(FIXTURES / "lm-lstm", root / "lm")  # a recurrent LM: no CTranslate2 engine
     return root
 
 
@@ -794,7 +794,7 @@ def test_the_command_passes_engine_and_decoding_flags(ct2_served, capsys, monkey
     """qkv serve --engine ctranslate2 --length-norm ...: the flags reach the models before anything is served."""
     lm, numbers = str(ct2_served / "lm"), str(ct2_served / "numbers")
     assert main(["serve", lm, "--engine", "ctranslate2", "--port", "0"]) == 2
-    assert "--engine ctranslate2 decodes translation Transformers" in capsys.readouterr().err
+    assert "--engine ctranslate2 runs these Transformer models" in capsys.readouterr().err
     assert main(["serve", numbers, "--engine", "ctranslate2", "--length-norm", "other", "--port", "0"]) == 2
     assert f"{numbers}: invalid config field 'length_norm'" in capsys.readouterr().err
     seen = {}

@@ -14,14 +14,16 @@ def load(path, device="cpu", quantize=None, engine="qkv", threads=0, compile=Fal
     int8 quantisation for CPU decoding; ``compile=True``: a translation Transformer searches with
     its step compiled by ``torch.compile`` (:mod:`qkv.decoding.compiled`; faster on a GPU).
 
-    ``engine="ctranslate2"``: a translation Transformer decoded by CTranslate2 (converted once, cached
-    beside the checkpoint; :mod:`qkv.export.engine`), ``threads`` its intra-op threads (0: its
-    default), ``quantize="int8"`` its int8 compute type; it needs the export extra. Its translator runs
-    in a worker process that heals: one that ends is replaced, and a call it does not answer within
-    ``engine_timeout`` seconds (default 600) kills and replaces it; the call in flight then fails
-    with :class:`qkv.errors.Unavailable` and the next one is answered."""
+    ``engine="ctranslate2"``: the model run by CTranslate2 (:mod:`qkv.engines`; converted once, cached
+    beside the checkpoint): a translation Transformer by its ``Translator``, a classify or mlm
+    Transformer by its ``Encoder`` (pooling and heads in torch), a language-model Transformer by its
+    ``Generator``; ``threads`` its intra-op threads (0: its default), ``quantize="int8"`` its int8
+    compute type; it needs the export extra. A translator runs in a worker process that heals: one
+    that ends is replaced, and a call it does not answer within ``engine_timeout`` seconds (default
+    600) kills and replaces it; the call in flight then fails with :class:`qkv.errors.Unavailable`
+    and the next one is answered."""
     if engine != "qkv":
-        from qkv.export.engine import check_engine, load as load_ct2
+        from qkv.engines import check_engine, load as load_ct2
 
         check_engine(engine)
         if compile:

@@ -135,10 +135,20 @@ def open_model(path: str, command: str, args: argparse.Namespace | None = None, 
     threads = getattr(args, "threads", 0)
     if threads:
         check_option_bounds(threads=threads)
-        import torch
+    if getattr(args, "int8", False):
+        kwargs["quantize"] = "int8"
+    if getattr(args, "engine", "qkv") == "ctranslate2":
+        from qkv.engines import load
+        from qkv.frontends import check_serves
 
-        torch.set_num_threads(threads)
-    model = open_(path, command, **kwargs)
+        check_serves(path, command)
+        model = load(path, kwargs.get("device", "cpu"), kwargs.get("quantize"), threads, log=log)
+    else:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        model = open_(path, command, **kwargs)
     if getattr(args, "batch_size", None) and hasattr(model, "batch_size"):
         model.batch_size = args.batch_size
     return model

@@ -102,7 +102,8 @@ COMPILE_HELP = ("search with the Transformer's decoding step compiled by torch.c
 ENGINE_TIMEOUT_HELP = ("--engine ctranslate2: seconds one call of a model's CTranslate2 worker may go unanswered "
                        "before the worker is killed and another started (the call fails; qkv serve answers 503); "
                        "a worker that ends is replaced too (default: 600, well above a batch's time)")
-ENGINE_HELP = ("what decodes: qkv (its own modules; every option) or ctranslate2 (translation Transformers, "
+ENGINE_HELP = ("what decodes: qkv (its own modules; every option) or ctranslate2 (Transformers: translation, and "
+               "with qkv serve also encoders and language models; "
                "converted once and cached beside the checkpoint, faster on CPU; greedy outputs equal qkv's; beam "
                "search only with --length-norm length --early-stopping; options it cannot honour exactly are "
                "refused by name; needs the export extra) (default: qkv)")
@@ -353,7 +354,7 @@ def add_score_parser(sub, handlers: dict) -> None:
                          "pieces (an output line per hypothesis), so a beam output scores its beam log-probability")
     sc.add_argument("--output", "-o", help="write the scores here instead of stdout (all or nothing)")
     sc.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    add_run_flags(sc, batch=False)
+    add_run_flags(sc, batch=False, engine=False)
     sc.set_defaults(func=handlers["score"])
 
 
@@ -396,9 +397,21 @@ THREADS_HELP = "torch CPU threads (default: 0, torch's default: one per core)"
 BATCH_HELP = "texts per forward pass, similar lengths batched together (default: 64)"
 
 
-def add_run_flags(parser: argparse.ArgumentParser, batch: bool = True) -> None:
-    """--threads (and --batch-size, for the commands that run many texts at once) of an inference command."""
-    parser.add_argument("--threads", type=count(0, MAX_THREADS), default=0, help=THREADS_HELP)
+RUN_ENGINE_HELP = ("what runs the model: qkv's own modules, or CTranslate2 (Transformers: its Encoder, with the "
+                   "pooling and heads in torch, or its Generator; converted once and cached beside the checkpoint; "
+                   "docs/inference.md#engines)")
+RUN_INT8_HELP = ("int8: qkv's dynamic quantisation of the linear layers (--engine qkv) or CTranslate2's int8 compute "
+                 "type (--engine ctranslate2); the agreement with the float model is in docs/pretrained.md")
+
+
+def add_run_flags(parser: argparse.ArgumentParser, batch: bool = True, engine: bool = True) -> None:
+    """--engine and --int8 (``engine``), --threads (and --batch-size, for the commands that run many texts
+    at once) of an inference command."""
+    if engine:
+        parser.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv", help=RUN_ENGINE_HELP)
+        parser.add_argument("--int8", action="store_true", help=RUN_INT8_HELP)
+    parser.add_argument("--threads", type=count(0, MAX_THREADS), default=0,
+                        help=THREADS_HELP + "; with --engine ctranslate2, its intra_threads")
     if batch:
         parser.add_argument("--batch-size", type=count(1, MAX_WIDTH), default=64, dest="batch_size", help=BATCH_HELP)
 

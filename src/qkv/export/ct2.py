@@ -5,6 +5,10 @@ converters are (a ``ctranslate2.converters.Converter`` whose ``_load`` fills a `
     lm, transformer          TransformerDecoderModelSpec.from_config  ->  ctranslate2.Generator
     prefix_lm, transformer   TransformerDecoderModelSpec.from_config  ->  ctranslate2.Generator
                              (prompt: source pieces, "</s>", "<sep>", "<s>"; stop at "</s>")
+    classify, transformer    TransformerEncoderModelSpec(TransformerEncoderSpec)  ->  ctranslate2.Encoder
+    mlm, transformer         (the encoder only, as CTranslate2's BERT converter builds it; for qkv's
+                             CTranslate2 engine, :mod:`qkv.engines`: the heads run in torch on its
+                             last hidden states, and ``qkv export`` does not write encoders)
 
 What carries over, and how:
 
@@ -45,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qkv.config import BOS, EOS, PAD, SEP, UNK
+from qkv.config import BOS, CLS, EOS, PAD, SEP, UNK
 from qkv.decoding.greedy import banned_ids
 from qkv.errors import QkvError
 from qkv.export.card import checkpoint_name
@@ -56,6 +60,10 @@ POSITIONS = 2048  # rows of the sinusoidal table written (CTranslate2 refuses po
 NEVER_EMITTED = -1e4  # output bias on the special tokens qkv never emits
 SUPPORTED = {("translate", "transformer"): "Translator", ("lm", "transformer"): "Generator",
              ("prefix_lm", "transformer"): "Generator"}
+# encoder-only models: converted for the engines (qkv.engines), whose heads (pooler, classifier, masked-LM
+# head) run in torch on the encoder's states; qkv export --format ctranslate2 does not write them
+ENCODERS = {("classify", "transformer"): "Encoder", ("mlm", "transformer"): "Encoder"}
+ENCODER_SPM = "source.spm"
 SPM_FILES = {"src": "source.spm", "tgt": "target.spm"}  # translation; a language model has one: spm.model
 LM_SPM = "spm.model"
 HF_TOKENIZER = "tokenizer.json"  # a language model whose tokenizer is Hugging Face's (an imported GPT-2)
@@ -68,12 +76,19 @@ def _require():
     return require("ctranslate2", "--format ctranslate2")
 
 
-def check(src: Source) -> None:
-    """Everything qkv's Transformers offer converts; other (task, arch) pairs are refused by name."""
-    if src.key not in SUPPORTED:
-        kinds = ", ".join(f"{t} ({a})" for t, a in SUPPORTED)
-        raise QkvError(f"{src.path} is a {src.task!r} model with arch {src.model.arch!r}: --format ctranslate2 "
-                       f"converts these Transformer models: {kinds}")
+def check(src: Source, encoders: bool = False) -> None:
+    """Every (task, arch) pair in :data:`SUPPORTED` converts (and, with ``encoders``, those in
+    :data:`ENCODERS`: the engines' conversion); other pairs are refused by name."""
+    supported = {**SUPPORTED, **ENCODERS} if encoders else SUPPORTED
+    if src.key not in supported:
+        kinds = ", ".join(f"{t} ({a})" for t, a in supported)
+        what = "the CTranslate2 engine runs" if encoders else "--format ctranslate2 converts"
+        raise QkvError(f"{src.path} is a {src.task!r} model with arch {src.model.arch!r}: {what} "
+                       f"these Transformer models: {kinds}")
+
+
+def is_encoder(src: Source) -> bool:
+    return src.key in ENCODERS
 
 
 # --- the converter ---------------------------------------------------------------------------------
@@ -109,6 +124,8 @@ def model_spec(src: Source):
     cfg = src.model
     relu = {"relu": common_spec.Activation.RELU, "silu": common_spec.Activation.SWISH,
             "gelu": common_spec.Activation.GELU, "gelu_tanh": common_spec.Activation.GELUTanh}[cfg.activation]
+    if is_encoder(src):
+        return encoder_spec(src, relu)
     if src.task == "translate":
         spec = transformer_spec.TransformerSpec.from_config(
             (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu,
@@ -126,6 +143,30 @@ def model_spec(src: Source):
         spec.register_vocabulary(src.vocabulary("tgt"))
     pieces = src.vocabulary("tgt")
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = pieces[UNK], pieces[BOS], pieces[EOS]
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    return spec
+
+
+def encoder_spec(src: Source, activation):
+    """An encoder-only model as CTranslate2's BERT converter builds it (``TransformerEncoderSpec`` in a
+    ``TransformerEncoderModelSpec``, no pooling layer): embeddings (scaled or not), positions, the
+    embedding LayerNorm (an imported BERT's), post- or pre-norm layers. The token-type table (an
+    imported BERT's, every token of segment 0) is folded into the position table: row 0 added to
+    every position, as qkv's stack adds it, so CTranslate2 needs no token-type input."""
+    from ctranslate2.specs import transformer_spec
+
+    cfg = src.model
+    enc = transformer_spec.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, pre_norm=cfg.norm_first,
+                                                  activation=activation, layernorm_embedding=cfg.embedding_norm)
+    spec = transformer_spec.TransformerEncoderModelSpec(enc)
+    _set_encoder(spec.encoder, src)
+    if src.has("src_types.weight"):
+        spec.encoder.position_encodings.encodings = (spec.encoder.position_encodings.encodings
+                                                     + _np(src.w("src_types.weight"))[0][None, :])
+    if cfg.embedding_norm:
+        _layer_norm(spec.encoder.layernorm_embedding, src, "embed_norm")
+    spec.register_vocabulary(src.vocabulary("src"))
+    spec.config.unk_token = src.vocabulary("src")[UNK]
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     return spec
 
@@ -220,8 +261,12 @@ def write(src: Source, out: Path, quantization: str | None = None) -> dict:
     converter = converter_class()(src)
     converter.convert(str(out), quantization=quantization, force=True)
     spm = _write_tokenizers(src, out)
-    check = verify(src, out, quantization)
-    info = describe(src, spm, quantization, check, converter.ctranslate2_version)
+    if is_encoder(src):
+        check = verify_encoder(src, out, quantization)
+        info = describe_encoder(src, spm, quantization, check, converter.ctranslate2_version)
+    else:
+        check = verify(src, out, quantization)
+        info = describe(src, spm, quantization, check, converter.ctranslate2_version)
     info["files"] = sorted([*(p.name for p in out.iterdir()), "qkv_export.json", "README.md"])
     return info
 
@@ -229,6 +274,12 @@ def write(src: Source, out: Path, quantization: str | None = None) -> dict:
 def _write_tokenizers(src: Source, out: Path) -> dict[str, str]:
     """The SentencePiece models, byte for byte: source.spm and target.spm (translation; the same model
     twice when the vocabulary is joint) or spm.model (a language model)."""
+    if is_encoder(src):
+        if hf_tokenizer(src, "src"):
+            (out / HF_TOKENIZER).write_bytes(src.tokenizer("src").tokenizer_json)
+            return {"src": HF_TOKENIZER}
+        (out / ENCODER_SPM).write_bytes(src.tokenizer("src").model_bytes)
+        return {"src": ENCODER_SPM}
     if src.task == "translate":
         for side, name in SPM_FILES.items():
             (out / name).write_bytes(src.tokenizer(side).model_bytes)
@@ -240,11 +291,12 @@ def _write_tokenizers(src: Source, out: Path) -> dict[str, str]:
     return {"tgt": LM_SPM}
 
 
-def hf_tokenizer(src: Source) -> bool:
-    """Whether the model's tokenizer is a Hugging Face tokenizer.json (an imported GPT-2's), not SentencePiece."""
+def hf_tokenizer(src: Source, side: str = "tgt") -> bool:
+    """Whether the model's tokenizer is a Hugging Face tokenizer.json (an imported GPT-2's or BERT's), not
+    SentencePiece."""
     from qkv.data.pretrained import HFTokenizer
 
-    return isinstance(src.tokenizer("tgt"), HFTokenizer)
+    return isinstance(src.tokenizer(side), HFTokenizer)
 
 
 def describe(src: Source, spm: dict[str, str], quantization: str | None, check: dict, version: str) -> dict:
@@ -328,6 +380,54 @@ BEAM_NOTE = ("beam search: CTranslate2 ends a sentence's search as soon as beam_
              "there without </s> (qkv's ends with </s>, its log-probability counted); greedy outputs are qkv's")
 
 
+def describe_encoder(src: Source, spm: dict[str, str], quantization: str | None, check: dict, version: str) -> dict:
+    """An encoder's description: its files, tokenization and what was checked."""
+    cfg = src.model
+    pieces = src.vocabulary("src")
+    return {
+        "format": "ctranslate2", "ctranslate2_version": version, "qkv_version": src.qkv_version,
+        "checkpoint": checkpoint_name(src.path), "task": src.task, "runtime": "ctranslate2.Encoder",
+        "quantization": quantization or "float32",
+        "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "norm_first",
+                                               "positional", "embedding_norm")},
+        **({"tokenizer_json": spm} if hf_tokenizer(src, "src") else {"sentencepiece": spm}),
+        "tokenize": f"ids: [{CLS}] + the tokenizer's ids (qkv's numbering: the vocabulary's order; the first piece "
+                    f"is {pieces[CLS]!r}); forward_batch(ids).last_hidden_state; pooling and heads are the "
+                    "checkpoint's",
+        "verified": check,
+    }
+
+
+def verify_encoder(src: Source, out: Path, quantization: str | None) -> dict:
+    """The last hidden states of fixed probe sequences (``<cls>`` + ordinary pieces, padded against each
+    other) from ``ctranslate2.Encoder`` and from the checkpoint's network in PyTorch: equal to 1e-3
+    (float32; quantized models: reported, not checked)."""
+    import ctranslate2
+
+    from qkv.export.reference import FIRST_ORDINARY, reference_model
+
+    g = torch.Generator().manual_seed(0)
+    vocab = src.model.src_vocab_size
+    rows = [[CLS, *torch.randint(min(FIRST_ORDINARY, vocab - 1), vocab, (n,), generator=g).tolist()]
+            for n, _ in PROBE_ENCODER]
+    width = max(map(len, rows))
+    tokens = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    with torch.inference_mode():
+        ref = reference_model(src).encode(tokens)[0].double()  # (B, T, d)
+    model = ctranslate2.Encoder(str(out), device="cpu", intra_threads=1)
+    got = torch.from_numpy(np.array(model.forward_batch(rows).last_hidden_state)).double()
+    del model
+    delta = max(float((got[i, : len(r)] - ref[i, : len(r)]).abs().max()) for i, r in enumerate(rows))
+    if quantization is None and not delta <= 1e-3:
+        raise QkvError(f"the converted encoder disagrees with {src.path}: max |delta state| = {delta:.3g} on the probe "
+                       "sequences (expected < 1e-3); this checkpoint's layout is not what the converter expects")
+    return {"probe_sequences": len(rows), "tokens": sum(map(len, rows)), "max_abs_state_difference": delta,
+            "checked": quantization is None}
+
+
+PROBE_ENCODER = ((5, 0), (9, 0), (1, 0))  # ordinary pieces after <cls> in each probe sequence
+
+
 def verify(src: Source, out: Path, quantization: str | None) -> dict:
     """Score the fixed probe sequences with the exported model (``score_batch``) and with the
     checkpoint's own network in PyTorch: the per-token log-probabilities must agree (float32: to
@@ -360,4 +460,5 @@ def verify(src: Source, out: Path, quantization: str | None) -> dict:
             "max_abs_log_prob_difference": delta, "checked": quantization is None}
 
 
-__all__ = ["check", "write", "model_spec", "converter_class", "SUPPORTED", "POSITIONS", "BEAM_NOTE"]
+__all__ = ["check", "is_encoder", "write", "model_spec", "ENCODERS", "converter_class", "SUPPORTED", "POSITIONS",
+           "BEAM_NOTE"]

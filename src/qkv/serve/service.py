@@ -274,7 +274,7 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
                 log: Callable[[str], None] | None = None, compile: bool = False,
                 engine_timeout: float | None = None) -> list[Served]:
     """The checkpoints ``paths`` (``PATH`` or ``NAME=PATH``), each opened as its front-end, decoded by
-    ``engine`` (``ctranslate2``: translation Transformers only, each refused by name otherwise); names
+    ``engine`` (``ctranslate2``: Transformers for translate, classify, mlm and lm, others refused by name); names
     made unique. ``decode``: DecodeConfig fields that replace a translation model's saved settings.
     ``compile``: translation Transformers search with their step compiled (qkv's engine);
     ``engine_timeout``: the seconds a CTranslate2 worker's call may go unanswered (ctranslate2)."""
@@ -335,7 +335,8 @@ def default_refused(path: Path, decode: dict | None, log: Callable[[str], None] 
 def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[str], None] | None,
               compile: bool = False, timeout: float | None = None) -> Callable:
     """``load(path, device)`` for ``engine``: qkv's front-ends (``compile``: the translation
-    Transformers' step compiled), or CTranslate2's translator."""
+    Transformers' step compiled), or CTranslate2's (:func:`qkv.engines.load`: a translator, an encoder
+    or a generator, by the checkpoint's task)."""
     if engine == "qkv":
         from qkv.frontends import load
 
@@ -345,7 +346,8 @@ def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[st
         return lambda path, device: load(path, device, quantize, compile)
     if compile:
         raise QkvError(f"--compile compiles qkv's own decoding step: leave out --engine {engine}, or --compile")
-    from qkv.export.engine import check_engine, check_timeout, load, stderr
+    from qkv.engines import check_engine, load
+    from qkv.export.engine import check_timeout, stderr
 
     check_engine(engine)
     timeout = check_timeout(timeout)
