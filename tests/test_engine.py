@@ -27,7 +27,8 @@ import pytest
 
 import qkv
 from qkv.cli import main
-from qkv.export import engine
+from qkv.engines import cache
+from qkv.engines import translator as engine
 from qkv.export.optional import INSTALL
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
@@ -276,8 +277,8 @@ def test_without_the_package_the_error_names_the_extra(ckpts, capsys, monkeypatc
 def counted(monkeypatch):
     """The number of conversions run so far."""
     calls = []
-    convert = engine.convert
-    monkeypatch.setattr(engine, "convert", lambda *a: (calls.append(a), convert(*a)))
+    convert = cache.convert
+    monkeypatch.setattr(cache, "convert", lambda *a: (calls.append(a), convert(*a)))
     return calls
 
 
@@ -296,16 +297,16 @@ def rewrite(ckpt: Path, name: str, text: str) -> None:
 def test_converted_once_then_reused_and_reconverted_when_the_checkpoint_changes(tmp_path, counted):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(TRAINED, ckpt)
-    first = engine.converted(ckpt, log=lambda m: None)
-    assert len(counted) == 1 and caches(ckpt) == [first] and (first / engine.MARKER).is_file()
+    first = cache.converted(ckpt, log=lambda m: None)
+    assert len(counted) == 1 and caches(ckpt) == [first] and (first / cache.MARKER).is_file()
     mtime = (first / "model.bin").stat().st_mtime_ns
     assert qkv.load(ckpt, engine="ctranslate2").translate(["seven"], beam_size=1) == ["sieben"]
-    assert engine.converted(ckpt) == first
+    assert cache.converted(ckpt) == first
     assert len(counted) == 1 and (first / "model.bin").stat().st_mtime_ns == mtime
     config = json.loads((ckpt / "config.json").read_text())
     config["decode"]["beam_size"] = 1
     rewrite(ckpt, "config.json", json.dumps(config))
-    second = engine.converted(ckpt, log=lambda m: None)
+    second = cache.converted(ckpt, log=lambda m: None)
     assert len(counted) == 2 and second != first and caches(ckpt) == [second]  # the stale one removed
 
 
@@ -313,17 +314,17 @@ def test_converted_once_then_reused_and_reconverted_when_the_checkpoint_changes(
 def test_a_corrupt_or_half_cache_is_detected_and_rebuilt(tmp_path, counted, damage):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(TRAINED, ckpt)
-    place = engine.converted(ckpt, log=lambda m: None)
+    place = cache.converted(ckpt, log=lambda m: None)
     if damage == "truncated":
         with open(place / "model.bin", "r+b") as f:
             f.truncate(1000)
     elif damage == "no marker":  # as a copy cut short, or a directory of the same name
-        (place / engine.MARKER).unlink()
+        (place / cache.MARKER).unlink()
     else:
         (place / "target.spm").unlink()
     notes = []
-    assert engine.converted(ckpt, log=notes.append) == place
-    assert len(counted) == 2 and engine.is_complete(place, engine.cache_key(ckpt))
+    assert cache.converted(ckpt, log=notes.append) == place
+    assert len(counted) == 2 and cache.is_complete(place, cache.cache_key(ckpt))
     assert any("not a complete conversion" in n for n in notes)
     assert qkv.load(ckpt, engine="ctranslate2").translate(["seven"], beam_size=1) == ["sieben"]
 
@@ -336,27 +337,27 @@ def test_a_conversion_that_fails_leaves_no_cache(tmp_path, monkeypatch):
         (tmp / "model.bin").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(engine, "convert", crash)
+    monkeypatch.setattr(cache, "convert", crash)
     with pytest.raises(KeyboardInterrupt):
-        engine.converted(ckpt, log=lambda m: None)
+        cache.converted(ckpt, log=lambda m: None)
     assert caches(ckpt) == []
     monkeypatch.undo()
-    assert engine.is_complete(engine.converted(ckpt, log=lambda m: None), engine.cache_key(ckpt))
+    assert cache.is_complete(cache.converted(ckpt, log=lambda m: None), cache.cache_key(ckpt))
 
 
 def test_a_read_only_checkpoint_is_converted_into_the_user_cache(tmp_path, monkeypatch, user_cache, counted):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(TRAINED, ckpt)
-    temporary = engine._temporary
-    monkeypatch.setattr(engine, "_temporary", lambda parent, key: None if parent == ckpt else temporary(parent, key))
+    temporary = cache._temporary
+    monkeypatch.setattr(cache, "_temporary", lambda parent, key: None if parent == ckpt else temporary(parent, key))
     if os.geteuid() != 0:  # root writes anywhere: there the directory is refused by the patch alone
         ckpt.chmod(0o555)
     notes = []
     try:
-        place = engine.converted(ckpt, log=notes.append)
+        place = cache.converted(ckpt, log=notes.append)
         assert place.parent == user_cache / "ct2" and caches(ckpt) == []
         assert any("cannot be written" in n and str(place) in n for n in notes)
-        assert engine.converted(ckpt, log=notes.append) == place and len(counted) == 1
+        assert cache.converted(ckpt, log=notes.append) == place and len(counted) == 1
     finally:
         ckpt.chmod(0o755)
 
@@ -371,7 +372,7 @@ def test_a_checkpoint_without_its_manifest_is_refused_by_name(tmp_path, capsys):
 def test_a_conversion_another_process_finished_first_is_used(tmp_path, monkeypatch):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(TRAINED, ckpt)
-    convert = engine.convert
+    convert = cache.convert
 
     def racing(checkpoint, tmp, key):  # another process renames its whole conversion into place meanwhile
         other = ckpt / ".other"
@@ -380,9 +381,9 @@ def test_a_conversion_another_process_finished_first_is_used(tmp_path, monkeypat
         os.replace(other, ckpt / f"ct2-{key}")
         convert(checkpoint, tmp, key)
 
-    monkeypatch.setattr(engine, "convert", racing)
-    place = engine.converted(ckpt, log=lambda m: None)
-    assert caches(ckpt) == [place] and engine.is_complete(place, engine.cache_key(ckpt))
+    monkeypatch.setattr(cache, "convert", racing)
+    place = cache.converted(ckpt, log=lambda m: None)
+    assert caches(ckpt) == [place] and cache.is_complete(place, cache.cache_key(ckpt))
 
 
 def test_temporaries_of_a_killed_conversion_are_removed_at_the_next_one(tmp_path, counted):
@@ -397,7 +398,7 @@ def test_temporaries_of_a_killed_conversion_are_removed_at_the_next_one(tmp_path
         (d / "model.bin").write_bytes(b"half")
     two_hours_ago = time.time() - 2 * 3600
     os.utime(abandoned, (two_hours_ago, two_hours_ago))
-    place = engine.converted(ckpt, log=lambda m: None)
+    place = cache.converted(ckpt, log=lambda m: None)
     assert caches(ckpt) == [fresh, place] and not abandoned.exists()
 
 
@@ -466,25 +467,25 @@ def test_the_readme_and_inference_page_engine_commands_run_as_written(tmp_path, 
 def test_a_file_where_the_cache_should_be_sends_the_conversion_to_the_user_cache(tmp_path, user_cache, where):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(TRAINED, ckpt)
-    blocker = ckpt / f"ct2-{engine.cache_key(ckpt)}"
+    blocker = ckpt / f"ct2-{cache.cache_key(ckpt)}"
     if where == "a link beside it":
         (tmp_path / "elsewhere").write_text("not a conversion")
         blocker.symlink_to(tmp_path / "elsewhere")
     else:
         blocker.write_text("not a conversion")
     notes = []
-    place = engine.converted(ckpt, log=notes.append)
-    assert place.parent == user_cache / "ct2" and engine.is_complete(place, engine.cache_key(ckpt))
+    place = cache.converted(ckpt, log=notes.append)
+    assert place.parent == user_cache / "ct2" and cache.is_complete(place, cache.cache_key(ckpt))
     assert any(f"{blocker} is a file or a link" in n for n in notes), notes
     assert blocker.is_symlink() or blocker.read_text() == "not a conversion"  # left as it was: not qkv's
     assert qkv.load(ckpt, engine="ctranslate2", threads=1).translate(["seven"], beam_size=1) == ["sieben"]
-    assert engine.converted(ckpt, log=notes.append) == place  # and found there next time
+    assert cache.converted(ckpt, log=notes.append) == place  # and found there next time
 
 
 def test_a_file_as_the_user_cache_too_is_one_line_naming_both(tmp_path, monkeypatch, capsys):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(TRAINED, ckpt)
-    (ckpt / f"ct2-{engine.cache_key(ckpt)}").write_text("x")
+    (ckpt / f"ct2-{cache.cache_key(ckpt)}").write_text("x")
     (tmp_path / "cache-file").write_text("x")
     monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path / "cache-file"))
     refused(capsys, ["translate", str(ckpt), "--engine", "ctranslate2", "--beam-size", "1", "seven"],

@@ -1,4 +1,4 @@
-"""The CTranslate2 engine runs each translator in a worker process of its own (qkv.export.ct2_worker).
+"""The CTranslate2 engine runs each translator in a worker process of its own (qkv.engines.worker).
 
 Why: CTranslate2's OpenMP library (libgomp) makes every idle thread of a process sleep at once, not
 spin briefly, while the process holds more OpenMP threads than the machine has cores; two 2-thread
@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 import qkv
-from qkv.export import engine
-from qkv.export.ct2_worker import TranslatorProcess, WorkerError
+from qkv.engines import cache
+from qkv.engines import translator as engine
+from qkv.engines.worker import TranslatorProcess, WorkerError
 from qkv.export.optional import INSTALL
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
@@ -39,7 +40,7 @@ SRC = str(Path(__file__).parents[1] / "src")
 def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("engine-process")
     shutil.copytree(TRAINED, root / "trained")
-    engine.converted(root / "trained", log=lambda _: None)
+    cache.converted(root / "trained", log=lambda _: None)
     return root / "trained"
 
 
@@ -62,7 +63,7 @@ def test_each_translator_runs_in_its_own_process_with_the_outputs_of_ctranslate2
     assert len({a.ct2.pid, b.ct2.pid, os.getpid()}) == 3
     assert a.ct2.alive and b.ct2.alive
     pieces = [a.pieces(ids) for ids in a.tokenizers.src.encode(NUMBERS)]
-    raw = ctranslate2.Translator(str(engine.converted(ckpt)), intra_threads=1)
+    raw = ctranslate2.Translator(str(cache.converted(ckpt)), intra_threads=1)
     for options in ({"beam_size": 1}, {"beam_size": 4, "num_hypotheses": 2, "return_scores": True},
                     {"beam_size": 1, "return_attention": True}):
         want = raw.translate_batch(pieces, max_decoding_length=40, **options)
@@ -106,7 +107,7 @@ def test_the_engine_sets_no_openmp_wait_policy():
     and where it did (from the shell), PASSIVE made 2-thread decoding about 20x slower."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env["PYTHONPATH"] = SRC
-    code = ("import os; from qkv.export.engine import require_ctranslate2; require_ctranslate2(); "
+    code = ("import os; from qkv.engines.translator import require_ctranslate2; require_ctranslate2(); "
             "print(os.environ.get('OMP_WAIT_POLICY'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "None"
@@ -168,7 +169,7 @@ def test_an_unanswered_call_times_out_frees_the_cores_at_once_and_its_worker_is_
     """Two translators that each take every core (threads 0): with the first one's worker stopped
     (SIGSTOP) during a call, the second one's call is answered at once, not after the first call's
     bound; the first call fails when its bound has passed and its worker is replaced."""
-    from qkv.export.ct2_worker import CORES
+    from qkv.engines.worker import CORES
 
     stopped = qkv.load(ckpt, engine="ctranslate2", threads=0, engine_timeout=8)
     other = qkv.load(ckpt, engine="ctranslate2", threads=0)
@@ -206,7 +207,7 @@ def test_a_closed_translator_starts_no_other_worker(ckpt):
 def test_a_worker_that_cannot_be_started_again_fails_then_is_tried_again(ckpt, monkeypatch):
     """Starts are retried with back-off, a bounded number of times; then calls fail at once (with the
     seconds to wait) until the cool-down has passed, and the next call starts a worker."""
-    from qkv.export import ct2_worker
+    from qkv.engines import worker as ct2_worker
 
     monkeypatch.setattr(ct2_worker, "BACKOFF_S", 0.01)
     model = qkv.load(ckpt, engine="ctranslate2", threads=1)
@@ -230,7 +231,7 @@ def test_a_worker_that_cannot_be_started_again_fails_then_is_tried_again(ckpt, m
 
 
 def test_errors_of_ctranslate2_come_back_as_their_type(ckpt):
-    worker = TranslatorProcess("model", model_path=str(engine.converted(ckpt)), intra_threads=1)
+    worker = TranslatorProcess("model", model_path=str(cache.converted(ckpt)), intra_threads=1)
     with pytest.raises(TypeError):
         worker.translate_batch([["seven"]], beam_size="four")
     assert worker.translate_batch([["▁seven"]], beam_size=1)  # the worker goes on after an error
@@ -265,7 +266,7 @@ def test_calls_take_as_many_cores_as_their_translator_has_threads_and_wait_while
     (benchmarks/serve_models.py): the program's workers take turns on the cores instead."""
     import threading
 
-    from qkv.export.ct2_worker import Cores
+    from qkv.engines.worker import Cores
 
     cores = Cores(2)
     assert cores.take(2) == 2 and cores.free == 0
@@ -287,7 +288,7 @@ def test_calls_take_as_many_cores_as_their_translator_has_threads_and_wait_while
 
 
 def test_a_translator_with_the_default_threads_takes_every_core(ckpt):
-    from qkv.export.ct2_worker import CORES
+    from qkv.engines.worker import CORES
 
     assert qkv.load(ckpt, engine="ctranslate2", threads=0).ct2.threads == CORES.total
     assert qkv.load(ckpt, engine="ctranslate2", threads=1).ct2.threads == 1

@@ -882,7 +882,7 @@ def test_a_killed_worker_is_a_503_then_the_model_answers_again_and_health_follow
     """kill -9 of the worker during a request: that request gets 503 with Retry-After (a server failure,
     never a 4xx), the next one is answered by a new worker. A worker that cannot be started again:
     503 with Retry-After for requests and for /health (and /health?model=NAME), until one starts."""
-    from qkv.export import ct2_worker
+    from qkv.engines import worker as ct2_worker
 
     served = load_models([f"numbers={ct2_served / 'numbers'}", str(FIXTURES / "translate-transformer")], SMALL,
                          engine="ctranslate2", threads=1, decode={"beam_size": 1})

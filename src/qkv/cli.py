@@ -332,11 +332,11 @@ def load_translator(args: argparse.Namespace):
             raise QkvError("--compile compiles qkv's own decoding step: leave out --engine ctranslate2, or --compile")
         if getattr(args, "ensemble", None):
             raise QkvError("--ensemble averages the distributions of several qkv models: leave out --engine ctranslate2")
-        from qkv.export.options import check_options
+        from qkv.engines.options import check_options
 
         # the decoding settings first, before torch is imported: refused in a moment, not after the conversion
         check_options(args.model, flags_for(args, DecodeConfig), bool(getattr(args, "target_prefix", None)))
-        from qkv.export.engine import check_timeout, load
+        from qkv.engines.translator import check_timeout, load
         from qkv.frontends import check_serves
 
         check_serves(args.model, "translate")

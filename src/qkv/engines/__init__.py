@@ -10,13 +10,15 @@
 =====================  =========================  =====================================================
 task (arch)            front-end                  CTranslate2
 =====================  =========================  =====================================================
-translate (transf.)    :class:`~qkv.export.engine.CT2Translator`  ``Translator``, in a worker process
+translate (transf.)    :class:`~qkv.engines.translator.CT2Translator`  ``Translator``, in a worker process
 classify, mlm (transf.) :class:`~qkv.engines.encoder.CT2Encoder`   ``Encoder``: the last hidden states;
                                                   pooling and heads in torch
 lm (transformer)       :class:`~qkv.engines.generator.CT2LanguageModel`  ``Generator.generate_tokens``
 =====================  =========================  =====================================================
 
-Each checkpoint is converted once by the export's converter (:mod:`qkv.export.ct2`, checked on its
+A translator runs in a worker process that is supervised (:mod:`qkv.engines.worker`: replaced when it
+ends or misses its timeout), and its decoding settings are checked before anything is converted
+(:mod:`qkv.engines.options`, without torch). Each checkpoint is converted once by the export's converter (:mod:`qkv.export.ct2`, checked on its
 probe sequences) into a cache keyed by its checksums (:mod:`qkv.engines.cache`); ``quantize="int8"``
 is CTranslate2's int8 compute type on that float32 conversion. Other models (recurrent ones, a
 prefix LM) are refused by name, as is a Hugging Face folder not yet written by ``qkv import``
@@ -55,10 +57,10 @@ def load(path: str | Path, device: str = "cpu", quantize: str | None = None, thr
     """The checkpoint ``path`` as its task's front-end run by CTranslate2 (see the module) on ``device``
     (cpu, cuda, cuda:N, auto) with ``threads`` intra-op threads (0: CTranslate2's default);
     ``quantize="int8"``: its int8 compute type. ``timeout``: a translator's worker call bound (seconds,
-    :func:`qkv.export.engine.load`); the encoder and the generator run in this process."""
+    :func:`qkv.engines.translator.load`); the encoder and the generator run in this process."""
     from qkv.checkpoint import read_config
     from qkv.export import ct2
-    from qkv.export import engine as translation
+    from qkv.engines import translator as translation
     from qkv.frontends.loading import is_pretrained_folder
     from qkv.frontends.quantize import QUANTIZE_CHOICES
 

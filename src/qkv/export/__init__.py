@@ -26,8 +26,8 @@ from pathlib import Path
 from qkv.errors import QkvError
 from qkv.files import check_output_dir, remove_stale_temps
 
-# the parts that need torch are imported when first used, so that a light part of this package
-# (qkv.export.options: what ``--engine ctranslate2`` checks before it converts) starts in a moment
+# the parts that need torch are imported when first used, so that importing the package (its formats,
+# its output checks) takes a moment
 LAZY = {"CardInfo": "card", "write_card": "card", "Source": "source", "read_source": "source"}
 
 

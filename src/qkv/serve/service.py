@@ -317,7 +317,7 @@ def load_models(paths: list[str], limits: Limits, device: str = "cpu", load: Cal
 def default_refused(path: Path, decode: dict | None, log: Callable[[str], None] | None) -> None:
     """Say, before the conversion, when CTranslate2 cannot decode a translation model's default
     settings as qkv does (the saved --length-norm gnmt): requests that name no beam_size get 422."""
-    from qkv.export.options import check_settings, saved_decoding
+    from qkv.engines.options import check_settings, saved_decoding
 
     saved = saved_decoding(Path(path))
     try:
@@ -347,7 +347,7 @@ def open_with(engine: str, quantize: str | None, threads: int, log: Callable[[st
     if compile:
         raise QkvError(f"--compile compiles qkv's own decoding step: leave out --engine {engine}, or --compile")
     from qkv.engines import check_engine, load
-    from qkv.export.engine import check_timeout, stderr
+    from qkv.engines.translator import check_timeout, stderr
 
     check_engine(engine)
     timeout = check_timeout(timeout)

@@ -11,7 +11,7 @@ each at its speed alone. Setting ``OMP_WAIT_POLICY`` from Python does not help: 
 once, when the library loads, and after ``import torch`` the setting no longer reaches
 CTranslate2's copy.
 
-The parent (:class:`TranslatorProcess`) starts ``python ct2_worker.py`` (this file as a script: no
+The parent (:class:`TranslatorProcess`) starts ``python worker.py`` (this file as a script: no
 torch, no qkv package, so it starts in a fraction of a second) and speaks pickled tuples over the
 worker's stdin and stdout, each message an 8-byte length and its pickle (so that the parent reads
 and writes with a deadline, never blocked by a worker that stopped halfway)::
@@ -43,7 +43,7 @@ handles it, closes the pipe.
 
 import sys
 
-if __name__ == "__main__":  # run as a script: its own folder (qkv/export) must not shadow a module
+if __name__ == "__main__":  # run as a script: its own folder (qkv/engines) must not shadow a module
     del sys.path[0]
 
 import builtins
