@@ -28,7 +28,8 @@ import torch
 from qkv.errors import QkvError
 
 # converter modules, in the order they are asked
-FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2", "qkv.importers.llama")
+FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2", "qkv.importers.llama",
+            "qkv.importers.t5")
 
 
 class ImportRefused(QkvError):
