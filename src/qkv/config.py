@@ -42,7 +42,10 @@ RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq
 ARCHS = ("transformer",) + RNN_ARCHS
 ATTENTION_SCORES = ("none", "dot", "scaled_dot", "general", "additive", "cosine", "location")
 SCHEDULES = ("noam", "constant", "inverse_sqrt")
-POSITIONALS = ("sinusoidal", "learned", "none")  # none: no positions at all (a bag of tokens to attention)
+# none: no positions at all (a bag of tokens to attention); rotary: RoPE, q and k rotated by position (Llama);
+# relative: T5's learned per-head bias of the bucketed key-query distance, added to the attention logits
+POSITIONALS = ("sinusoidal", "learned", "none", "rotary", "relative")
+NORMS = ("layernorm", "rmsnorm")  # ModelConfig.norm: every norm of a Transformer stack (qkv.nn.norm)
 DEFAULT_LR = 1e-3  # the rate of the constant and inverse_sqrt schedules when TrainConfig.lr = 0
 # Bounds beyond which torch fails outright: a position table of 10**9 rows exhausts memory; thousands
 # of OpenMP threads fail to start (about 31,000 segfaulted a 2-core machine, at its memory-map limit).
@@ -109,7 +112,11 @@ class ModelConfig:
     n_heads: int = setting(8, 'attention heads h (d_k = d_v = d_model / h)', bound=whole(1, MAX_LAYERS))
     d_ff: int = setting(2048, 'inner width of the position-wise FFN', bound=whole(1, 16 * MAX_WIDTH))
     attention_dropout: float = setting(0.1, 'dropout on attention weights', bound=real(0, 1))
-    positional: str = setting("sinusoidal", 'sinusoidal | learned | none (no positions: order is invisible to attention)')
+    positional: str = setting(
+        "sinusoidal",
+        'sinusoidal | learned | none (no positions: order is invisible to attention) | rotary (RoPE: q and k '
+        "rotated by their position inside attention, as Llama) | relative (T5's bucketed relative-position bias "
+        'on the attention logits, one table shared by the layers of a stack)')
     max_positions: int = setting(
         1024,
         'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
@@ -145,6 +152,34 @@ class ModelConfig:
     output_bias: bool = setting(False, "a learned bias on the output logits (Marian's final_logits_bias)")
     share_embeddings: bool = setting(True, 'share source/target/output embeddings (needs a joint vocabulary)')
     tie_output: bool = setting(True, 'share the target embedding with the pre-softmax projection')
+    # family switches: positions, norms, FFN, attention (the paper's values by default; each is one choice
+    # of the one stack in qkv.nn: rotary.py, relative.py, norm.py, feed_forward.py, attention.py)
+    rope_theta: float = setting(
+        10000.0, "positional rotary: the base θ of RoPE's frequencies θ^(-2i/d_k) (Llama's 10000, Qwen2's 1e6)",
+        bound=real(1.0, 1e12))
+    relative_buckets: int = setting(
+        32, "positional relative: T5's distance buckets (half per direction in an encoder)", bound=whole(2, 4096))
+    relative_max_distance: int = setting(
+        128, "positional relative: the distance from which on every distance shares the last bucket (T5's 128)",
+        bound=whole(1, MAX_POSITIONS))
+    norm: str = setting(
+        "layernorm",
+        "every norm of a Transformer stack: layernorm (the paper's: (x - mean) / std · g + b) | rmsnorm "
+        "(x / RMS(x) · g, as T5 and Llama)")
+    norm_bias: bool = setting(True, "a learned bias in every norm (LayerNorm's b; T5 and Llama have none)")
+    ffn_gated: bool = setting(
+        False,
+        "gated FFN: (act(x W_1) ⊙ x W_3) W_2 instead of act(x W_1) W_2: SwiGLU with activation silu (Llama), "
+        "GeGLU with gelu or gelu_tanh (T5 v1.1's gated-gelu)")
+    ffn_bias: bool = setting(True, "biases in the FFN's linear maps (the paper's b_1, b_2; T5 and Llama have none)")
+    n_kv_heads: int = setting(
+        0,
+        "key/value heads: 0 = n_heads (the paper's); fewer = grouped-query attention, each shared by "
+        "n_heads / n_kv_heads query heads (1: multi-query)", bound=whole(0, MAX_LAYERS))
+    qkv_bias: bool = setting(True, "biases on the Q, K, V projections (the paper's; Qwen2 has them, Llama and T5 not)")
+    out_bias: bool = setting(True, "a bias on the attention's output projection W^O (Llama, Qwen2 and T5 have none)")
+    attention_scale: bool = setting(
+        True, "divide the attention logits by √d_k (eq. 1); false: T5's attention, the scale folded into W^Q")
     # the recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
     # n_encoder_layers / n_decoder_layers the stacked layers, dropout between layers and on embeddings
     rnn_nonlinearity: str = setting(
@@ -222,6 +257,11 @@ class ModelConfig:
             "n_heads",
             f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}",
         )
+        _check(self.norm in NORMS, "norm", f"must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        _check(self.n_kv_heads == 0 or self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
+               f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        _check(self.positional != "rotary" or self.d_k % 2 == 0, "positional",
+               f"rotary positions rotate pairs of dimensions: d_k = d_model / n_heads = {self.d_k} must be even")
         return self._validate_common()
 
     def _validate_common(self) -> "ModelConfig":
@@ -248,6 +288,11 @@ class ModelConfig:
     @property
     def d_k(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or ``n_heads`` when it is 0 (the paper's attention)."""
+        return self.n_kv_heads or self.n_heads
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ of S tokens and a target of T tokens, one forward pass costs
         FFN              2·2·d·d_ff·T
     output projection:   2·d·V·T
 
-and training (forward + backward) three times that. The count is divided by T to give FLOPs per
+and training (forward + backward) three times that. With the family switches: grouped-query attention
+projects K and V to n_kv·d_k (4d² becomes 2d² + 2·d·n_kv·d_k), a gated FFN has three matrices
+(2·2·d·d_ff becomes 2·3·d·d_ff). The count is divided by T to give FLOPs per
 target token (the unit of tokens/s in the benchmarks).
 
 The presets' facts (:func:`preset_facts`, :func:`preset_table`) come from ``qkv.config``'s presets;
@@ -75,6 +77,36 @@ def parameter_breakdown(model: nn.Module) -> dict[str, int]:
     return out
 
 
+def family_switches(cfg: ModelConfig) -> list[str]:
+    """The family switches of a Transformer config (``ModelConfig``'s switch fields) that differ from the
+    paper's, each named as a flag would set it: what makes this model Llama-, T5- or Qwen2-like."""
+    out = []
+    if cfg.positional == "rotary":
+        out.append(f"rotary positions (RoPE, θ={cfg.rope_theta:g})")
+    elif cfg.positional == "relative":
+        out.append(f"relative positions (T5 buckets: {cfg.relative_buckets}, max distance {cfg.relative_max_distance})")
+    if cfg.norm != "layernorm" or not cfg.norm_bias:
+        out.append(f"{'RMSNorm' if cfg.norm == 'rmsnorm' else 'LayerNorm'}{'' if cfg.norm_bias else ' without bias'}")
+    if cfg.ffn_gated:
+        name = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU (tanh GELU)"}.get(cfg.activation,
+                                                                                       f"gated {cfg.activation}")
+        out.append(f"gated FFN ({name})")
+    if not cfg.ffn_bias:
+        out.append("FFN without biases")
+    if cfg.kv_heads != cfg.n_heads:
+        kind = "multi-query" if cfg.kv_heads == 1 else "grouped-query"
+        out.append(f"{kind} attention ({cfg.n_heads} query heads over {cfg.kv_heads} key/value heads)")
+    if not cfg.qkv_bias:
+        out.append("no Q/K/V biases")
+    if not cfg.out_bias:
+        out.append("no W^O bias")
+    if not cfg.attention_scale:
+        out.append("no 1/√d_k (T5)")
+    if not cfg.tie_output:
+        out.append("untied output projection")
+    return out
+
+
 @dataclass(frozen=True)
 class Flops:
     forward: float  # per target token
@@ -85,11 +117,13 @@ def transformer_flops(cfg: ModelConfig, src_len: int, tgt_len: int, vocab_size: 
     """Matmul FLOPs of the encoder–decoder per target token (formula in the module docstring)."""
     d, f, s, t = cfg.d_model, cfg.d_ff, src_len, tgt_len
     v = vocab_size if vocab_size is not None else cfg.tgt_vocab_size
-    enc = cfg.n_encoder_layers * (2 * 4 * d * d * s + 2 * 2 * d * f * s + 2 * 2 * s * s * d)
+    kv = cfg.kv_heads * cfg.d_k  # the width of K and V (d, but for grouped-query attention)
+    ffn = 3 if cfg.ffn_gated else 2  # matrices of the FFN
+    enc = cfg.n_encoder_layers * (2 * (2 * d * d + 2 * d * kv) * s + 2 * ffn * d * f * s + 2 * 2 * s * s * d)
     dec_layer = (
-        2 * 4 * d * d * t + 2 * 2 * t * t * d  # masked self-attention
-        + 2 * 2 * d * d * t + 2 * 2 * d * d * s + 2 * 2 * t * s * d  # cross-attention
-        + 2 * 2 * d * f * t  # FFN
+        2 * (2 * d * d + 2 * d * kv) * t + 2 * 2 * t * t * d  # masked self-attention
+        + 2 * 2 * d * d * t + 2 * 2 * d * kv * s + 2 * 2 * t * s * d  # cross-attention
+        + 2 * ffn * d * f * t  # FFN
     )
     dec = cfg.n_decoder_layers * dec_layer
     out = 2 * d * v * t
@@ -113,6 +147,9 @@ def describe(model: nn.Module, src_len: int = 25, tgt_len: int = 25) -> str:
         lines = [f"{cfg.arch} ({cfg.task}): d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
                  f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
                  f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions"]
+        switches = family_switches(cfg)
+        if switches:
+            lines.append(f"  switches beyond the paper's: {'; '.join(switches)}")
     parts = parameter_breakdown(model)
     width = max(len(k) for k in parts)
     lines += [f"  {k:<{width}}  {n:>13,}  ({n / 1e6:.1f}M)" for k, n in parts.items()]

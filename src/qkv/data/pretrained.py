@@ -180,6 +180,12 @@ class HFTokenizer:
             out.append([self._to_qkv[i] for i in enc.ids] + self.suffix)
         return out
 
+    def encode_text(self, text: str) -> list[int]:
+        """One text as the model's own tokenizer reads it: whole (a line break is the model's token, not
+        qkv's end of a line), with the special tokens its post-processor puts around a single text
+        (Llama's ``<s>`` first). What a language model's prompt is."""
+        return [self._to_qkv[i] for i in self.tok.encode(text, add_special_tokens=True).ids]
+
     def to_model_ids(self, ids: Sequence[int]) -> list[int | None]:
         """qkv ids -> the model's (None for a row the model lacks)."""
         return [self.ids.model_ids[i] for i in ids]

@@ -210,8 +210,9 @@ class Transformer(nn.Module):
 
         In eval mode each decoder layer runs its :meth:`~qkv.nn.layers.DecoderLayer.step`: the
         operations of the stack's, on ``(B, d)`` rows instead of ``(B, 1, d)`` and without the
-        module calls, dropout or mask conversion (the same logits bit for bit)."""
-        if not self.training:
+        module calls, dropout or mask conversion (the same logits bit for bit); where the
+        family switches make the step differ from the paper's (:attr:`has_static_step` false), the stack's."""
+        if not self.training and self.has_static_step:
             return self._eval_step(tokens, state)
         x, self_kv, _ = self.decoder(tokens[:, None], state.position, caches=state.self_kv, memory_kv=state.cross_kv,
                                      memory_mask=state.memory_mask, beam=state.beam)  # (B, 1, d)
@@ -231,6 +232,14 @@ class Transformer(nn.Module):
                                         state.memory_bias)
 
     # --- incremental decoding with static shapes (qkv.decoding.compiled) ---------------------------
+
+    @property
+    def has_static_step(self) -> bool:
+        """Whether :meth:`static_step` (and the eval-mode step) computes this model: positions added to the
+        embeddings (not rotary or relative) and the paper's attention in every decoder layer (every head
+        its own keys/values, 1/√d_k)."""
+        return not hasattr(self.tgt_pos, "attention_inputs") and all(
+            layer.self_attn.plain and layer.cross_attn.plain for layer in self.decoder_layers)
 
     def start_static(self, src: torch.Tensor, capacity: int, source_multiple: int) -> TransformerState:
         """:meth:`start` for :meth:`static_step`: the self-attention keys/values in zero buffers of

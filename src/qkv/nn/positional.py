@@ -80,6 +80,22 @@ class NoPositionalEncoding(nn.Module):
         return self.anchor.new_zeros(1, length, self.d_model)
 
 
+def stack_positions(cfg, causal: bool = False) -> nn.Module:
+    """The positional module of a Transformer stack of ``cfg`` (a :class:`~qkv.config.ModelConfig`):
+    a table added to the embeddings, or rotary / relative positions applied inside attention
+    (:mod:`qkv.nn.rotary`, :mod:`qkv.nn.relative`; ``causal``: a decoder's relative buckets)."""
+    if cfg.positional == "rotary":
+        from qkv.nn.rotary import RotaryPositions
+
+        return RotaryPositions(cfg.d_model, cfg.d_k, cfg.rope_theta)
+    if cfg.positional == "relative":
+        from qkv.nn.relative import RelativePositions
+
+        return RelativePositions(cfg.d_model, cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance,
+                                 bidirectional=not causal)
+    return positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions, cfg.sinusoid_layout)
+
+
 def positional_encoding(kind: str, d_model: int, max_positions: int, layout: str = "interleaved") -> nn.Module:
     if kind == "none":
         return NoPositionalEncoding(d_model, max_positions)
@@ -91,4 +107,4 @@ def positional_encoding(kind: str, d_model: int, max_positions: int, layout: str
 
 
 __all__ = ["sinusoidal_table", "SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "NoPositionalEncoding",
-           "positional_encoding"]
+           "positional_encoding", "stack_positions"]

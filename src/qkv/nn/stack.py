@@ -31,7 +31,9 @@ from qkv.config import ModelConfig
 from qkv.nn.attention import KVCache, MultiHeadAttention
 from qkv.nn.dropout import dropout
 from qkv.nn.feed_forward import PositionwiseFeedForward
-from qkv.nn.positional import positional_encoding
+from qkv.nn.layers import Switches
+from qkv.nn.norm import make_norm
+from qkv.nn.positional import stack_positions
 
 
 def stack_modules(
@@ -39,14 +41,17 @@ def stack_modules(
 ) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
     """The positional encoding, ``n_layers`` layers (``EncoderLayer`` or ``DecoderLayer``) and the
     final norm of one stack: a LayerNorm with pre-norm layers (the residual stream is otherwise
-    never normalised), nothing with the paper's post-norm ones."""
-    pos = positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions, cfg.sinusoid_layout)
+    never normalised), nothing with the paper's post-norm ones. The family switches of ``cfg``
+    (:class:`~qkv.nn.layers.Switches`, ``positional``) choose the modules; relative positions are
+    causal in a decoder's stack (``DecoderLayer``, or the decoder-only tasks), bidirectional elsewhere."""
+    causal = getattr(layer, "__name__", "") == "DecoderLayer" or cfg.task in ("lm", "prefix_lm")
+    pos = stack_positions(cfg, causal)
     args = (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.norm_first)
-    options = dict(activation=cfg.activation, layer_norm_eps=cfg.layer_norm_eps)
+    options = dict(activation=cfg.activation, layer_norm_eps=cfg.layer_norm_eps, switches=Switches.of(cfg))
     layers = nn.ModuleList(layer(*args, **options) for _ in range(n_layers))
     if cfg.init == "fairseq":
         fairseq_init(layers)
-    norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.has_final_norm else nn.Identity()
+    norm = make_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.norm_bias) if cfg.has_final_norm else nn.Identity()
     return pos, layers, norm
 
 
@@ -69,9 +74,10 @@ def fairseq_init(layers: nn.Module) -> None:
     Xavier start learned markedly less per update."""
     for m in layers.modules():
         if isinstance(m, PositionwiseFeedForward):
-            m.w_1.reset_parameters()
-            m.w_2.reset_parameters()
-        elif isinstance(m, MultiHeadAttention):
+            for lin in (m.w_1, m.w_2, m.w_3):
+                if lin is not None:
+                    lin.reset_parameters()
+        elif isinstance(m, MultiHeadAttention) and m.in_proj.bias is not None:
             bound = m.in_proj.in_features ** -0.5
             with torch.no_grad():
                 m.in_proj.bias.uniform_(-bound, bound)
@@ -117,6 +123,7 @@ class TransformerStack:
         caches: list[KVCache] | None = None,
         memory_kv: list[KVCache] | None = None,
         need_weights: bool = False,
+        key_positions: torch.Tensor | None = None,
         **layer_args,
     ) -> tuple[torch.Tensor, list[KVCache] | None, list]:
         """Run ``tokens (B, T)`` at ``positions`` (see :meth:`inputs`) through the stack.
@@ -126,12 +133,19 @@ class TransformerStack:
         * ``memory_kv``: per layer, the keys/values of the encoder output that its cross-attention
           reads (the decoder of the encoder–decoder), computed once per sentence;
         * ``layer_args`` go to every layer: ``mask`` and ``causal`` (:class:`~qkv.nn.layers.EncoderLayer`),
-          ``memory_mask`` and ``beam`` (:class:`~qkv.nn.layers.DecoderLayer`).
+          ``memory_mask`` and ``beam`` (:class:`~qkv.nn.layers.DecoderLayer`);
+        * ``key_positions``: with relative positions and ``caches``, the position of every key
+          ``(B, T_past + T)`` where rows are at different points (default: ``0 .. T_past + T - 1``).
+
+        Rotary and relative positions (a positional module with ``attention_inputs``) reach every
+        layer's self-attention as ``rope`` / ``position_bias`` for these positions.
 
         Returns the final states ``(B, T, d)``, the grown caches (None without ``caches``) and each
         layer's attention weights (None unless ``need_weights``).
         """
         x = self.inputs(tokens, positions)
+        if hasattr(self.pos, "attention_inputs"):
+            layer_args.update(self.position_inputs(tokens, positions, caches, key_positions, x.dtype))
         grown, weights = [], []
         for i, layer in enumerate(self.layers):
             cache = None if caches is None else caches[i]
@@ -142,6 +156,20 @@ class TransformerStack:
             grown.append(cache)
             weights.append(w)
         return self.norm(x), (None if caches is None else grown), weights
+
+    def position_inputs(self, tokens: torch.Tensor, positions: int | torch.Tensor, caches: list[KVCache] | None,
+                        key_positions: torch.Tensor | None, dtype: torch.dtype) -> dict:
+        """What a rotary or relative positional module gives the self-attentions for ``tokens (B, T)`` at
+        ``positions`` (see :meth:`__call__`)."""
+        t = tokens.size(1)
+        if isinstance(positions, int):
+            q = torch.arange(positions, positions + t, device=tokens.device)[None]  # (1, T)
+        else:
+            q = positions
+        k = key_positions
+        if k is None and caches is not None:  # the cached keys are the positions before: 0 .. T_past + T - 1
+            k = torch.arange(caches[0].k.size(2) + t, device=tokens.device)[None]
+        return self.pos.attention_inputs(q, k, dtype)
 
     def empty_caches(self, batch_size: int, like: torch.Tensor) -> list[KVCache]:
         """One self-attention cache of no positions per layer, to decode from."""

@@ -1,0 +1,193 @@
+"""Hugging Face ``T5ForConditionalGeneration`` folders (T5 v1, v1.1, Flan-T5) -> qkv translation checkpoints.
+
+T5 is the paper's encoder-decoder with these switches, each a named :class:`~qkv.config.ModelConfig`
+field (the importer maps names and settings and computes nothing):
+
+    the folder's config.json                     qkv ModelConfig
+    pre-norm layers, final_layer_norm            norm_first = true, final_norm = "auto"
+    T5LayerNorm: RMS, no bias (layer_norm_eps.)  norm = "rmsnorm", norm_bias = false, layer_norm_eps
+    relative_attention_bias (buckets, heads),    positional = "relative", relative_buckets,
+      in each stack's first layer, shared          relative_max_distance; src_pos / tgt_pos
+    no 1/sqrt(d_kv) (folded into W^Q)            attention_scale = false
+    no biases anywhere                           qkv_bias = out_bias = ffn_bias = false
+    feed_forward_proj relu (v1)                  activation = "relu"
+    feed_forward_proj gated-gelu (v1.1, Flan)    ffn_gated = true, activation = "gelu_tanh" (gelu_new)
+    shared embedding, not scaled                 share_embeddings = true, scale_embeddings = false
+    lm_head (v1: the shared matrix, the          tie_output = false, output_proj = lm_head
+      decoder output scaled by d_model^-0.5)       (x d_model^-0.5 where T5 scales)
+    tokenizer.json (SentencePiece Unigram)       :class:`qkv.data.pretrained.HFTokenizer`
+
+T5's decoder starts from its pad token (``decoder_start_token_id``); qkv's decoder starts from BOS, so
+the id map puts T5's pad at qkv's BOS and gives qkv's PAD (padding only, always masked) a row of its
+own: the network reads exactly T5's ids. ``</s>`` is qkv's EOS, which qkv appends to every source as
+T5's tokenizer does. Refused by name: a head width ``d_kv`` other than d_model / num_heads (T5 v1.1
+small), a decoder start other than the pad token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from qkv.config import BOS, EOS, PAD, UNK, ModelConfig, TrainConfig, to_dict
+from qkv.errors import QkvError
+
+ARCHITECTURES = ("T5ForConditionalGeneration",)
+MODEL_TYPES = ("t5",)
+DEFAULT_ARCHITECTURE = "T5ForConditionalGeneration"
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "silu": "silu", "swish": "silu"}
+
+
+def _refuse(where: Path, option: str, why: str) -> None:
+    from qkv.importers import ImportRefused
+
+    raise ImportRefused(f"{where}: {option} is not supported: {why}")
+
+
+def _int(hf: dict, key: str, default: int) -> int:
+    value = hf.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QkvError(f"config.json: {key} must be an integer, got {value!r}")
+    return value
+
+
+def feed_forward(hf: dict, where: Path) -> tuple[str, bool]:
+    """``feed_forward_proj`` as (qkv's activation, gated): ``relu``, ``gated-gelu`` (GELU's tanh form, as
+    transformers reads it), ``gated-ACT``."""
+    proj = hf.get("feed_forward_proj", "relu")
+    parts = proj.split("-") if isinstance(proj, str) else []
+    gated = len(parts) == 2 and parts[0] == "gated"
+    act = "gelu_new" if proj == "gated-gelu" else (parts[-1] if parts else None)
+    if not parts or len(parts) > 2 or (len(parts) == 2 and not gated) or act not in ACTIVATIONS:
+        _refuse(where, f"feed_forward_proj {proj!r}", f"qkv computes {', '.join(sorted(ACTIVATIONS))}, plain or gated")
+    return ACTIVATIONS[act], gated
+
+
+def model_config(hf: dict, where: Path, vocab_size: int) -> ModelConfig:
+    d, heads = _int(hf, "d_model", 512), _int(hf, "num_heads", 8)
+    d_kv = _int(hf, "d_kv", 64)
+    if d_kv * heads != d:
+        _refuse(where, f"d_kv = {d_kv} with num_heads = {heads} and d_model = {d}",
+                "qkv's heads are d_model / num_heads wide (d_kv x num_heads = d_model)")
+    act, gated = feed_forward(hf, where)
+    layers = _int(hf, "num_layers", 6)
+    dropout = float(hf.get("dropout_rate", 0.1))
+    return ModelConfig(
+        task="translate", arch="transformer", d_model=d, n_heads=heads, d_ff=_int(hf, "d_ff", 2048),
+        n_encoder_layers=layers, n_decoder_layers=_int(hf, "num_decoder_layers", layers),
+        dropout=dropout, attention_dropout=dropout, positional="relative",
+        relative_buckets=_int(hf, "relative_attention_num_buckets", 32),
+        relative_max_distance=_int(hf, "relative_attention_max_distance", 128), max_positions=512,
+        norm_first=True, final_norm="auto", norm="rmsnorm", norm_bias=False,
+        layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-6)), activation=act, ffn_gated=gated, ffn_bias=False,
+        qkv_bias=False, out_bias=False, attention_scale=False, scale_embeddings=False, share_embeddings=True,
+        tie_output=False, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+    ).validate()
+
+
+def scales_output(hf: dict) -> bool:
+    """Whether T5 multiplies the decoder output by d_model^-0.5 before lm_head: transformers'
+    ``scale_decoder_outputs`` where the config has it, else a tied head (T5 v1; not v1.1 or Flan)."""
+    if "scale_decoder_outputs" in hf:
+        return bool(hf["scale_decoder_outputs"])
+    return hf.get("tie_word_embeddings", True) is not False
+
+
+def state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, hf: dict, idmap, where: Path) -> dict[str, torch.Tensor]:
+    def w(name: str) -> torch.Tensor:
+        if name in weights:
+            return weights[name].float()
+        raise QkvError(f"{where}: the weights have no {name!r} (not a T5ForConditionalGeneration state dict?)")
+
+    out: dict[str, torch.Tensor] = {}
+    shared = w("shared.weight") if "shared.weight" in weights else w("encoder.embed_tokens.weight")
+    out["src_embed.weight"] = idmap.rows(shared).contiguous()
+    out["tgt_embed.weight"] = out["src_embed.weight"]
+    head = weights["lm_head.weight"].float() if "lm_head.weight" in weights else shared
+    out["output_proj.weight"] = (idmap.rows(head) * (cfg.d_model ** -0.5 if scales_output(hf) else 1.0)).contiguous()
+    for side, prefix in (("src_pos", "encoder"), ("tgt_pos", "decoder")):
+        out[f"{side}.weight"] = w(f"{prefix}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
+    out["encoder_norm.weight"] = w("encoder.final_layer_norm.weight")
+    out["decoder_norm.weight"] = w("decoder.final_layer_norm.weight")
+
+    def attention(dst: str, src: str) -> None:
+        out[f"{dst}.in_proj.weight"] = torch.cat([w(f"{src}.{p}.weight") for p in "qkv"])
+        out[f"{dst}.out_proj.weight"] = w(f"{src}.o.weight")
+
+    def ffn(dst: str, src: str) -> None:
+        names = (("w_1", "wi_0"), ("w_3", "wi_1"), ("w_2", "wo")) if cfg.ffn_gated else (("w_1", "wi"), ("w_2", "wo"))
+        for q, t in names:
+            out[f"{dst}.ffn.{q}.weight"] = w(f"{src}.DenseReluDense.{t}.weight")
+
+    for i in range(cfg.n_encoder_layers):
+        dst, src = f"encoder_layers.{i}", f"encoder.block.{i}.layer"
+        attention(dst + ".self_attn", src + ".0.SelfAttention")
+        out[dst + ".res_attn.norm.weight"] = w(src + ".0.layer_norm.weight")
+        ffn(dst, src + ".1")
+        out[dst + ".res_ffn.norm.weight"] = w(src + ".1.layer_norm.weight")
+    for i in range(cfg.n_decoder_layers):
+        dst, src = f"decoder_layers.{i}", f"decoder.block.{i}.layer"
+        attention(dst + ".self_attn", src + ".0.SelfAttention")
+        out[dst + ".res_self.norm.weight"] = w(src + ".0.layer_norm.weight")
+        attention(dst + ".cross_attn", src + ".1.EncDecAttention")
+        out[dst + ".res_cross.norm.weight"] = w(src + ".1.layer_norm.weight")
+        ffn(dst, src + ".2")
+        out[dst + ".res_ffn.norm.weight"] = w(src + ".2.layer_norm.weight")
+    return out
+
+
+def tokenizer(folder: Path, hf: dict):
+    """tokenizer.json with T5's pad (its decoder start) as qkv's BOS, ``</s>`` as EOS, ``<unk>`` as UNK; qkv's
+    PAD a row of its own. No suffix: qkv appends EOS (T5's ``</s>``) to every source itself."""
+    from qkv.data.pretrained import HFTokenizer, _hf, special_token_names
+    from qkv.data.tokenizer import TokenizerPair
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise QkvError(f"{path}: missing (save the tokenizer with T5TokenizerFast.save_pretrained, which writes it)")
+    data = path.read_bytes()
+    tok = _hf().Tokenizer.from_str(data.decode("utf-8"))
+    names = special_token_names(folder)
+    pad = hf.get("pad_token_id", 0)
+    eos = hf.get("eos_token_id", 1)
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    start = hf.get("decoder_start_token_id", pad)
+    if start != pad:
+        _refuse(folder / "config.json", f"decoder_start_token_id = {start}",
+                f"qkv's T5 import starts the decoder from the pad token ({pad}), as T5 does")
+    unk = tok.token_to_id(names.get("unk", "<unk>"))
+    roles = {PAD: None, BOS: pad, EOS: eos}
+    if unk is not None and unk not in (pad, eos):
+        roles[UNK] = unk
+    t = HFTokenizer.create(data, roles, (), str(path))
+    return TokenizerPair(t, t)
+
+
+def convert(folder: Path, base: Path, config: dict, arch: str, sentence: dict | None):
+    """:mod:`qkv.importers`' entry point."""
+    from qkv.importers import Imported, read_json, read_weights
+    from qkv.importers.marian import decode_config
+    from qkv.models import build_model
+
+    where = base / "config.json"
+    tokenizers = tokenizer(base, config)
+    tok = tokenizers.src
+    cfg = model_config(config, where, tok.vocab_size)
+    known = sum(m is not None for m in tok.ids.model_ids)
+    if _int(config, "vocab_size", 32128) < known:
+        raise QkvError(f"{where}: vocab_size {config.get('vocab_size')} is smaller than tokenizer.json's {known} tokens")
+    model = build_model(cfg)
+    model.load_state_dict(state_dict(read_weights(base), cfg, config, tok.ids, base), strict=True)
+    gen = read_json(base / "generation_config.json") if (base / "generation_config.json").is_file() else {}
+    decode = decode_config(config, gen)
+    train = dataclasses.replace(TrainConfig(), vocab_size=cfg.src_vocab_size)
+    extra = {"decode": to_dict(decode), "data": {"train": f"imported from {base.name} ({arch})"}}
+    return Imported(model, cfg, tokenizers, train, extra, arch)
+
+
+__all__ = ["convert", "model_config", "state_dict", "tokenizer", "ARCHITECTURES"]
