@@ -130,6 +130,9 @@ class HFTokenizer:
         if not isinstance(suffix, list) or any(i not in self._to_qkv for i in suffix):
             raise QkvError(f"{source}/{self.IDS_FILE}: 'suffix' must list token ids of the tokenizer, got {suffix!r}")
         self.suffix = [self._to_qkv[i] for i in suffix]
+        # qkv writes a mask as [MASK] (fill); a model whose mask token is another (RoBERTa's <mask>) reads its own
+        mask = self.ids.model_ids[MASK]
+        self._mask = self.tok.id_to_token(mask) if mask is not None else None
         self.model_bytes = tokenizer_json + b"\0" + ids_json
         self._json, self._ids_json = tokenizer_json, ids_json
         self.tokenizer_json = tokenizer_json  # the model's own tokenizer.json, as it came (what an export copies)
@@ -182,8 +185,11 @@ class HFTokenizer:
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Texts -> qkv ids: the model's tokens of each text (its normaliser and pre-tokenizer; special
-        tokens written in the text, such as ``[MASK]``, are those tokens), then the model's suffix."""
+        tokens written in the text, such as ``[MASK]``, are those tokens; ``[MASK]`` is the model's mask
+        token whatever its name, RoBERTa's ``<mask>``), then the model's suffix."""
         out = []
+        if self._mask not in (None, "[MASK]"):
+            texts = [t.replace("[MASK]", self._mask) for t in texts]
         for enc in self.tok.encode_batch(list(texts), add_special_tokens=False):
             out.append([self._to_qkv[i] for i in enc.ids] + self.suffix)
         return out
@@ -267,12 +273,21 @@ def single_template(tokenizer_json: bytes, where: str) -> tuple[list[int], list[
     """The model's ids the post-processor puts before and after a single text (BERT: [CLS] / [SEP]);
     ([], []) without a post-processor (GPT-2's byte-level one adds nothing)."""
     data = json.loads(tokenizer_json.decode("utf-8"))
-    post = data.get("post_processor") or {}
+    return _template(data.get("post_processor") or {}, where)
+
+
+def _template(post: dict, where: str) -> tuple[list[int], list[int]]:
     kind = post.get("type")
     if kind in (None, "ByteLevel"):
         return [], []
-    if kind == "BertProcessing":
+    if kind in ("BertProcessing", "RobertaProcessing"):  # [CLS] X [SEP]; RoBERTa's <s> X </s>
         return [post["cls"][1]], [post["sep"][1]]
+    if kind == "Sequence":  # processors applied in turn (a ByteLevel one adds no token)
+        before, after = [], []
+        for step in post.get("processors", []):
+            b, a = _template(step, where)
+            before, after = b + before, after + a
+        return before, after
     if kind == "TemplateProcessing":
         before, after, seen = [], [], False
         for item in post.get("single", []):
@@ -284,4 +299,4 @@ def single_template(tokenizer_json: bytes, where: str) -> tuple[list[int], list[
             (after if seen else before).extend(ids)
         return before, after
     raise QkvError(f"{where}: tokenizer.json post-processor {kind!r} is not supported (TemplateProcessing, "
-                   "BertProcessing or ByteLevel)")
+                   "BertProcessing, RobertaProcessing, ByteLevel or a Sequence of them)")

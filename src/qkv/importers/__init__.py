@@ -28,7 +28,7 @@ import torch
 from qkv.errors import QkvError
 
 # converter modules, in the order they are asked
-FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2")
+FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2", "qkv.importers.roberta")
 
 
 class ImportRefused(QkvError):

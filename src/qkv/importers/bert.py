@@ -3,6 +3,7 @@
     BertModel                       task mlm without its head (``mlm_head = false``): embed, search
     BertForMaskedLM                 task mlm with BERT's tied head: fill, embed, search
     BertForSequenceClassification   task classify with BERT's pooler (``pooler = true``) and its labels
+    BertForPreTraining              task mlm with its masked-LM head (the next-sentence head is left out)
     sentence-transformers folder    a BertModel + its Pooling (mean or cls) + Normalize: embed, search
 
 BERT is qkv's encoder with these options (:class:`~qkv.config.ModelConfig`): post-norm layers,
@@ -24,16 +25,22 @@ Weights (``bert.`` prefix in the task models)::
     encoder.layer.i.output.dense                       encoder_layers.i.ffn.w_2
     encoder.layer.i.output.LayerNorm                   encoder_layers.i.res_ffn.norm
     pooler.dense, classifier                           pooler, classifier
-    cls.predictions.transform.{dense,LayerNorm}, .bias mlm_head.{dense,norm,bias} (the decoder is tied)
+    cls.predictions.transform.{dense,LayerNorm}, .bias mlm_head.{dense,norm,bias} (the decoder is tied; its
+                                                       function hidden_act: mlm_head_activation)
+
+The other BERT-like families (:mod:`qkv.importers.roberta`, ``distilbert``, ``albert``, ``electra``) are
+each a :class:`Family`: their names and options, converted by :func:`convert_encoder`.
 
 Refused by name: relative position embeddings, a decoder or cross-attention configuration, a
-masked-LM head that is not tied to the embeddings or whose activation is not GELU, pooling other
+masked-LM head that is not tied to the embeddings, pooling other
 than mean or cls, a sentence-transformers Dense module, a multi-label or regression classifier.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -41,7 +48,7 @@ from qkv.config import CLS, ModelConfig, TrainConfig
 from qkv.errors import QkvError
 
 ADDED_ROW_LOGIT = -1e4  # exp(-1e4) is 0 in float32; finite, so that a label-smoothed loss stays finite
-ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
+ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForPreTraining")
 MODEL_TYPES = ("bert",)
 DEFAULT_ARCHITECTURE = "BertModel"
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
@@ -81,13 +88,17 @@ def model_config(cfg: dict, where: Path, task: str, vocab_size: int) -> ModelCon
         dropout=float(cfg.get("hidden_dropout_prob", 0.1)),
         attention_dropout=float(cfg.get("attention_probs_dropout_prob", 0.1)),
         positional="learned", max_positions=int(need("max_position_embeddings")), norm_first=False,
-        activation=ACTIVATIONS[act], layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)), scale_embeddings=False,
+        activation=ACTIVATIONS[act], mlm_head_activation=ACTIVATIONS[act],
+        layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)), scale_embeddings=False,
         type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
         src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, share_embeddings=True, tie_output=True,
     )
 
 
-def _tokenizer(folder: Path, base: Path):
+TOKEN_NAMES = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+
+
+def _tokenizer(folder: Path, base: Path, defaults: dict | None = None):
     from qkv.data.pretrained import HFTokenizer, roles, single_template, special_token_names
     from qkv.data.tokenizer import TokenizerPair
 
@@ -97,8 +108,7 @@ def _tokenizer(folder: Path, base: Path):
                      "tokenizers library; a folder with vocab.txt only can be converted by loading it with "
                      "transformers' BertTokenizerFast and save_pretrained)")
     raw = (where / "tokenizer.json").read_bytes()
-    names = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]",
-             **special_token_names(where)}
+    names = {**(defaults or TOKEN_NAMES), **special_token_names(where)}
     names.pop("bos", None), names.pop("eos", None)  # BERT has none (a tokenizer_config may alias them)
     r = roles(raw, names, str(where / "tokenizer.json"))
     before, after = single_template(raw, str(where / "tokenizer.json"))
@@ -108,34 +118,54 @@ def _tokenizer(folder: Path, base: Path):
     return TokenizerPair(tok, tok)
 
 
-def _weights(base: Path, arch: str) -> dict[str, torch.Tensor]:
+def _weights(base: Path, arch: str, prefix: str = "bert.") -> dict[str, torch.Tensor]:
     from qkv.importers import read_weights
 
     w = read_weights(base)
     # older checkpoints name LayerNorm's weight/bias gamma/beta
     w = {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v
          for k, v in w.items()}
-    if any(k.startswith("bert.") for k in w):
-        w = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in w.items()}
+    if any(k.startswith(prefix) for k in w):
+        w = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in w.items()}
     return w
 
 
+@dataclass(frozen=True)
+class Family:
+    """What sets one BERT-like family apart: its names and options. :func:`convert_encoder` does the rest."""
+
+    name: str  # as the messages say it: "BERT", "RoBERTa", ...
+    prefix: str  # the encoder's weights' prefix in the task models ("bert.")
+    tasks: dict  # architecture -> qkv task (classify | mlm)
+    masked_lm: tuple  # the architectures that must have their masked-LM head
+    token_names: dict  # the special tokens' default names by role
+    model_config: Callable  # (config.json, where, task, vocab size) -> ModelConfig
+    state: Callable  # (weights, ModelConfig, IdMap, where) -> qkv's state dict
+    head_key: str  # a weight only the masked-LM head has
+    classifier: dict = field(default_factory=dict)  # ModelConfig fields of its classification head
+
+
 def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | None):
+    return convert_encoder(folder, base, cfg, arch, sentence, BERT)
+
+
+def convert_encoder(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | None, family: Family):
+    """The encoder of ``family`` in ``folder`` as an :class:`~qkv.importers.Imported`."""
     from qkv.importers import Imported
     from qkv.models import build_model
 
     where = base / "config.json"
-    tokenizers = _tokenizer(folder, base)
+    tokenizers = _tokenizer(folder, base, family.token_names)
     ids = tokenizers.src.ids
     extra: dict = {}
-    pooling, normalize, max_len = "mean", False, int(cfg.get("max_position_embeddings", 512)) - 1
+    task = family.tasks.get(arch, "mlm")
+    mcfg = family.model_config(cfg, where, task, ids.size)
+    pooling, normalize, max_len = "mean", False, mcfg.max_positions - 1
     if sentence is not None:
         pooling, normalize, max_seq = _sentence_modules(folder, sentence["modules"])
         max_len = min(max_len, max_seq - 1) if max_seq else max_len
         extra["sentence_embedding"] = {"pooling": pooling, "normalize": normalize}
-    task = {"BertForSequenceClassification": "classify"}.get(arch, "mlm")
-    mcfg = model_config(cfg, where, task, ids.size)
-    w = _weights(base, arch)
+    w = _weights(base, arch, family.prefix)
     if task == "classify":
         if cfg.get("problem_type") not in (None, "single_label_classification"):
             refuse(where, f"problem_type {cfg['problem_type']!r} is not supported (qkv classifies single labels)")
@@ -147,22 +177,20 @@ def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | Non
         if len(set(labels)) != n:
             refuse(where, f"id2label names a label twice: {labels}")
         extra["labels"] = labels
-        mcfg = ModelConfig(**{**mcfg.__dict__, "n_classes": n, "pooling": "cls", "pooler": True})
+        mcfg = replace(mcfg, n_classes=n, pooling="cls", pooler=True, **family.classifier)
     else:
-        has_head = "cls.predictions.bias" in w
-        if arch == "BertForMaskedLM" and not has_head:
-            refuse(base, "BertForMaskedLM without its cls.predictions weights")
-        if has_head and mcfg.activation != "gelu":
-            refuse(where, f"a masked-LM head with hidden_act {cfg['hidden_act']!r} is not supported (qkv's head "
-                          "uses GELU)")
-        mcfg = ModelConfig(**{**mcfg.__dict__, "mlm_head": has_head and sentence is None, "pooling": pooling})
+        has_head = family.head_key in w
+        if arch in family.masked_lm and not has_head:
+            refuse(base, f"{arch} without its masked-LM head ({family.head_key})")
+        mcfg = replace(mcfg, mlm_head=has_head and sentence is None, pooling=pooling)
     mcfg.validate()
     model = build_model(mcfg)
-    state = _state(w, mcfg, ids, where)
+    state = family.state(w, mcfg, ids, where)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "mlm_head.embed.weight"]  # the tied embedding, loaded as src_embed
     if missing or unexpected:
-        raise QkvError(f"internal: BERT weights do not fit qkv's encoder (missing {missing}, unexpected {unexpected})")
+        raise QkvError(f"internal: {family.name} weights do not fit qkv's encoder (missing {missing}, unexpected "
+                       f"{unexpected})")
     model.eval()
     train_cfg = TrainConfig(max_len=max_len, tokenizer_from="")
     return Imported(model, mcfg, tokenizers, train_cfg, extra, arch if sentence is None else
@@ -216,10 +244,18 @@ def _sentence_modules(folder: Path, modules: list) -> tuple[str, bool, int]:
     return pooling, normalize, max_seq
 
 
-def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path) -> dict[str, torch.Tensor]:
+# the heads' weights by family: (pooler, classifier) and (dense, LayerNorm, bias, decoder) of the masked-LM head
+BERT_HEADS = (("pooler.dense", "classifier"),
+              ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias",
+               "cls.predictions.decoder"))
+
+
+def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path,
+           heads: tuple = BERT_HEADS) -> dict[str, torch.Tensor]:
+    """qkv's state dict of a BERT-named encoder (BERT, RoBERTa, ELECTRA: ``heads`` name their heads)."""
     def get(name):
         if name not in w:
-            refuse(where.parent, f"the weights have no {name!r} (not a BERT checkpoint of this configuration?)")
+            refuse(where.parent, f"the weights have no {name!r} (not a checkpoint of this configuration?)")
         return w[name].float()
 
     s: dict[str, torch.Tensor] = {}
@@ -231,8 +267,11 @@ def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path) -> di
                              "qkv imports a model whose vocabulary is its tokenizer's")
     s["src_embed.weight"] = ids.rows(word)
     s["src_pos.weight"] = get(e + "position_embeddings.weight")
-    s["src_types.weight"] = get(e + "token_type_embeddings.weight")
+    if cfg.type_vocab_size:
+        s["src_types.weight"] = get(e + "token_type_embeddings.weight")
     s["embed_norm.weight"], s["embed_norm.bias"] = get(e + "LayerNorm.weight"), get(e + "LayerNorm.bias")
+    if cfg.embedding_dim:  # ELECTRA's embeddings_project
+        s["embed_proj.weight"], s["embed_proj.bias"] = get("embeddings_project.weight"), get("embeddings_project.bias")
     for i in range(cfg.n_encoder_layers):
         h, q = f"encoder.layer.{i}.", f"encoder_layers.{i}."
         att = h + "attention.self."
@@ -242,18 +281,29 @@ def _state(w: dict[str, torch.Tensor], cfg: ModelConfig, ids, where: Path) -> di
                          ("intermediate.dense", "ffn.w_1"), ("output.dense", "ffn.w_2"),
                          ("output.LayerNorm", "res_ffn.norm")):
             s[q + dst + ".weight"], s[q + dst + ".bias"] = get(h + src + ".weight"), get(h + src + ".bias")
+    (pooler, classifier), (dense, norm, bias, decoder) = heads
     if cfg.task == "classify":
-        s["pooler.weight"], s["pooler.bias"] = get("pooler.dense.weight"), get("pooler.dense.bias")
-        s["classifier.weight"], s["classifier.bias"] = get("classifier.weight"), get("classifier.bias")
+        s["pooler.weight"], s["pooler.bias"] = get(pooler + ".weight"), get(pooler + ".bias")
+        s["classifier.weight"], s["classifier.bias"] = get(classifier + ".weight"), get(classifier + ".bias")
     elif cfg.mlm_head:
-        p = "cls.predictions."
-        decoder = w.get(p + "decoder.weight")
-        if decoder is not None and not torch.equal(decoder.float(), word):
-            refuse(where.parent, "its masked-LM decoder is not tied to the word embeddings (qkv's head is tied)")
-        s["mlm_head.dense.weight"], s["mlm_head.dense.bias"] = get(p + "transform.dense.weight"), \
-            get(p + "transform.dense.bias")
-        s["mlm_head.norm.weight"], s["mlm_head.norm.bias"] = get(p + "transform.LayerNorm.weight"), \
-            get(p + "transform.LayerNorm.bias")
-        # a row BERT lacks (qkv's BOS, EOS) gets no probability: every other token keeps BERT's own
-        s["mlm_head.bias"] = ids.rows(get(p + "bias"), fill=ADDED_ROW_LOGIT)
+        s.update(mlm_head_state(w, get, word, ids, where, dense, norm, bias, decoder))
     return s
+
+
+def mlm_head_state(w, get, word, ids, where: Path, dense: str, norm: str, bias: str, decoder: str) -> dict:
+    """qkv's ``mlm_head`` of a masked-LM head ``LayerNorm(f(dense h)) Eᵀ + bias`` with its decoder tied to ``word``."""
+    weight = w.get(decoder + ".weight")
+    if weight is not None and not torch.equal(weight.float(), word):
+        refuse(where.parent, "its masked-LM decoder is not tied to the word embeddings (qkv's head is tied)")
+    own = w.get(decoder + ".bias")
+    if own is not None and bias in w and not torch.equal(own.float(), w[bias].float()):
+        refuse(where.parent, f"its masked-LM decoder's bias is not {bias} (qkv's head has one bias)")
+    return {"mlm_head.dense.weight": get(dense + ".weight"), "mlm_head.dense.bias": get(dense + ".bias"),
+            "mlm_head.norm.weight": get(norm + ".weight"), "mlm_head.norm.bias": get(norm + ".bias"),
+            # a row the model lacks (BERT's BOS, EOS) gets no probability: every other token keeps its own
+            "mlm_head.bias": ids.rows(get(bias if bias in w else decoder + ".bias"), fill=ADDED_ROW_LOGIT)}
+
+
+BERT = Family("BERT", "bert.", {"BertForSequenceClassification": "classify"}, ("BertForMaskedLM", "BertForPreTraining"),
+              TOKEN_NAMES, lambda cfg, where, task, vocab: model_config(cfg, where, task, vocab), lambda *a: _state(*a),
+              "cls.predictions.bias")
