@@ -28,7 +28,8 @@ import torch
 from qkv.errors import QkvError
 
 # converter modules, in the order they are asked
-FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2", "qkv.importers.roberta")
+FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2", "qkv.importers.roberta",
+            "qkv.importers.distilbert", "qkv.importers.albert", "qkv.importers.electra")
 
 
 class ImportRefused(QkvError):
