@@ -127,7 +127,8 @@ class ModelConfig:
         "classify/mlm: a learned token-type (segment) embedding table of this many rows, row 0 added at every "
         "position (BERT's; qkv's inputs are one text, segment 0); 0: none", bound=whole(0, 1024))
     embedding_norm: bool = setting(
-        False, "classify/mlm: a LayerNorm on embeddings + positions (+ token types) before the first layer (BERT's)")
+        False, "classify/mlm: a LayerNorm on embeddings + positions (+ token types) before the first layer (BERT's); "
+        "translate: one on each stack's, encoder and decoder (BART's layernorm_embedding)")
     layer_norm_eps: float = setting(
         1e-5, "ε of every LayerNorm (added to the variance); torch's default 1e-5, BERT's 1e-12",
         bound=real(1e-30, 1.0))
@@ -220,6 +221,8 @@ class ModelConfig:
             _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
         if self.task not in ("classify", "mlm") or self.is_recurrent:
             for name in ("type_vocab_size", "embedding_norm", "pooler"):
+                if name == "embedding_norm" and self.task == "translate" and not self.is_recurrent:
+                    continue  # BART's layernorm_embedding, on the encoder's and the decoder's embeddings
                 _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
         _check(self.task == "classify" or not self.pooler, "pooler", "only a classifier has it")
         if self.task not in ("classify", "mlm") or self.is_recurrent:

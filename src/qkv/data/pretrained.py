@@ -130,6 +130,10 @@ class HFTokenizer:
         if not isinstance(suffix, list) or any(i not in self._to_qkv for i in suffix):
             raise QkvError(f"{source}/{self.IDS_FILE}: 'suffix' must list token ids of the tokenizer, got {suffix!r}")
         self.suffix = [self._to_qkv[i] for i in suffix]
+        prefix = meta.get("prefix", [])  # put before every text (BART's <s>; an encoder's CLS is qkv's own)
+        if not isinstance(prefix, list) or any(i not in self._to_qkv for i in prefix):
+            raise QkvError(f"{source}/{self.IDS_FILE}: 'prefix' must list token ids of the tokenizer, got {prefix!r}")
+        self.prefix = [self._to_qkv[i] for i in prefix]
         # qkv writes a mask as [MASK] (fill); a model whose mask token is another (RoBERTa's <mask>) reads its own
         mask = self.ids.model_ids[MASK]
         self._mask = self.tok.id_to_token(mask) if mask is not None else None
@@ -139,7 +143,7 @@ class HFTokenizer:
 
     @classmethod
     def create(cls, tokenizer_json: bytes, roles: Mapping[int, int | None], suffix: Sequence[int] = (),
-               source: str = "<memory>") -> "HFTokenizer":
+               source: str = "<memory>", prefix: Sequence[int] = ()) -> "HFTokenizer":
         """A new one over ``tokenizer_json``; ``roles`` (qkv special id -> the model's id) and ``suffix``
         (the model's ids put after every text) as :class:`IdMap` and the importers decide them."""
         tokenizers = _hf()
@@ -148,7 +152,7 @@ class HFTokenizer:
         except Exception as e:
             raise QkvError(f"{source}: not a Hugging Face tokenizer ({str(e).splitlines()[0]})") from None
         ids = IdMap.build(vocab, roles)
-        meta = {**ids.to_json(), "suffix": list(suffix)}
+        meta = {**ids.to_json(), "suffix": list(suffix), **({"prefix": list(prefix)} if prefix else {})}
         return cls(tokenizer_json, json.dumps(meta).encode("utf-8"), source)
 
     # --- saving, as both sides of a TokenizerPair (one vocabulary) ---------------------------------------
@@ -184,14 +188,14 @@ class HFTokenizer:
         pass
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Texts -> qkv ids: the model's tokens of each text (its normaliser and pre-tokenizer; special
+        """Texts -> qkv ids: the model's prefix (BART's ``<s>``), its tokens of each text (its normaliser and pre-tokenizer; special
         tokens written in the text, such as ``[MASK]``, are those tokens; ``[MASK]`` is the model's mask
         token whatever its name, RoBERTa's ``<mask>``), then the model's suffix."""
         out = []
         if self._mask not in (None, "[MASK]"):
             texts = [t.replace("[MASK]", self._mask) for t in texts]
         for enc in self.tok.encode_batch(list(texts), add_special_tokens=False):
-            out.append([self._to_qkv[i] for i in enc.ids] + self.suffix)
+            out.append(self.prefix + [self._to_qkv[i] for i in enc.ids] + self.suffix)
         return out
 
     def to_model_ids(self, ids: Sequence[int]) -> list[int | None]:

@@ -29,7 +29,7 @@ from qkv.errors import QkvError
 
 # converter modules, in the order they are asked
 FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2", "qkv.importers.roberta",
-            "qkv.importers.distilbert", "qkv.importers.albert", "qkv.importers.electra")
+            "qkv.importers.distilbert", "qkv.importers.albert", "qkv.importers.electra", "qkv.importers.bart")
 
 
 class ImportRefused(QkvError):

@@ -142,17 +142,9 @@ def specials(hf_dir: Path, hf: dict[str, Any], vocab: dict[str, int]) -> dict[st
     return out
 
 
-def state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, rows: list[int], where: Path) -> dict[str, torch.Tensor]:
-    """Marian's weights under qkv's names (:func:`qkv.export.hf.marian_state_dict` reversed, with no
-    permutation: ``sinusoid_layout = "halves"`` keeps Marian's dimension order), vocabulary rows
-    reordered by ``rows``."""
-    def w(name: str) -> torch.Tensor:
-        for candidate in (name, name.removeprefix("model.")):
-            if candidate in weights:
-                return weights[candidate].float()
-        raise QkvError(f"{where}: the weights have no {name!r} (not a MarianMTModel state dict?)")
-
-    index = torch.tensor(rows)
+def layers_state(w, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The encoder and decoder layers of a BART-named encoder-decoder (Marian, BART) under qkv's names;
+    ``w(name)`` reads one weight (``model.`` prefix)."""
     out: dict[str, torch.Tensor] = {}
 
     def attention(dst: str, name: str) -> None:
@@ -182,6 +174,21 @@ def state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, rows: list[in
         attention(dst + ".cross_attn", name + ".encoder_attn")
         norm(dst + ".res_cross.norm", name + ".encoder_attn_layer_norm")
         ffn(dst, name)
+    return out
+
+
+def state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, rows: list[int], where: Path) -> dict[str, torch.Tensor]:
+    """Marian's weights under qkv's names (:func:`qkv.export.hf.marian_state_dict` reversed, with no
+    permutation: ``sinusoid_layout = "halves"`` keeps Marian's dimension order), vocabulary rows
+    reordered by ``rows``."""
+    def w(name: str) -> torch.Tensor:
+        for candidate in (name, name.removeprefix("model.")):
+            if candidate in weights:
+                return weights[candidate].float()
+        raise QkvError(f"{where}: the weights have no {name!r} (not a MarianMTModel state dict?)")
+
+    index = torch.tensor(rows)
+    out = layers_state(w, cfg)
     shared = None
     for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
         if name in weights or name.removeprefix("model.") in weights:
