@@ -27,10 +27,8 @@ from qkv.errors import QkvError
 from qkv.export.card import CardInfo, write_card
 from qkv.export.source import Source, read_source
 from qkv.checkpoint import fault_point
+from qkv.export.formats import FORMATS, QUANTIZATIONS
 from qkv.files import check_output_dir, remove_stale_temps
-
-FORMATS = ("ctranslate2", "hf")
-QUANTIZATIONS = ("int8", "int8_float32", "float16")
 
 
 def check_out(out: str | Path) -> Path:

@@ -48,8 +48,7 @@ import torch
 from qkv.config import BOS, EOS, PAD, SEP, UNK
 from qkv.decoding.greedy import banned_ids
 from qkv.errors import QkvError
-from qkv.export.card import checkpoint_name
-from qkv.export.source import Source
+from qkv.export.source import Source, checkpoint_name
 from qkv.nn.positional import sinusoidal_table
 
 POSITIONS = 2048  # rows of the sinusoidal table written (CTranslate2 refuses positions beyond its table)
@@ -213,7 +212,7 @@ def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_nor
 def write(src: Source, out: Path, quantization: str | None = None) -> dict:
     """Convert ``src`` into the empty directory ``out``; returns the description written to
     ``out/qkv_export.json`` (how to tokenize, decode and what was checked)."""
-    from qkv.export import QUANTIZATIONS
+    from qkv.export.formats import QUANTIZATIONS
 
     if quantization not in (None, *QUANTIZATIONS):
         raise QkvError(f"--quantization {quantization}: choose one of {', '.join(QUANTIZATIONS)}")
