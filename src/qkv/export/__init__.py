@@ -43,7 +43,7 @@ def check_out(out: str | Path) -> Path:
 # architecture options (qkv.config.ModelConfig) --format hf (MarianMTModel) writes only at the paper's values, and
 # the activations it computes (Marian's swish is SiLU: an imported OPUS-MT model exports back); a model with
 # another value is refused by name rather than exported wrong
-PAPER_OPTIONS = {"activation": "relu", "layer_norm_eps": 1e-5, "scale_embeddings": True}
+PAPER_OPTIONS = {"activation": "relu", "layer_norm_eps": 1e-5, "scale_embeddings": True, "embedding_norm": False}
 EXPORTED_ACTIVATIONS = ("relu", "silu")
 # --format ctranslate2 writes any LayerNorm epsilon, scaled or unscaled embeddings, and these activations
 # (GELU exact and tanh: an imported GPT-2's)
