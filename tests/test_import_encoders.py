@@ -151,3 +151,56 @@ def test_the_switches_train_from_scratch(tmp_path, flags):
     named = {f.lstrip("-").replace("-", "_") for f in flags[0::2]} - {"positional"}
     line = next(line for line in r.stdout.splitlines() if line.startswith("switches"))
     assert all(f"{name}=" in line for name in named), line
+
+
+def test_the_commands_take_the_imports(tmp_path):
+    """fill, embed, search, classify and viz attention from the command line, and serve's /fill, /embed and
+    /classify, on a RoBERTa masked LM (its <mask> written [MASK]) and an ALBERT classifier (shared layers);
+    train --init-from the ALBERT classifier keeps its switches."""
+    import qkv
+    from test_import_roberta import folder as roberta
+
+    roberta(tmp_path / "mlm", "Roberta", "ForMaskedLM")
+    albert(tmp_path / "clf", "ForSequenceClassification", **LABELS)
+    mlm, clf = imported(tmp_path / "mlm", tmp_path), imported(tmp_path / "clf", tmp_path)
+    q_mlm, q_clf = tmp_path / "q-mlm", tmp_path / "q-clf"
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "qkv", *map(str, args)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    top = mlm.fill("the quick [MASK] fox", k=2)[0]
+    assert top[0][0] in run("fill", q_mlm, "--top-k", "2", "the quick [MASK] fox")
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    run("embed", q_clf, "--input", tmp_path / "texts.txt", "--output", tmp_path / "vectors.npy")
+    assert TEXTS[0] in run("search", q_mlm, "--corpus", tmp_path / "texts.txt", "--top-k", "1", TEXTS[0])
+    want = clf.classify(TEXTS[:2])
+    out = run("classify", q_clf, *TEXTS[:2])
+    assert all(label in out for label, _ in want)
+    run("viz", "attention", q_clf, "the quick fox", "--out", tmp_path / "att")
+    assert (tmp_path / "att.html").is_file()
+    pytest.importorskip("fastapi", reason='pip install -c constraints.txt -e ".[serve]"')
+    from fastapi.testclient import TestClient
+
+    from qkv.serve import Limits
+    from qkv.serve.app import create_app
+    from qkv.serve.service import load_models
+
+    limits = Limits()
+    with TestClient(create_app(load_models([f"mlm={q_mlm}", f"clf={q_clf}"], limits), limits),
+                    base_url="http://127.0.0.1") as client:
+        r = client.post("/fill", json={"model": "mlm", "texts": ["the quick [MASK] fox"], "k": 2})
+        assert r.status_code == 200, r.text
+        r = client.post("/classify", json={"model": "clf", "texts": TEXTS[:2]})
+        assert r.status_code == 200 and [row["label"] for row in r.json()["results"]] == [l for l, _ in want]
+        r = client.post("/embed", json={"model": "clf", "texts": TEXTS[:2]})
+        assert r.status_code == 200, r.text
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": "pos" if len(t) > 20 else "neg"}) + "\n"
+                            for t in TEXTS * 4), encoding="utf-8")
+    run("train", "--task", "classify", "--init-from", q_clf, "--train", data, "--valid", data, "--out", tmp_path / "run",
+        "--max-steps", "2", "--eval-every", "2", "--threads", "1", "--pooling", "cls", "--pooler")
+    cfg = json.loads((tmp_path / "run" / "last" / "config.json").read_text())["model"]
+    assert (cfg["embedding_dim"], cfg["layer_groups"], cfg["n_encoder_layers"]) == (16, 2, 3)
+    assert {label for label, _ in qkv.load(tmp_path / "run" / "best").classify(TEXTS)} <= {"pos", "neg"}
