@@ -221,8 +221,11 @@ class ModelConfig:
             _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
         if self.task not in ("classify", "mlm") or self.is_recurrent:
             for name in ("type_vocab_size", "embedding_norm", "pooler"):
-                if name == "embedding_norm" and self.task == "translate" and not self.is_recurrent:
-                    continue  # BART's layernorm_embedding, on the encoder's and the decoder's embeddings
+                if name == "embedding_norm":  # also BART's layernorm_embedding, on each stack of translate
+                    _check(not self.embedding_norm or (self.task == "translate" and not self.is_recurrent), name,
+                           "only the Transformer encoder of classify and mlm, and the Transformer of translate, "
+                           "have it")
+                    continue
                 _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
         _check(self.task == "classify" or not self.pooler, "pooler", "only a classifier has it")
         if self.task not in ("classify", "mlm") or self.is_recurrent:
