@@ -18,14 +18,15 @@ TEXTS = ["The café's crème brûlée was naïve.", "東京は日本の首都で
 TRAIN = TEXTS + ["the quick brown fox jumps over the lazy dog"] * 3
 
 
-def byte_bpe(specials: list[str], post) -> "tokenizers.Tokenizer":
-    """A byte-level BPE (RoBERTa's kind) with ``specials`` first, in order, and the post-processor ``post``."""
+def byte_bpe(specials: list[str], post, texts: list[str] = TRAIN) -> "tokenizers.Tokenizer":
+    """A byte-level BPE (RoBERTa's kind) with ``specials`` first, in order, and the post-processor ``post``,
+    learned from ``texts``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TRAIN, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.post_processor = post(tok)
     return tok

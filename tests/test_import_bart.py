@@ -31,10 +31,7 @@ NAMES = {"bos": "<s>", "eos": "</s>", "cls": "<s>", "sep": "</s>", "pad": "<pad>
 
 
 def build_bart(path, train_steps: int = 60):
-    import encoder_families
-
-    encoder_families.TRAIN[:] = EN + DE + SAMPLE  # the BPE learns the pairs' words
-    tok = byte_bpe(SPECIALS, roberta_processing)
+    tok = byte_bpe(SPECIALS, roberta_processing, EN + DE + SAMPLE)  # the BPE learns the pairs' words
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in NAMES.items()})
     cfg = transformers.BartConfig(vocab_size=tok.get_vocab_size(), d_model=32, encoder_layers=2, decoder_layers=2,
                                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,

