@@ -34,6 +34,7 @@ POOLINGS = ("cls", "mean", "last")
 # ModelConfig.activation: the FFN's function between W_1 and W_2 (qkv.nn.feed_forward): the paper's
 # ReLU, GELU exact (BERT) or tanh-approximated (GPT-2), SiLU/swish (Marian)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")  # ModelConfig.pooler_activation
 INITS = ("xavier", "fairseq")  # ModelConfig.init: how the Transformer layers' linear maps start
 FINAL_NORMS = ("auto", "on", "off")  # ModelConfig.final_norm: a LayerNorm after a stack's last layer
 SINUSOID_LAYOUTS = ("interleaved", "halves")  # ModelConfig.sinusoid_layout: where sin and cos sit
@@ -133,7 +134,8 @@ class ModelConfig:
         "classify/mlm: a learned token-type (segment) embedding table of this many rows, row 0 added at every "
         "position (BERT's; qkv's inputs are one text, segment 0); 0: none", bound=whole(0, 1024))
     embedding_norm: bool = setting(
-        False, "classify/mlm: a LayerNorm on embeddings + positions (+ token types) before the first layer (BERT's)")
+        False, "classify/mlm: a LayerNorm on embeddings + positions (+ token types) before the first layer (BERT's); "
+        "translate: one on each stack's, encoder and decoder (BART's layernorm_embedding)")
     layer_norm_eps: float = setting(
         1e-5, "ε of every LayerNorm (added to the variance); torch's default 1e-5, BERT's 1e-12",
         bound=real(1e-30, 1.0))
@@ -180,6 +182,34 @@ class ModelConfig:
     out_bias: bool = setting(True, "a bias on the attention's output projection W^O (Llama, Qwen2 and T5 have none)")
     attention_scale: bool = setting(
         True, "divide the attention logits by √d_k (eq. 1); false: T5's attention, the scale folded into W^Q")
+    # family switches: embeddings and layer sharing (the paper's values are the defaults)
+    position_offset: int = setting(
+        0,
+        "learned positions: rows of the table before position 0 (RoBERTa's padding_idx + 1 = 2, BART's 2): the "
+        "table has max_positions + position_offset rows and position t reads row t + position_offset",
+        bound=whole(0, 1024))
+    embedding_dim: int = setting(
+        0,
+        "classify/mlm: width of the token, position and token-type embeddings (and their LayerNorm), projected to "
+        "d_model before the first layer (ALBERT's factorised embedding, ELECTRA's embedding_size); 0: d_model",
+        bound=whole(0, MAX_WIDTH))
+    layer_groups: int = setting(
+        0,
+        "classify/mlm: sets of encoder-layer weights that the N layers run from, consecutive layers sharing one "
+        "(ALBERT's num_hidden_groups: layer i uses set floor(i·groups/N); 1: every layer the same weights); "
+        "0: each layer its own", bound=whole(0, MAX_LAYERS))
+    pooler_activation: str = setting(
+        "tanh",
+        "classify with --pooler: the pooler's function, f(W h + b): tanh (BERT's pooler, RoBERTa's head) | relu "
+        "(DistilBERT's) | gelu (ELECTRA's)")
+    mlm_head_activation: str = setting(
+        "gelu",
+        "mlm: the masked-LM head's function between its dense layer and LayerNorm: gelu (BERT, RoBERTa) | gelu_tanh "
+        "(ALBERT) | relu | silu")
+    pooler_dropout: bool = setting(
+        False,
+        "classify with --pooler: dropout before the pooler's W too (RoBERTa's and ELECTRA's heads: dropout, "
+        "dense, f, dropout, out), not only after it (BERT's)")
     # the recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
     # n_encoder_layers / n_decoder_layers the stacked layers, dropout between layers and on embeddings
     rnn_nonlinearity: str = setting(
@@ -226,8 +256,24 @@ class ModelConfig:
             _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
         if self.task not in ("classify", "mlm") or self.is_recurrent:
             for name in ("type_vocab_size", "embedding_norm", "pooler"):
+                if name == "embedding_norm":  # also BART's layernorm_embedding, on each stack of translate
+                    _check(not self.embedding_norm or (self.task == "translate" and not self.is_recurrent), name,
+                           "only the Transformer encoder of classify and mlm, and the Transformer of translate, "
+                           "have it")
+                    continue
                 _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
         _check(self.task == "classify" or not self.pooler, "pooler", "only a classifier has it")
+        if self.task not in ("classify", "mlm") or self.is_recurrent:
+            for name in ("embedding_dim", "layer_groups"):
+                _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
+        _check(self.layer_groups <= self.n_encoder_layers, "layer_groups",
+               f"{self.layer_groups} sets of weights for {self.n_encoder_layers} layers: at most one set a layer")
+        _check(self.positional == "learned" or not self.position_offset, "position_offset",
+               "offsets a learned position table; set positional = learned")
+        _check(self.pooler_activation in POOLER_ACTIVATIONS, "pooler_activation",
+               f"must be one of {', '.join(POOLER_ACTIVATIONS)}, got {self.pooler_activation!r}")
+        _check(self.mlm_head_activation in ACTIVATIONS, "mlm_head_activation",
+               f"must be one of {', '.join(ACTIVATIONS)}, got {self.mlm_head_activation!r}")
         if self.task == "classify" and self.arch == "transformer":
             _check(self.pooling != "last", "pooling", "'last' (the last RNN state) needs a recurrent arch; "
                    "a Transformer encoder pools 'cls' or 'mean'")

@@ -131,6 +131,25 @@ def transformer_flops(cfg: ModelConfig, src_len: int, tgt_len: int, vocab_size: 
     return Flops(forward=forward, training=3 * forward)
 
 
+# ModelConfig fields that describe a model's size, data or head rather than which Transformer it is
+NOT_SWITCHES = frozenset({"task", "arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
+                          "dropout", "attention_dropout", "max_positions", "n_classes", "src_vocab_size",
+                          "tgt_vocab_size", "rnn_nonlinearity", "bidirectional", "attention", "input_feeding",
+                          "pooling", "positional", "norm_first"})
+# the switches that family_switches already names in words (positions, norms, FFN, attention)
+DESCRIBED = frozenset({"rope_theta", "relative_buckets", "relative_max_distance", "norm", "norm_bias", "ffn_gated",
+                       "ffn_bias", "n_kv_heads", "qkv_bias", "out_bias", "attention_scale", "tie_output"})
+
+
+def switches(cfg: ModelConfig) -> dict:
+    """The family switches of a Transformer's config that are not the paper's (ModelConfig's defaults):
+    what makes it BERT, RoBERTa, ALBERT, ... rather than the base model (the line above names the
+    positions and the norm's place)."""
+    paper = ModelConfig()
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in NOT_SWITCHES | DESCRIBED and getattr(cfg, f.name) != getattr(paper, f.name)}
+
+
 def describe(model: nn.Module, src_len: int = 25, tgt_len: int = 25) -> str:
     """What ``qkv info`` prints: the architecture in a line, the parameters by component, and for an
     encoder-decoder Transformer the training FLOPs per target token."""
@@ -147,9 +166,12 @@ def describe(model: nn.Module, src_len: int = 25, tgt_len: int = 25) -> str:
         lines = [f"{cfg.arch} ({cfg.task}): d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
                  f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
                  f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions"]
-        switches = family_switches(cfg)
-        if switches:
-            lines.append(f"  switches beyond the paper's: {'; '.join(switches)}")
+        described = family_switches(cfg)
+        if described:
+            lines.append(f"  switches beyond the paper's: {'; '.join(described)}")
+        named = switches(cfg)
+        if named:
+            lines.append("switches (the paper's value otherwise): " + ", ".join(f"{k}={v}" for k, v in named.items()))
     parts = parameter_breakdown(model)
     width = max(len(k) for k in parts)
     lines += [f"  {k:<{width}}  {n:>13,}  ({n / 1e6:.1f}M)" for k, n in parts.items()]

@@ -129,17 +129,22 @@ class Transformer(nn.Module):
         self.encoder_norm, self.decoder_norm = encoder_norm, decoder_norm
         # Marian's final_logits_bias (cfg.output_bias); registered last, after every older parameter
         self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
+        # BART's layernorm_embedding (cfg.embedding_norm): a LayerNorm of each stack's embeddings + positions
+        self.src_embed_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
+        self.tgt_embed_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
 
     @property
     def encoder(self) -> TransformerStack:
         """The left half of Figure 1: source embedding, positions, N encoder layers."""
-        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout)
+        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout,
+                                embed_norm=self.src_embed_norm)
 
     @property
     def decoder(self) -> TransformerStack:
         """The right half of Figure 1, up to the output projection: target embedding, positions,
         N decoder layers."""
-        return TransformerStack(self.tgt_embed, self.tgt_pos, self.decoder_layers, self.decoder_norm, self.cfg.dropout)
+        return TransformerStack(self.tgt_embed, self.tgt_pos, self.decoder_layers, self.decoder_norm, self.cfg.dropout,
+                                embed_norm=self.tgt_embed_norm)
 
     # --- pieces ------------------------------------------------------------------------------------
 
@@ -223,6 +228,8 @@ class Transformer(nn.Module):
         position = state.position
         bias = state.memory_bias if state.memory_bias is not None else additive_mask(state.memory_mask)
         x = self.tgt_embed(tokens) + self.tgt_pos(1, position)[0]  # (B, d)
+        if self.tgt_embed_norm is not None:
+            x = self.tgt_embed_norm(x)
         self_kv = []
         for layer, cache, memory_kv in zip(self.decoder_layers, state.self_kv, state.cross_kv):
             x, cache = layer.step(x, memory_kv, bias, cache, state.beam)
@@ -273,6 +280,8 @@ class Transformer(nn.Module):
         open ``pos``; None: the buffers are views of positions 0 .. ``pos`` only, attended unmasked
         (:mod:`qkv.decoding.scripted`)."""
         x = self.tgt_embed(tokens) + pos_enc  # (B, d)
+        if self.tgt_embed_norm is not None:
+            x = self.tgt_embed_norm(x)
         ks, vs = [], []
         for layer, k, v, ck, cv in zip(self.decoder_layers, self_k, self_v, cross_k, cross_v):
             x, k, v = layer.static_step(x, KVCache(ck, cv), memory_bias, k, v, pos, self_bias, beam, in_place)

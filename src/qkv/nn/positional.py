@@ -51,12 +51,15 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class LearnedPositionalEncoding(nn.Module):
-    """One learned vector per position, up to ``max_positions``."""
+    """One learned vector per position, up to ``max_positions``.
 
-    def __init__(self, d_model: int, max_positions: int = 1024):
+    ``offset``: rows of the table before position 0 (RoBERTa's and BART's 2, their padding_idx + 1 and
+    a start of 2): the table has ``max_positions + offset`` rows and position t reads row ``t + offset``."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024, offset: int = 0):
         super().__init__()
-        self.max_positions = max_positions
-        self.weight = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
+        self.max_positions, self.offset = max_positions, offset
+        self.weight = nn.Parameter(torch.randn(max_positions + offset, d_model) * d_model**-0.5)
 
     def forward(self, length: int, offset: int = 0) -> torch.Tensor:
         end = offset + length
@@ -65,7 +68,7 @@ class LearnedPositionalEncoding(nn.Module):
                 f"sequence of {end} positions is longer than the learned positional table "
                 f"(max_positions={self.max_positions})"
             )
-        return self.weight[offset:end][None]  # (1, T, d_model)
+        return self.weight[self.offset + offset:self.offset + end][None]  # (1, T, d_model)
 
 
 class NoPositionalEncoding(nn.Module):
@@ -93,16 +96,20 @@ def stack_positions(cfg, causal: bool = False) -> nn.Module:
 
         return RelativePositions(cfg.d_model, cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance,
                                  bidirectional=not causal)
-    return positional_encoding(cfg.positional, cfg.d_model, cfg.max_positions, cfg.sinusoid_layout)
+    # a table is as wide as the embeddings it is added to (embedding_dim: ALBERT's E, projected to d_model
+    # after), and learned positions may start at a row other than the first (position_offset)
+    return positional_encoding(cfg.positional, cfg.embedding_dim or cfg.d_model, cfg.max_positions,
+                               cfg.sinusoid_layout, cfg.position_offset)
 
 
-def positional_encoding(kind: str, d_model: int, max_positions: int, layout: str = "interleaved") -> nn.Module:
+def positional_encoding(kind: str, d_model: int, max_positions: int, layout: str = "interleaved",
+                        offset: int = 0) -> nn.Module:
     if kind == "none":
         return NoPositionalEncoding(d_model, max_positions)
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_positions, layout)
     if kind == "learned":
-        return LearnedPositionalEncoding(d_model, max_positions)
+        return LearnedPositionalEncoding(d_model, max_positions, offset)
     raise ValueError(f"unknown positional encoding {kind!r}")
 
 
