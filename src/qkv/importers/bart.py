@@ -118,8 +118,13 @@ def state_dict(weights, cfg: ModelConfig, ids, start: int, where: Path) -> dict:
     out = layers_state(w, cfg)
     tokens = sum(m is not None for m in ids.model_ids)
     V = ("vocab_size", "d_model")
+    c = weights.config
+    vocab = c.int("vocab_size", None) if c is not None else None
     for name in ("model.shared.weight", "model.encoder.embed_tokens.weight"):
-        weights.check_rows(name if w.prefixed else name.removeprefix("model."), tokens,
+        name = name if w.prefixed else name.removeprefix("model.")
+        if vocab is not None:
+            weights.check_rows(name, vocab, c.says("vocab_size"))
+        weights.check_rows(name, tokens,
                            f"tokenizer.json has {tokens} tokens (qkv imports a model whose vocabulary is its tokenizer's)")
     shared = next((t for n in ("model.shared.weight", "model.encoder.embed_tokens.weight")
                    if (t := w(n, (tokens, d), V, default=None)) is not None), None)

@@ -52,91 +52,100 @@ def _refuse(where: Path, option: str, why: str) -> None:
     raise ImportRefused(f"{where}: {option} is not supported: {why}")
 
 
-def _int(hf: dict, key: str, default: int | None = None) -> int:
-    value = hf.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise QkvError(f"config.json: {key} must be an integer, got {value!r}")
-    return value
-
-
-def rope_theta(hf: dict, where: Path) -> float:
+def rope_theta(c, where: Path) -> float:
     """θ of the default RoPE (``rope_parameters`` of transformers 5, or the older ``rope_theta`` /
-    ``rope_scaling``); any scaled RoPE is refused by name."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
+    ``rope_scaling``); any scaled RoPE is refused by name (``c``: config.json, a
+    :class:`~qkv.importers.folder.Config`)."""
+    from qkv.importers.folder import Config
+
+    params = c.dict("rope_parameters", {})
+    scaling = c.get("rope_scaling") or {}
     for source, p in (("rope_parameters", params), ("rope_scaling", scaling)):
         kind = p.get("rope_type", p.get("type", "default")) if isinstance(p, dict) else p
         if kind not in (None, "default"):
             _refuse(where, f"{source} rope_type {kind!r}", "qkv's rotary positions are RoPE's default, unscaled")
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0)) if isinstance(params, dict) else 10000.0
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-        raise QkvError(f"{where}: rope_theta must be a positive number, got {theta!r}")
-    return float(theta)
+    if "rope_theta" in params:
+        return Config(params, where).float("rope_theta", at_least=1.0, at_most=1e12)
+    return c.float("rope_theta", 10000.0, at_least=1.0, at_most=1e12)
 
 
-def model_config(hf: dict, where: Path, arch: str, vocab_size: int) -> ModelConfig:
-    """The :class:`ModelConfig` of a Llama, Qwen2 or Mistral config.json; what qkv cannot compute is refused."""
-    d, heads = _int(hf, "hidden_size", 4096), _int(hf, "num_attention_heads", 32)
-    kv = hf.get("num_key_value_heads") or heads
-    act = hf.get("hidden_act", "silu")
+def model_config(hf, where: Path, arch: str, vocab_size: int) -> ModelConfig:
+    """The :class:`ModelConfig` of a Llama, Qwen2 or Mistral config.json (a dict or a
+    :class:`~qkv.importers.folder.Config`); a malformed field is refused naming it, what qkv cannot
+    compute is refused by name."""
+    from qkv.importers.folder import Config
+
+    c = hf if isinstance(hf, Config) else Config(hf, where)
+    d, heads = c.int("hidden_size", 4096), c.int("num_attention_heads", 32, at_most=4096)
+    kv = c.int("num_key_value_heads", heads, at_most=heads)
+    act = c.str("hidden_act", "silu")
     if act not in ACTIVATIONS:
         _refuse(where, f"hidden_act {act!r}", f"qkv computes {', '.join(sorted(ACTIVATIONS))}")
     if d % heads:
-        raise QkvError(f"{where}: hidden_size {d} is not a multiple of num_attention_heads {heads}")
-    head_dim = hf.get("head_dim") or d // heads
+        c.error(f"hidden_size {d} is not a multiple of num_attention_heads {heads}")
+    if heads % kv:
+        c.error(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    head_dim = c.int("head_dim", d // heads)
     if head_dim != d // heads:
         _refuse(where, f"head_dim = {head_dim}", f"qkv's heads are hidden_size / num_attention_heads = {d // heads} wide")
-    positions = _int(hf, "max_position_embeddings", 2048)
-    window = hf.get("sliding_window")
+    positions = c.int("max_position_embeddings", 2048, at_least=2)
+    window = c.get("sliding_window")
+    layer_types = c.list("layer_types", [])
     sliding = window is not None and (
-        arch == "MistralForCausalLM" or hf.get("use_sliding_window")
-        or "sliding_attention" in (hf.get("layer_types") or []))
-    if sliding and not (isinstance(window, int) and window >= positions):
+        arch == "MistralForCausalLM" or c.bool("use_sliding_window", False) or "sliding_attention" in layer_types)
+    if sliding and not (isinstance(window, int) and not isinstance(window, bool) and window >= positions):
         _refuse(where, f"sliding_window = {window}", "qkv's attention sees every earlier position (a window of at "
                 f"least max_position_embeddings = {positions}, or null, imports)")
     qwen = arch == "Qwen2ForCausalLM"
-    attention_bias = bool(hf.get("attention_bias", False))
+    attention_bias = c.bool("attention_bias", False)
     return ModelConfig(
-        task="lm", arch="transformer", d_model=d, n_heads=heads, n_kv_heads=int(kv),
-        d_ff=_int(hf, "intermediate_size", 11008), n_encoder_layers=1, n_decoder_layers=_int(hf, "num_hidden_layers", 32),
-        dropout=0.0, attention_dropout=float(hf.get("attention_dropout", 0.0) or 0.0),
-        positional="rotary", rope_theta=rope_theta(hf, where), max_positions=min(positions, MAX_POSITIONS),
+        task="lm", arch="transformer", d_model=d, n_heads=heads, n_kv_heads=kv,
+        d_ff=c.int("intermediate_size", 11008), n_encoder_layers=1, n_decoder_layers=c.int("num_hidden_layers", 32),
+        dropout=0.0, attention_dropout=c.float("attention_dropout", 0.0, at_least=0, below=1),
+        positional="rotary", rope_theta=rope_theta(c, where), max_positions=min(positions, MAX_POSITIONS),
         norm_first=True, final_norm="auto", norm="rmsnorm", norm_bias=False,
-        layer_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), activation=ACTIVATIONS[act], ffn_gated=True,
-        ffn_bias=bool(hf.get("mlp_bias", False)), qkv_bias=qwen or attention_bias, out_bias=attention_bias and not qwen,
-        scale_embeddings=False, share_embeddings=True, tie_output=bool(hf.get("tie_word_embeddings", False)),
-        src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+        layer_norm_eps=c.float("rms_norm_eps", 1e-6, at_least=0, at_most=1), activation=ACTIVATIONS[act],
+        ffn_gated=True, ffn_bias=c.bool("mlp_bias", False), qkv_bias=qwen or attention_bias,
+        out_bias=attention_bias and not qwen, scale_embeddings=False, share_embeddings=True,
+        tie_output=c.bool("tie_word_embeddings", False), src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
     ).validate()
 
 
-def state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, idmap, where: Path) -> dict[str, torch.Tensor]:
-    """The folder's weights under qkv's names, vocabulary rows in qkv's order (``idmap``)."""
-    def w(name: str) -> torch.Tensor:
-        for candidate in ("model." + name, name):
-            if candidate in weights:
-                return weights[candidate].float()
-        raise QkvError(f"{where}: the weights have no {'model.' + name!r}")
+def state_dict(weights, cfg: ModelConfig, idmap, where: Path, vocab: int | None = None) -> dict[str, torch.Tensor]:
+    """The folder's weights (:class:`~qkv.importers.folder.Weights`) under qkv's names, vocabulary rows in
+    qkv's order (``idmap``); each tensor taken with the shape config.json gives it (``vocab``: its
+    vocab_size, the embedding's rows; None: any)."""
+    prefixed = any(k.startswith("model.") for k in weights)
+    d, ff, kv = cfg.d_model, cfg.d_ff, cfg.kv_heads * cfg.d_k
+    D, FF, KV = ("hidden_size",), ("hidden_size", "intermediate_size"), ("hidden_size", "num_key_value_heads")
 
-    out = {"embed.weight": idmap.rows(w("embed_tokens.weight")).contiguous(), "final_norm.weight": w("norm.weight")}
+    def w(name: str, shape, fields=D) -> torch.Tensor:
+        return weights.take(("model." if prefixed else "") + name, shape, fields)
+
+    weights.check_layers(("model\\." if prefixed else "") + r"layers\.(\d+)\.", cfg.n_decoder_layers,
+                         "num_hidden_layers")
+    V = ("vocab_size", "hidden_size")
+    out = {"embed.weight": idmap.rows(w("embed_tokens.weight", (vocab, d), V)).contiguous(),
+           "final_norm.weight": w("norm.weight", (d,))}
     for i in range(cfg.n_decoder_layers):
         h, q = f"layers.{i}", f"layers.{i}"
         att = f"{h}.self_attn"
-        out[f"{q}.self_attn.in_proj.weight"] = torch.cat([w(f"{att}.{p}_proj.weight") for p in "qkv"])
+        sizes = {"q": d, "k": kv, "v": kv}
+        out[f"{q}.self_attn.in_proj.weight"] = torch.cat([w(f"{att}.{p}_proj.weight", (sizes[p], d), KV) for p in "qkv"])
         if cfg.qkv_bias:
-            out[f"{q}.self_attn.in_proj.bias"] = torch.cat([w(f"{att}.{p}_proj.bias") for p in "qkv"])
-        out[f"{q}.self_attn.out_proj.weight"] = w(f"{att}.o_proj.weight")
+            out[f"{q}.self_attn.in_proj.bias"] = torch.cat([w(f"{att}.{p}_proj.bias", (sizes[p],), KV) for p in "qkv"])
+        out[f"{q}.self_attn.out_proj.weight"] = w(f"{att}.o_proj.weight", (d, d))
         if cfg.out_bias:
-            out[f"{q}.self_attn.out_proj.bias"] = w(f"{att}.o_proj.bias")
-        for qn, hn in (("w_1", "gate_proj"), ("w_3", "up_proj"), ("w_2", "down_proj")):
-            out[f"{q}.ffn.{qn}.weight"] = w(f"{h}.mlp.{hn}.weight")
+            out[f"{q}.self_attn.out_proj.bias"] = w(f"{att}.o_proj.bias", (d,))
+        for qn, hn, shape in (("w_1", "gate_proj", (ff, d)), ("w_3", "up_proj", (ff, d)), ("w_2", "down_proj", (d, ff))):
+            out[f"{q}.ffn.{qn}.weight"] = w(f"{h}.mlp.{hn}.weight", shape, FF)
             if cfg.ffn_bias:
-                out[f"{q}.ffn.{qn}.bias"] = w(f"{h}.mlp.{hn}.bias")
-        out[f"{q}.res_attn.norm.weight"] = w(f"{h}.input_layernorm.weight")
-        out[f"{q}.res_ffn.norm.weight"] = w(f"{h}.post_attention_layernorm.weight")
+                out[f"{q}.ffn.{qn}.bias"] = w(f"{h}.mlp.{hn}.bias", shape[:1], FF)
+        out[f"{q}.res_attn.norm.weight"] = w(f"{h}.input_layernorm.weight", (d,))
+        out[f"{q}.res_ffn.norm.weight"] = w(f"{h}.post_attention_layernorm.weight", (d,))
     if not cfg.tie_output:
-        if "lm_head.weight" not in weights:
-            raise QkvError(f"{where}: the weights have no 'lm_head.weight' (tie_word_embeddings is false)")
-        out["output_proj.weight"] = idmap.rows(weights["lm_head.weight"].float()).contiguous()
+        out["output_proj.weight"] = idmap.rows(weights.take("lm_head.weight", (vocab, d),
+                                                            ("vocab_size", "hidden_size", "tie_word_embeddings"))).contiguous()
     return out
 
 
@@ -151,12 +160,18 @@ def tokenizer(folder: Path, hf: dict):
     list) as qkv's BOS and EOS, the tokenizer's unk token (byte-fallback BPE has one) as qkv's UNK."""
     from qkv.data.pretrained import HFTokenizer, special_token_names
     from qkv.data.tokenizer import TokenizerPair
+    from qkv.importers.folder import Config, FolderError, read_tokenizer_json
 
+    c = hf if isinstance(hf, Config) else Config(hf, folder / "config.json")
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise QkvError(f"{path}: missing (save the tokenizer with its fast class's save_pretrained, which writes it)")
-    data = path.read_bytes()
-    eos, bos = _first(hf.get("eos_token_id")), _first(hf.get("bos_token_id"))
+    data = read_tokenizer_json(path)
+    for key in ("eos_token_id", "bos_token_id"):
+        value = c.get(key)
+        if value is not None and _first(value) is None:
+            raise FolderError(f"{c.path}: {key} must be a token id (or a list of them), got {str(value)[:40]}")
+    eos, bos = _first(c.get("eos_token_id")), _first(c.get("bos_token_id"))
     if eos is None:
         raise QkvError(f"{folder / 'config.json'}: no eos_token_id (qkv's language models end a text with it)")
     roles = {EOS: eos, BOS: bos if bos != eos else None}
@@ -172,23 +187,24 @@ def tokenizer(folder: Path, hf: dict):
 
 def convert(folder: Path, base: Path, config: dict, arch: str, sentence: dict | None):
     """:mod:`qkv.importers`' entry point."""
-    from qkv.importers import Imported, read_weights
+    from qkv.importers import Imported
+    from qkv.importers.folder import Config, FolderError, load_state, read_weights
     from qkv.models import build_model
 
     where = base / "config.json"
+    config = config if isinstance(config, Config) else Config(config, where)
     if sentence is not None:
         _refuse(where, "a sentence-transformers folder", f"{arch} imports as a language model")
     tokenizers = tokenizer(base, config)
     tok = tokenizers.src
     cfg = model_config(config, where, arch, tok.vocab_size)
-    vocab = _int(config, "vocab_size", 32000)
+    vocab = config.int("vocab_size", 32000)
     known = sum(m is not None for m in tok.ids.model_ids)  # the tokenizer's ids; rows beyond them are never read
     if vocab < known:
-        raise QkvError(f"{where}: vocab_size {vocab} is smaller than tokenizer.json's {known} tokens")
-    weights = read_weights(base)
+        raise FolderError(f"{where}: vocab_size {vocab} is smaller than tokenizer.json's {known} tokens")
+    sd = state_dict(read_weights(base, config), cfg, tok.ids, base, vocab)  # every tensor checked first
     model = build_model(cfg)
-    sd = state_dict(weights, cfg, tok.ids, base)
-    model.load_state_dict(sd, strict=True)
+    load_state(model, sd, config)
     train = dataclasses.replace(TrainConfig(), max_len=min(TrainConfig().max_len, cfg.max_positions - 1))
     return Imported(model, cfg, tokenizers, train, {"data": {"train": f"imported from {base.name} ({arch})"}}, arch)
 
