@@ -184,7 +184,12 @@ def convert(folder: Path, base: Path, config: dict, arch: str, sentence: dict | 
     model = build_model(cfg)
     model.load_state_dict(state_dict(read_weights(base), cfg, config, tok.ids, base), strict=True)
     gen = read_json(base / "generation_config.json") if (base / "generation_config.json").is_file() else {}
-    decode = decode_config(config, gen)
+    # as transformers' generate() cuts an output: max_length counts the decoder start (max_length - 1 tokens);
+    # where neither file sets it, 20 new tokens (transformers 5's default); greedy unless num_beams says
+    decode = decode_config({"num_beams": 1, **config}, gen)
+    max_length = gen.get("max_length", config.get("max_length"))
+    tokens = int(max_length) - 1 if isinstance(max_length, int) and not isinstance(max_length, bool) else 20
+    decode = dataclasses.replace(decode, max_len_b=max(1, min(tokens, 1024))).validate()
     train = dataclasses.replace(TrainConfig(), vocab_size=cfg.src_vocab_size)
     extra = {"decode": to_dict(decode), "data": {"train": f"imported from {base.name} ({arch})"}}
     return Imported(model, cfg, tokenizers, train, extra, arch)
