@@ -236,3 +236,20 @@ def test_info_names_switches_from_flags(capsys):
     assert "relative positions (T5 buckets: 32" in out and "no 1/√d_k" in out and "multi-query" in out
     assert main(["info", "--preset", "tiny", "--vocab-size", "100"]) == 0
     assert "switches" not in capsys.readouterr().out  # the paper's model has none to name
+
+
+def test_switches_from_a_config_file(tmp_path):
+    """A [model] table sets the switches as the flags do (preset < file < flags); a wrong one names its field."""
+    from qkv.config import DecodeConfig, layered, load_toml, preset
+
+    path = tmp_path / "llama.toml"
+    path.write_text('[model]\npositional = "rotary"\nrope_theta = 500.0\nnorm = "rmsnorm"\nnorm_bias = false\n'
+                    'ffn_gated = true\nactivation = "silu"\nn_kv_heads = 1\nqkv_bias = false\nout_bias = false\n')
+    model, train = preset("tiny")
+    cfg, _, _ = layered((model, train, DecodeConfig()), load_toml(path), str(path), {"model": {"out_bias": True}})
+    assert (cfg.positional, cfg.rope_theta, cfg.norm, cfg.norm_bias, cfg.ffn_gated, cfg.kv_heads, cfg.qkv_bias) == \
+        ("rotary", 500.0, "rmsnorm", False, True, 1, False)
+    assert cfg.out_bias is True  # the flag over the file
+    path.write_text('[model]\nn_kv_heads = "two"\n')
+    with pytest.raises(ConfigError, match="n_kv_heads"):
+        layered((model, train, DecodeConfig()), load_toml(path), str(path), {})

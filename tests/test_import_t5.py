@@ -179,3 +179,27 @@ def test_unsupported_options_are_refused_by_name(tmp_path, change, refused):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ImportRefused, match=refused):
         convert(folder)
+
+
+@pytest.mark.parametrize("max_length", [None, 9])
+def test_translate_cuts_outputs_where_generate_does(tmp_path, max_length):
+    """The folder's search (greedy; max_length counting the decoder start, or transformers' 20 new tokens where
+    the folder sets none) gives the text transformers' generate() gives, on outputs the length limit cuts."""
+    import qkv
+    from qkv.decoding.greedy import banned_ids
+
+    folder = build(tmp_path / "v1.1", "v1.1", seed=3)
+    if max_length is not None:
+        gen = json.loads((folder / "generation_config.json").read_text())
+        (folder / "generation_config.json").write_text(json.dumps({**gen, "max_length": max_length}))
+    hf, tok = reference(folder)
+    tr = qkv.load(folder)
+    t = tr.tokenizers.src
+    suppress = [i for i in t.to_model_ids(banned_ids(t)) if i is not None]
+    cut = 0
+    for source in SOURCES[:2]:
+        x = tok([source], return_tensors="pt")
+        out = hf.generate(**x, suppress_tokens=suppress)[0].tolist()
+        cut += tok.eos_token_id not in out  # the limit ended it
+        assert tr.translate([source])[0] == tok.decode(out, skip_special_tokens=True)
+    assert cut, "no output reached the length limit"

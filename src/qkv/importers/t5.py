@@ -205,7 +205,12 @@ def convert(folder: Path, base: Path, config: dict, arch: str, sentence: dict | 
     load_state(model, sd, config)
     gen_path = base / "generation_config.json"
     gen = read_config(gen_path) if gen_path.exists() else Config({}, gen_path)
-    decode = decode_config(config, gen)
+    # as transformers' generate() cuts an output: max_length counts the decoder start (max_length - 1 tokens);
+    # where neither file sets it, 20 new tokens (transformers 5's default); greedy unless num_beams says
+    decode = decode_config(Config({"num_beams": 1, **config.data}, config.path), gen)
+    max_length = (gen if "max_length" in gen else config).int("max_length", None)
+    tokens = max_length - 1 if max_length is not None else 20
+    decode = dataclasses.replace(decode, max_len_b=max(1, min(tokens, 1024))).validate()
     train = dataclasses.replace(TrainConfig(), vocab_size=cfg.src_vocab_size)
     extra = {"decode": to_dict(decode), "data": {"train": f"imported from {base.name} ({arch})"}}
     return Imported(model, cfg, tokenizers, train, extra, arch)
