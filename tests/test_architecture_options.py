@@ -128,11 +128,26 @@ def test_bad_values_name_the_field(field, value, match):
         ModelConfig(**{**ENC.__dict__, field: value}).validate()
 
 
-@pytest.mark.parametrize("field,value", [("type_vocab_size", 2), ("embedding_norm", True)])
+@pytest.mark.parametrize("field,value", [("type_vocab_size", 2), ("embedding_norm", True), ("embedding_dim", 16),
+                                         ("layer_groups", 1)])
 def test_encoder_only_options_are_refused_elsewhere(field, value):
     for task in ("translate", "lm"):
+        if (field, task) == ("embedding_norm", "translate"):  # BART's layernorm_embedding: each stack has one
+            ModelConfig(**{**ENC.__dict__, "task": task, field: value}).validate()
+            continue
         with pytest.raises(ConfigError, match=f"'{field}': only the Transformer encoder of classify and mlm"):
             ModelConfig(**{**ENC.__dict__, "task": task, field: value}).validate()
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("position_offset", 2, "offsets a learned position table"),
+    ("layer_groups", 3, "3 sets of weights for 2 layers"),
+    ("pooler_activation", "sigmoid", "must be one of tanh, relu, gelu"),
+    ("mlm_head_activation", "tanh", "must be one of relu, gelu, gelu_tanh, silu"),
+])
+def test_family_switches_refuse_what_they_cannot_be(field, value, match):
+    with pytest.raises(ConfigError, match=f"'{field}'.*{match}"):
+        ModelConfig(**{**ENC.__dict__, "positional": "sinusoidal", "n_encoder_layers": 2, field: value}).validate()
 
 
 def _with_options(tmp_path, **options):

@@ -102,6 +102,9 @@ MODELS = {  # name -> training flags
     "pre": ("--norm-first", "--positional", "learned", "--max-positions", "128", "--max-len", "100", "--no-joint-vocab",
             "--no-share-embeddings", "--no-tie-output"),
     "separate": ("--no-joint-vocab", "--no-share-embeddings"),
+    # BART's switches trained from scratch: learned positions from row 2, a LayerNorm on each stack's embeddings
+    "bart": ("--positional", "learned", "--position-offset", "2", "--embedding-norm", "--no-scale-embeddings",
+             "--activation", "gelu", "--output-bias", "--max-positions", "128", "--max-len", "100"),
 }
 
 
@@ -152,7 +155,7 @@ def ct2_translate(out: Path, sentences: list[str]) -> list[str]:
 
 
 @needs_ct2
-@pytest.mark.parametrize("name", ["post", "pre", "separate"])
+@pytest.mark.parametrize("name", ["post", "pre", "separate", "bart"])
 def test_ctranslate2_greedy_equals_qkv_translate(trained, tmp_path, capsys, name):
     ckpt = trained(name)
     rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "ct2")
@@ -161,7 +164,7 @@ def test_ctranslate2_greedy_equals_qkv_translate(trained, tmp_path, capsys, name
     out = tmp_path / "ct2"
     info = json.loads((out / "qkv_export.json").read_text())
     assert info["verified"]["checked"] and info["verified"]["max_abs_log_prob_difference"] < 1e-4
-    joint = name == "post"
+    joint = name in ("post", "bart")
     assert (out / "shared_vocabulary.json").is_file() == joint
     assert (out / "source_vocabulary.json").is_file() == (not joint)
     model = qkv.load(ckpt)

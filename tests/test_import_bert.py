@@ -135,9 +135,9 @@ def test_what_qkv_cannot_convert_is_refused_by_name(tmp_path):
                                                     "hidden_act": "gelu"}))
     with pytest.raises(ImportRefused, match="BertForQuestionAnswering of model_type 'bert' is not supported"):
         convert(folder)
-    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["T5ForConditionalGeneration"],
-                                                    "model_type": "t5"}))
-    with pytest.raises(ImportRefused, match="T5ForConditionalGeneration is not supported; qkv imports BertModel"):
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["XLNetLMHeadModel"],
+                                                    "model_type": "xlnet"}))
+    with pytest.raises(ImportRefused, match="XLNetLMHeadModel is not supported; qkv imports BertModel"):
         convert(folder)
     folder, _, _ = bert_folder(tmp_path / "reg", "BertForSequenceClassification", num_labels=1)
     with pytest.raises(ImportRefused, match=r"regression head \(num_labels = 1\) is not supported"):

@@ -3,7 +3,8 @@ the field (or tensor), exit status 2 and nothing written, never a traceback; a h
 
 Tiny valid folders are built with transformers' own classes and ``save_pretrained`` (BertForMaskedLM,
 BertForSequenceClassification, a sentence-transformers folder over a BertModel, GPT2LMHeadModel,
-MarianMTModel), then each case changes one thing: a config field set to 0, -1, null, a string, a huge
+MarianMTModel, LlamaForCausalLM, T5ForConditionalGeneration, RobertaForMaskedLM,
+BartForConditionalGeneration), then each case changes one thing: a config field set to 0, -1, null, a string, a huge
 number, a fraction, a size that contradicts the weights; a file emptied, truncated, replaced by ``[]``,
 garbage or a 200,000-deep JSON; the weights cast to int8 or bool, NaN or inf put in one tensor, a tensor
 removed, transposed or cut, a layer added; a pickle that would run code; a sharded index that points at
@@ -85,8 +86,12 @@ def _sentence_transformers(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
+    from test_import_bart import build_bart
     from test_import_gpt2 import build_gpt2
+    from test_import_llama import build as build_llama
     from test_import_marian import build_marian
+    from test_import_roberta import folder as roberta_folder
+    from test_import_t5 import build as build_t5
 
     root = tmp_path_factory.mktemp("valid")
     return {
@@ -96,6 +101,10 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         "st": _sentence_transformers(root / "st"),
         "gpt2": build_gpt2(root / "gpt2", train_steps=0),
         "marian": build_marian(root / "marian", train_steps=0),
+        "llama": build_llama(root / "llama", "LlamaForCausalLM"),
+        "t5": build_t5(root / "t5", "v1.1"),
+        "roberta": roberta_folder(root / "roberta", "Roberta", "ForMaskedLM")[0],
+        "bart": build_bart(root / "bart", train_steps=0)[0],
     }
 
 
@@ -170,6 +179,15 @@ def cut(w):
 def removed(w):
     del w[sorted(w)[len(w) // 2]]
     return w
+
+
+def extra_block(w):
+    """A T5 block added (its layers are the sub-layers of a block)."""
+    for k in sorted(w):
+        if ".block.1." in k:
+            w[k.replace(".block.1.", ".block.7.")] = w[k].clone()
+            return w
+    raise AssertionError("no block 1")
 
 
 def extra_layer(w):
@@ -276,6 +294,29 @@ DISAGREE = {"bert": {"hidden_size": 64, "intermediate_size": 40, "max_position_e
             "gpt2": {"n_embd": 64, "n_inner": 40, "n_positions": 80, "n_layer": 3, "vocab_size": 3000},
             "marian": {"d_model": 64, "encoder_ffn_dim": 40, "decoder_ffn_dim": 40, "encoder_ffn_dim,decoder_ffn_dim": 40,
                        "encoder_layers": 3, "decoder_layers": 1}}
+# the families added on the one stack: fewer values per field (each kind of value once)
+NEW_INT_VALUES = [("0", 0), ("str", "64"), ("huge", HUGE), ("null", None)]
+NEW_INT_FIELDS = {
+    "llama": ["hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "intermediate_size",
+              "max_position_embeddings", "vocab_size"],
+    "t5": ["d_model", "num_heads", "d_kv", "d_ff", "num_layers", "relative_attention_num_buckets", "vocab_size"],
+    "roberta": ["hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                "max_position_embeddings", "vocab_size"],
+    "bart": ["d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
+             "max_position_embeddings", "vocab_size"],
+}
+NEW_FLOAT_FIELDS = {"llama": ["rms_norm_eps"], "t5": ["dropout_rate", "layer_norm_epsilon"],
+                    "roberta": ["layer_norm_eps"], "bart": ["dropout"]}
+DISAGREE.update({
+    "llama": {"hidden_size": 128, "intermediate_size": 40, "num_hidden_layers": 3, "num_key_value_heads": 4,
+              "vocab_size": 3000},
+    "t5": {"d_ff": 40, "num_layers": 3, "relative_attention_num_buckets": 16, "vocab_size": 3000},
+    "roberta": {"hidden_size": 64, "intermediate_size": 40, "num_hidden_layers": 3, "max_position_embeddings": 80,
+                "vocab_size": 3000},
+    "bart": {"d_model": 64, "encoder_ffn_dim,decoder_ffn_dim": 40, "encoder_layers": 3, "max_position_embeddings": 80,
+             "vocab_size": 3000},
+})
+NEW_FAMILIES = tuple(NEW_INT_FIELDS)
 OPTIONAL = {("gpt2", f) for f in ("n_embd", "n_head", "n_layer", "n_positions", "n_inner", "eos_token_id")} | \
     {("marian", f) for f in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                              "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
@@ -295,6 +336,16 @@ def _cases():
         for name in names:
             for label, value in FLOAT_VALUES:
                 cases.append((f"{fam}-{name}-{label}", fam, field(name, value), 2, ["config.json", name]))
+    for fam, names in NEW_INT_FIELDS.items():
+        for name in names:
+            for label, value in NEW_INT_VALUES:
+                # null is the field's default in these families (required ones fail on the weights' shapes)
+                cases.append((f"{fam}-{name}-{label}", fam, field(name, value), None if value is None else 2,
+                              [] if value is None else ["config.json", name]))
+    for fam, names in NEW_FLOAT_FIELDS.items():
+        for name in names:
+            for label, value in FLOAT_VALUES[::2] + [("big", 2.0)]:
+                cases.append((f"{fam}-{name}-{label}", fam, field(name, value), 2, ["config.json", name]))
     for fam, sizes in DISAGREE.items():
         for names, value in sizes.items():
             def both(d: Path, names=names, value=value):
@@ -302,7 +353,7 @@ def _cases():
                     field(n, value)(d)
             words = ["config.json", names.split(",")[0]]
             cases.append((f"{fam}-{names}-disagrees", fam, both, 2, words))
-    for fam in ("bert", "gpt2", "marian", "st"):
+    for fam in ("bert", "gpt2", "marian", "st", *NEW_FAMILIES):
         cfg = "config.json"
         cases += [
             (f"{fam}-config-empty", fam, contents(cfg, b""), 2, [cfg]),
@@ -365,6 +416,22 @@ def _cases():
             (f"{fam}-shard-int", fam, sharded(shard_change=lambda w: {k: v.short() for k, v in w.items()}), 2,
              ["model-00002-of-00002.safetensors", "int16"]),
         ]
+    for fam in NEW_FAMILIES:
+        st, tj = "model.safetensors", "tokenizer.json"
+        cases += [
+            (f"{fam}-weights-int8", fam, tensors(lambda w: {k: v.to(torch.int8) for k, v in w.items()}), 2, [st, "int8"]),
+            (f"{fam}-weights-nan", fam, tensors(poke(float("nan"))), 2, [st, "NaN"]),
+            (f"{fam}-weights-removed", fam, tensors(removed), 2, ["tensor"]),
+            (f"{fam}-weights-transposed", fam, tensors(transposed), 2, [st, "tensor", "config.json"]),
+            (f"{fam}-weights-cut", fam, tensors(cut), 2, [st]),
+            (f"{fam}-weights-extra-layer", fam, tensors(extra_block if fam == "t5" else extra_layer), 2,
+             ["layers", "config.json"]),
+            (f"{fam}-weights-float16", fam, tensors(lambda w: {k: v.half() for k, v in w.items()}), 0, []),
+            (f"{fam}-bin-pickle", fam, malicious_bin, 2, ["pytorch_model.bin", "pickle can run code"]),
+            (f"{fam}-tokenizer-empty", fam, contents(tj, b""), 2, [tj]),
+            (f"{fam}-tokenizer-no-model", fam, contents(tj, b'{"model": {}}'), 2, [tj]),
+            (f"{fam}-tokenizer-missing", fam, contents(tj, None), 2, [tj]),
+        ]
     for fam in ("bert", "gpt2"):
         tj = "tokenizer.json"
         cases += [
@@ -402,6 +469,27 @@ def _cases():
         ("clf-id2label-two", "clf", field("id2label", {"0": "a", "1": "b"}), 2, ["classifier", "id2label"]),
         ("clf-num-labels-huge", "clf", field("num_labels", HUGE), 2, ["num_labels"]),
         ("clf-problem-type-list", "clf", field("problem_type", []), 2, ["problem_type"]),
+        ("llama-rope-parameters-list", "llama", field("rope_parameters", [1]), 2, ["config.json", "rope_parameters"]),
+        ("llama-rope-theta-str", "llama", field("rope_parameters", {"rope_type": "default", "rope_theta": "x"}), 2,
+         ["config.json", "rope_theta"]),
+        ("llama-eos-str", "llama", field("eos_token_id", "x"), 2, ["config.json", "eos_token_id"]),
+        ("llama-kv-heads-not-dividing", "llama", field("num_key_value_heads", 3), 2,
+         ["config.json", "num_key_value_heads"]),
+        ("llama-act-number", "llama", field("hidden_act", 3), 2, ["config.json", "hidden_act"]),
+        ("t5-feed-forward-number", "t5", field("feed_forward_proj", 3), 2, ["config.json", "feed_forward_proj"]),
+        ("t5-eos-str", "t5", field("eos_token_id", "x"), 2, ["config.json", "eos_token_id"]),
+        ("t5-start-str", "t5", field("decoder_start_token_id", "0"), 2, ["config.json", "decoder_start_token_id"]),
+        ("t5-scale-outputs-str", "t5", field("scale_decoder_outputs", "no"), 2, ["config.json", "scale_decoder_outputs"]),
+        ("roberta-pad-str", "roberta", field("pad_token_id", "1"), 2, ["config.json", "pad_token_id"]),
+        ("roberta-post-processor-bad-id", "roberta", bert_post_processor(
+            {"type": "RobertaProcessing", "cls": ["<s>", 99999], "sep": ["</s>", 2]}), 2, ["tokenizer.json"]),
+        ("roberta-post-processor-sequence-deep", "roberta", bert_post_processor(
+            {"type": "Sequence", "processors": {"a": 1}}), 2, ["tokenizer.json"]),
+        ("bart-start-beyond", "bart", field("decoder_start_token_id", 99999), 2, ["config.json", "decoder_start_token_id"]),
+        ("bart-scale-embedding-str", "bart", field("scale_embedding", "yes"), 2, ["config.json", "scale_embedding"]),
+        ("bart-generation-beams-0", "bart", field("num_beams", 0, "generation_config.json"), 2,
+         ["generation_config.json", "num_beams"]),
+        ("bart-heads-differ", "bart", field("decoder_attention_heads", 2), 2, ["config.json", "decoder_attention_heads"]),
         ("gpt2-eos-beyond", "gpt2", field("eos_token_id", 99999), 2, ["config.json", "eos_token_id"]),
         ("marian-vocab-list", "marian", contents("vocab.json", b"[]"), 2, ["vocab.json"]),
         ("marian-vocab-deep", "marian", contents("vocab.json", DEEP), 2, ["vocab.json"]),

@@ -243,7 +243,7 @@ def test_imported_settings(imported, marian_dir):
     ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings"),
     ({"activation_function": "tanh"}, "activation_function 'tanh'"),
     ({"scale_embedding": False}, "scale_embedding"),
-    ({"model_type": "bart", "architectures": ["BartForConditionalGeneration"]}, "BartForConditionalGeneration is not supported"),
+    ({"model_type": "fsmt", "architectures": ["FSMTForConditionalGeneration"]}, "FSMTForConditionalGeneration is not supported"),
     ({"decoder_ffn_dim": 128}, "decoder_ffn_dim"),
 ])
 def test_unsupported_options_are_refused_by_name(marian_dir, tmp_path, change, message):

@@ -325,7 +325,7 @@ def test_choices_are_qkvs_own_lists(tmp_path):
     ({"n_encoder_layers": 100}, {}, "model.n_encoder_layers: this lab takes 1 to 8"),
     ({"d_model": 1024, "d_ff": 4096, "n_heads": 16, "n_encoder_layers": 8, "n_decoder_layers": 8}, {},
      "parameters; this lab trains at most 20,000,000"),
-    ({"positional": "rotary"}, {}, "positional"),
+    ({"positional": "alibi"}, {}, "positional"),
     ({"attention": "dotty"}, {}, "did you mean 'dot'"),
     ({}, {"lr": "fast"}, "'lr' must be of type float"),
     ({}, {"schedule": "cosine"}, "schedule"),

@@ -93,3 +93,38 @@ def test_inference_does_not_need_the_training_package():
             "print(sorted(m for m in sys.modules if m.startswith('qkv.training')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the qkv modules it imports (at any depth of the file; a package's import of a name of
+    ``qkv.x.y`` counts as an import of that module when it is one)."""
+    modules = {".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__")
+               for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__")
+        graph[module] = {t for t in imports(path) if t in modules and t != module}
+    return graph
+
+
+def test_no_cycles_between_modules():
+    """No module imports, directly or through others, a module that imports it back (a function-level
+    import included): a circle of imports works only in the order Python happens to meet it. A package
+    importing its own submodules is its interface, not a circle, and is left out."""
+    graph = module_graph()
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            n = todo.pop()
+            for m in graph.get(n, ()):
+                if m == b:
+                    return True
+                if m not in seen:
+                    seen.add(m)
+                    todo.append(m)
+        return False
+
+    cycles = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a]
+                     if not b.startswith(a + ".") and not a.startswith(b + ".") and reaches(b, a)})
+    assert not cycles, f"import cycles between modules: {cycles}"

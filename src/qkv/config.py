@@ -34,6 +34,7 @@ POOLINGS = ("cls", "mean", "last")
 # ModelConfig.activation: the FFN's function between W_1 and W_2 (qkv.nn.feed_forward): the paper's
 # ReLU, GELU exact (BERT) or tanh-approximated (GPT-2), SiLU/swish (Marian)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")  # ModelConfig.pooler_activation
 INITS = ("xavier", "fairseq")  # ModelConfig.init: how the Transformer layers' linear maps start
 FINAL_NORMS = ("auto", "on", "off")  # ModelConfig.final_norm: a LayerNorm after a stack's last layer
 SINUSOID_LAYOUTS = ("interleaved", "halves")  # ModelConfig.sinusoid_layout: where sin and cos sit
@@ -42,7 +43,10 @@ RNN_ARCHS = ("rnn", "lstm", "gru")  # recurrent encoder-decoders (models/rnn_seq
 ARCHS = ("transformer",) + RNN_ARCHS
 ATTENTION_SCORES = ("none", "dot", "scaled_dot", "general", "additive", "cosine", "location")
 SCHEDULES = ("noam", "constant", "inverse_sqrt")
-POSITIONALS = ("sinusoidal", "learned", "none")  # none: no positions at all (a bag of tokens to attention)
+# none: no positions at all (a bag of tokens to attention); rotary: RoPE, q and k rotated by position (Llama);
+# relative: T5's learned per-head bias of the bucketed key-query distance, added to the attention logits
+POSITIONALS = ("sinusoidal", "learned", "none", "rotary", "relative")
+NORMS = ("layernorm", "rmsnorm")  # ModelConfig.norm: every norm of a Transformer stack (qkv.nn.norm)
 DEFAULT_LR = 1e-3  # the rate of the constant and inverse_sqrt schedules when TrainConfig.lr = 0
 # Bounds beyond which torch fails outright: a position table of 10**9 rows exhausts memory; thousands
 # of OpenMP threads fail to start (about 31,000 segfaulted a 2-core machine, at its memory-map limit).
@@ -109,7 +113,11 @@ class ModelConfig:
     n_heads: int = setting(8, 'attention heads h (d_k = d_v = d_model / h)', bound=whole(1, MAX_LAYERS))
     d_ff: int = setting(2048, 'inner width of the position-wise FFN', bound=whole(1, 16 * MAX_WIDTH))
     attention_dropout: float = setting(0.1, 'dropout on attention weights', bound=real(0, 1))
-    positional: str = setting("sinusoidal", 'sinusoidal | learned | none (no positions: order is invisible to attention)')
+    positional: str = setting(
+        "sinusoidal",
+        'sinusoidal | learned | none (no positions: order is invisible to attention) | rotary (RoPE: q and k '
+        "rotated by their position inside attention, as Llama) | relative (T5's bucketed relative-position bias "
+        'on the attention logits, one table shared by the layers of a stack)')
     max_positions: int = setting(
         1024,
         'positions in the (learned or initial sinusoidal) table, at most 65536; learned positions must cover '
@@ -126,7 +134,8 @@ class ModelConfig:
         "classify/mlm: a learned token-type (segment) embedding table of this many rows, row 0 added at every "
         "position (BERT's; qkv's inputs are one text, segment 0); 0: none", bound=whole(0, 1024))
     embedding_norm: bool = setting(
-        False, "classify/mlm: a LayerNorm on embeddings + positions (+ token types) before the first layer (BERT's)")
+        False, "classify/mlm: a LayerNorm on embeddings + positions (+ token types) before the first layer (BERT's); "
+        "translate: one on each stack's, encoder and decoder (BART's layernorm_embedding)")
     layer_norm_eps: float = setting(
         1e-5, "ε of every LayerNorm (added to the variance); torch's default 1e-5, BERT's 1e-12",
         bound=real(1e-30, 1.0))
@@ -145,6 +154,62 @@ class ModelConfig:
     output_bias: bool = setting(False, "a learned bias on the output logits (Marian's final_logits_bias)")
     share_embeddings: bool = setting(True, 'share source/target/output embeddings (needs a joint vocabulary)')
     tie_output: bool = setting(True, 'share the target embedding with the pre-softmax projection')
+    # family switches: positions, norms, FFN, attention (the paper's values by default; each is one choice
+    # of the one stack in qkv.nn: rotary.py, relative.py, norm.py, feed_forward.py, attention.py)
+    rope_theta: float = setting(
+        10000.0, "positional rotary: the base θ of RoPE's frequencies θ^(-2i/d_k) (Llama's 10000, Qwen2's 1e6)",
+        bound=real(1.0, 1e12))
+    relative_buckets: int = setting(
+        32, "positional relative: T5's distance buckets (half per direction in an encoder)", bound=whole(2, 4096))
+    relative_max_distance: int = setting(
+        128, "positional relative: the distance from which on every distance shares the last bucket (T5's 128)",
+        bound=whole(1, MAX_POSITIONS))
+    norm: str = setting(
+        "layernorm",
+        "every norm of a Transformer stack: layernorm (the paper's: (x - mean) / std · g + b) | rmsnorm "
+        "(x / RMS(x) · g, as T5 and Llama)")
+    norm_bias: bool = setting(True, "a learned bias in every norm (LayerNorm's b; T5 and Llama have none)")
+    ffn_gated: bool = setting(
+        False,
+        "gated FFN: (act(x W_1) ⊙ x W_3) W_2 instead of act(x W_1) W_2: SwiGLU with activation silu (Llama), "
+        "GeGLU with gelu or gelu_tanh (T5 v1.1's gated-gelu)")
+    ffn_bias: bool = setting(True, "biases in the FFN's linear maps (the paper's b_1, b_2; T5 and Llama have none)")
+    n_kv_heads: int = setting(
+        0,
+        "key/value heads: 0 = n_heads (the paper's); fewer = grouped-query attention, each shared by "
+        "n_heads / n_kv_heads query heads (1: multi-query)", bound=whole(0, MAX_LAYERS))
+    qkv_bias: bool = setting(True, "biases on the Q, K, V projections (the paper's; Qwen2 has them, Llama and T5 not)")
+    out_bias: bool = setting(True, "a bias on the attention's output projection W^O (Llama, Qwen2 and T5 have none)")
+    attention_scale: bool = setting(
+        True, "divide the attention logits by √d_k (eq. 1); false: T5's attention, the scale folded into W^Q")
+    # family switches: embeddings and layer sharing (the paper's values are the defaults)
+    position_offset: int = setting(
+        0,
+        "learned positions: rows of the table before position 0 (RoBERTa's padding_idx + 1 = 2, BART's 2): the "
+        "table has max_positions + position_offset rows and position t reads row t + position_offset",
+        bound=whole(0, 1024))
+    embedding_dim: int = setting(
+        0,
+        "classify/mlm: width of the token, position and token-type embeddings (and their LayerNorm), projected to "
+        "d_model before the first layer (ALBERT's factorised embedding, ELECTRA's embedding_size); 0: d_model",
+        bound=whole(0, MAX_WIDTH))
+    layer_groups: int = setting(
+        0,
+        "classify/mlm: sets of encoder-layer weights that the N layers run from, consecutive layers sharing one "
+        "(ALBERT's num_hidden_groups: layer i uses set floor(i·groups/N); 1: every layer the same weights); "
+        "0: each layer its own", bound=whole(0, MAX_LAYERS))
+    pooler_activation: str = setting(
+        "tanh",
+        "classify with --pooler: the pooler's function, f(W h + b): tanh (BERT's pooler, RoBERTa's head) | relu "
+        "(DistilBERT's) | gelu (ELECTRA's)")
+    mlm_head_activation: str = setting(
+        "gelu",
+        "mlm: the masked-LM head's function between its dense layer and LayerNorm: gelu (BERT, RoBERTa) | gelu_tanh "
+        "(ALBERT) | relu | silu")
+    pooler_dropout: bool = setting(
+        False,
+        "classify with --pooler: dropout before the pooler's W too (RoBERTa's and ELECTRA's heads: dropout, "
+        "dense, f, dropout, out), not only after it (BERT's)")
     # the recurrent models (arch rnn | lstm | gru): d_model is the embedding and hidden size,
     # n_encoder_layers / n_decoder_layers the stacked layers, dropout between layers and on embeddings
     rnn_nonlinearity: str = setting(
@@ -191,8 +256,24 @@ class ModelConfig:
             _check(self.n_classes >= 2, "n_classes", f"a classifier needs at least 2 classes, got {self.n_classes}")
         if self.task not in ("classify", "mlm") or self.is_recurrent:
             for name in ("type_vocab_size", "embedding_norm", "pooler"):
+                if name == "embedding_norm":  # also BART's layernorm_embedding, on each stack of translate
+                    _check(not self.embedding_norm or (self.task == "translate" and not self.is_recurrent), name,
+                           "only the Transformer encoder of classify and mlm, and the Transformer of translate, "
+                           "have it")
+                    continue
                 _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
         _check(self.task == "classify" or not self.pooler, "pooler", "only a classifier has it")
+        if self.task not in ("classify", "mlm") or self.is_recurrent:
+            for name in ("embedding_dim", "layer_groups"):
+                _check(not getattr(self, name), name, "only the Transformer encoder of classify and mlm has it")
+        _check(self.layer_groups <= self.n_encoder_layers, "layer_groups",
+               f"{self.layer_groups} sets of weights for {self.n_encoder_layers} layers: at most one set a layer")
+        _check(self.positional == "learned" or not self.position_offset, "position_offset",
+               "offsets a learned position table; set positional = learned")
+        _check(self.pooler_activation in POOLER_ACTIVATIONS, "pooler_activation",
+               f"must be one of {', '.join(POOLER_ACTIVATIONS)}, got {self.pooler_activation!r}")
+        _check(self.mlm_head_activation in ACTIVATIONS, "mlm_head_activation",
+               f"must be one of {', '.join(ACTIVATIONS)}, got {self.mlm_head_activation!r}")
         if self.task == "classify" and self.arch == "transformer":
             _check(self.pooling != "last", "pooling", "'last' (the last RNN state) needs a recurrent arch; "
                    "a Transformer encoder pools 'cls' or 'mean'")
@@ -222,6 +303,11 @@ class ModelConfig:
             "n_heads",
             f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}",
         )
+        _check(self.norm in NORMS, "norm", f"must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        _check(self.n_kv_heads == 0 or self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
+               f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        _check(self.positional != "rotary" or self.d_k % 2 == 0, "positional",
+               f"rotary positions rotate pairs of dimensions: d_k = d_model / n_heads = {self.d_k} must be even")
         return self._validate_common()
 
     def _validate_common(self) -> "ModelConfig":
@@ -248,6 +334,11 @@ class ModelConfig:
     @property
     def d_k(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or ``n_heads`` when it is 0 (the paper's attention)."""
+        return self.n_kv_heads or self.n_heads
 
 
 @dataclass(frozen=True)

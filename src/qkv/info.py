@@ -15,7 +15,9 @@ of S tokens and a target of T tokens, one forward pass costs
         FFN              2·2·d·d_ff·T
     output projection:   2·d·V·T
 
-and training (forward + backward) three times that. The count is divided by T to give FLOPs per
+and training (forward + backward) three times that. With the family switches: grouped-query attention
+projects K and V to n_kv·d_k (4d² becomes 2d² + 2·d·n_kv·d_k), a gated FFN has three matrices
+(2·2·d·d_ff becomes 2·3·d·d_ff). The count is divided by T to give FLOPs per
 target token (the unit of tokens/s in the benchmarks).
 
 The presets' facts (:func:`preset_facts`, :func:`preset_table`) come from ``qkv.config``'s presets;
@@ -75,6 +77,36 @@ def parameter_breakdown(model: nn.Module) -> dict[str, int]:
     return out
 
 
+def family_switches(cfg: ModelConfig) -> list[str]:
+    """The family switches of a Transformer config (``ModelConfig``'s switch fields) that differ from the
+    paper's, each named as a flag would set it: what makes this model Llama-, T5- or Qwen2-like."""
+    out = []
+    if cfg.positional == "rotary":
+        out.append(f"rotary positions (RoPE, θ={cfg.rope_theta:g})")
+    elif cfg.positional == "relative":
+        out.append(f"relative positions (T5 buckets: {cfg.relative_buckets}, max distance {cfg.relative_max_distance})")
+    if cfg.norm != "layernorm" or not cfg.norm_bias:
+        out.append(f"{'RMSNorm' if cfg.norm == 'rmsnorm' else 'LayerNorm'}{'' if cfg.norm_bias else ' without bias'}")
+    if cfg.ffn_gated:
+        name = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU (tanh GELU)"}.get(cfg.activation,
+                                                                                       f"gated {cfg.activation}")
+        out.append(f"gated FFN ({name})")
+    if not cfg.ffn_bias:
+        out.append("FFN without biases")
+    if cfg.kv_heads != cfg.n_heads:
+        kind = "multi-query" if cfg.kv_heads == 1 else "grouped-query"
+        out.append(f"{kind} attention ({cfg.n_heads} query heads over {cfg.kv_heads} key/value heads)")
+    if not cfg.qkv_bias:
+        out.append("no Q/K/V biases")
+    if not cfg.out_bias:
+        out.append("no W^O bias")
+    if not cfg.attention_scale:
+        out.append("no 1/√d_k (T5)")
+    if not cfg.tie_output:
+        out.append("untied output projection")
+    return out
+
+
 @dataclass(frozen=True)
 class Flops:
     forward: float  # per target token
@@ -85,16 +117,37 @@ def transformer_flops(cfg: ModelConfig, src_len: int, tgt_len: int, vocab_size: 
     """Matmul FLOPs of the encoder–decoder per target token (formula in the module docstring)."""
     d, f, s, t = cfg.d_model, cfg.d_ff, src_len, tgt_len
     v = vocab_size if vocab_size is not None else cfg.tgt_vocab_size
-    enc = cfg.n_encoder_layers * (2 * 4 * d * d * s + 2 * 2 * d * f * s + 2 * 2 * s * s * d)
+    kv = cfg.kv_heads * cfg.d_k  # the width of K and V (d, but for grouped-query attention)
+    ffn = 3 if cfg.ffn_gated else 2  # matrices of the FFN
+    enc = cfg.n_encoder_layers * (2 * (2 * d * d + 2 * d * kv) * s + 2 * ffn * d * f * s + 2 * 2 * s * s * d)
     dec_layer = (
-        2 * 4 * d * d * t + 2 * 2 * t * t * d  # masked self-attention
-        + 2 * 2 * d * d * t + 2 * 2 * d * d * s + 2 * 2 * t * s * d  # cross-attention
-        + 2 * 2 * d * f * t  # FFN
+        2 * (2 * d * d + 2 * d * kv) * t + 2 * 2 * t * t * d  # masked self-attention
+        + 2 * 2 * d * d * t + 2 * 2 * d * kv * s + 2 * 2 * t * s * d  # cross-attention
+        + 2 * ffn * d * f * t  # FFN
     )
     dec = cfg.n_decoder_layers * dec_layer
     out = 2 * d * v * t
     forward = (enc + dec + out) / t
     return Flops(forward=forward, training=3 * forward)
+
+
+# ModelConfig fields that describe a model's size, data or head rather than which Transformer it is
+NOT_SWITCHES = frozenset({"task", "arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
+                          "dropout", "attention_dropout", "max_positions", "n_classes", "src_vocab_size",
+                          "tgt_vocab_size", "rnn_nonlinearity", "bidirectional", "attention", "input_feeding",
+                          "pooling", "positional", "norm_first"})
+# the switches that family_switches already names in words (positions, norms, FFN, attention)
+DESCRIBED = frozenset({"rope_theta", "relative_buckets", "relative_max_distance", "norm", "norm_bias", "ffn_gated",
+                       "ffn_bias", "n_kv_heads", "qkv_bias", "out_bias", "attention_scale", "tie_output"})
+
+
+def switches(cfg: ModelConfig) -> dict:
+    """The family switches of a Transformer's config that are not the paper's (ModelConfig's defaults):
+    what makes it BERT, RoBERTa, ALBERT, ... rather than the base model (the line above names the
+    positions and the norm's place)."""
+    paper = ModelConfig()
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in NOT_SWITCHES | DESCRIBED and getattr(cfg, f.name) != getattr(paper, f.name)}
 
 
 def describe(model: nn.Module, src_len: int = 25, tgt_len: int = 25) -> str:
@@ -113,6 +166,12 @@ def describe(model: nn.Module, src_len: int = 25, tgt_len: int = 25) -> str:
         lines = [f"{cfg.arch} ({cfg.task}): d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
                  f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.src_vocab_size}/{cfg.tgt_vocab_size} "
                  f"{'post' if not cfg.norm_first else 'pre'}-norm, {cfg.positional} positions"]
+        described = family_switches(cfg)
+        if described:
+            lines.append(f"  switches beyond the paper's: {'; '.join(described)}")
+        named = switches(cfg)
+        if named:
+            lines.append("switches (the paper's value otherwise): " + ", ".join(f"{k}={v}" for k, v in named.items()))
     parts = parameter_breakdown(model)
     width = max(len(k) for k in parts)
     lines += [f"  {k:<{width}}  {n:>13,}  ({n / 1e6:.1f}M)" for k, n in parts.items()]

@@ -123,13 +123,20 @@ class HFTokenizer:
         if not isinstance(suffix, list) or any(not isinstance(i, int) or i not in self._to_qkv for i in suffix):
             raise QkvError(f"{source}/{self.IDS_FILE}: 'suffix' must list token ids of the tokenizer, got {suffix!r}")
         self.suffix = [self._to_qkv[i] for i in suffix]
+        prefix = meta.get("prefix", [])  # put before every text (BART's <s>; an encoder's CLS is qkv's own)
+        if not isinstance(prefix, list) or any(not isinstance(i, int) or i not in self._to_qkv for i in prefix):
+            raise QkvError(f"{source}/{self.IDS_FILE}: 'prefix' must list token ids of the tokenizer, got {prefix!r}")
+        self.prefix = [self._to_qkv[i] for i in prefix]
+        # qkv writes a mask as [MASK] (fill); a model whose mask token is another (RoBERTa's <mask>) reads its own
+        mask = self.ids.model_ids[MASK]
+        self._mask = self.tok.id_to_token(mask) if mask is not None else None
         self.model_bytes = tokenizer_json + b"\0" + ids_json
         self._json, self._ids_json = tokenizer_json, ids_json
         self.tokenizer_json = tokenizer_json  # the model's own tokenizer.json, as it came (what an export copies)
 
     @classmethod
     def create(cls, tokenizer_json: bytes, roles: Mapping[int, int | None], suffix: Sequence[int] = (),
-               source: str = "<memory>") -> "HFTokenizer":
+               source: str = "<memory>", prefix: Sequence[int] = ()) -> "HFTokenizer":
         """A new one over ``tokenizer_json``; ``roles`` (qkv special id -> the model's id) and ``suffix``
         (the model's ids put after every text) as :class:`IdMap` and the importers decide them."""
         vocab = _tokenizer(tokenizer_json, source).get_vocab_size(with_added_tokens=True)
@@ -137,7 +144,7 @@ class HFTokenizer:
             ids = IdMap.build(vocab, roles)
         except QkvError as e:
             raise QkvError(f"{source}: {e}") from None
-        meta = {**ids.to_json(), "suffix": list(suffix)}
+        meta = {**ids.to_json(), "suffix": list(suffix), **({"prefix": list(prefix)} if prefix else {})}
         return cls(tokenizer_json, json.dumps(meta).encode("utf-8"), source)
 
     # --- saving, as both sides of a TokenizerPair (one vocabulary) ---------------------------------------
@@ -173,12 +180,21 @@ class HFTokenizer:
         pass
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Texts -> qkv ids: the model's tokens of each text (its normaliser and pre-tokenizer; special
-        tokens written in the text, such as ``[MASK]``, are those tokens), then the model's suffix."""
+        """Texts -> qkv ids: the model's prefix (BART's ``<s>``), its tokens of each text (its normaliser and pre-tokenizer; special
+        tokens written in the text, such as ``[MASK]``, are those tokens; ``[MASK]`` is the model's mask
+        token whatever its name, RoBERTa's ``<mask>``), then the model's suffix."""
         out = []
+        if self._mask not in (None, "[MASK]"):
+            texts = [t.replace("[MASK]", self._mask) for t in texts]
         for enc in self.tok.encode_batch(list(texts), add_special_tokens=False):
-            out.append([self._to_qkv[i] for i in enc.ids] + self.suffix)
+            out.append(self.prefix + [self._to_qkv[i] for i in enc.ids] + self.suffix)
         return out
+
+    def encode_text(self, text: str) -> list[int]:
+        """One text as the model's own tokenizer reads it: whole (a line break is the model's token, not
+        qkv's end of a line), with the special tokens its post-processor puts around a single text
+        (Llama's ``<s>`` first). What a language model's prompt is."""
+        return [self._to_qkv[i] for i in self.tok.encode(text, add_special_tokens=True).ids]
 
     def to_model_ids(self, ids: Sequence[int]) -> list[int | None]:
         """qkv ids -> the model's (None for a row the model lacks)."""
@@ -277,32 +293,47 @@ def single_template(tokenizer_json: bytes, where: str) -> tuple[list[int], list[
     ([], []) without a post-processor (GPT-2's byte-level one adds nothing)."""
     data = _json(tokenizer_json, where)
     post = (data.get("post_processor") if isinstance(data, dict) else None) or {}
-    kind = post.get("type") if isinstance(post, dict) else "?"
-    if kind in (None, "ByteLevel"):
-        return [], []
-    vocab = _tokenizer(tokenizer_json, where).get_vocab_size(with_added_tokens=True)
+    vocab = None
 
     def token_ids(ids) -> list[int]:
+        nonlocal vocab
+        if vocab is None:
+            vocab = _tokenizer(tokenizer_json, where).get_vocab_size(with_added_tokens=True)
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab
                                                 for i in ids):
             raise ValueError(f"token ids {str(ids)[:40]} are not ids of its {vocab} tokens")
         return ids
 
-    try:
-        if kind == "BertProcessing":
-            return token_ids([post["cls"][1]]), token_ids([post["sep"][1]])
-        if kind == "TemplateProcessing":
-            before, after, seen = [], [], False
-            for item in post.get("single", []):
-                if "Sequence" in item:
-                    seen = True
-                    continue
-                token = item["SpecialToken"]["id"]
-                ids = token_ids(post["special_tokens"][token]["ids"])
-                (after if seen else before).extend(ids)
-            return before, after
-    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
-        why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__} {str(e)[:60]}".strip()
-        raise QkvError(f"{where}: its post_processor ({kind}) is malformed ({why})") from None
-    raise QkvError(f"{where}: tokenizer.json post-processor {kind!r} is not supported (TemplateProcessing, "
-                   "BertProcessing or ByteLevel)")
+    def template(post, depth: int = 0) -> tuple[list[int], list[int]] | None:
+        kind = post.get("type") if isinstance(post, dict) else "?"
+        if kind in (None, "ByteLevel"):
+            return [], []
+        try:
+            if kind in ("BertProcessing", "RobertaProcessing"):  # [CLS] X [SEP]; RoBERTa's <s> X </s>
+                return token_ids([post["cls"][1]]), token_ids([post["sep"][1]])
+            if kind == "Sequence" and depth < 8:  # processors applied in turn (a ByteLevel one adds no token)
+                before, after = [], []
+                steps = post.get("processors", [])
+                if not isinstance(steps, list):
+                    raise ValueError("its processors must be a list")
+                for step in steps:
+                    b, a = template(step, depth + 1)
+                    before, after = b + before, after + a
+                return before, after
+            if kind == "TemplateProcessing":
+                before, after, seen = [], [], False
+                for item in post.get("single", []):
+                    if "Sequence" in item:
+                        seen = True
+                        continue
+                    token = item["SpecialToken"]["id"]
+                    ids = token_ids(post["special_tokens"][token]["ids"])
+                    (after if seen else before).extend(ids)
+                return before, after
+        except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+            why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__} {str(e)[:60]}".strip()
+            raise QkvError(f"{where}: its post_processor ({kind}) is malformed ({why})") from None
+        raise QkvError(f"{where}: tokenizer.json post-processor {kind!r} is not supported (TemplateProcessing, "
+                       "BertProcessing, RobertaProcessing, ByteLevel or a Sequence of them)")
+
+    return template(post)

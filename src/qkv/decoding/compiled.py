@@ -67,6 +67,11 @@ class CompiledDecoder(torch.nn.Module):
         super().__init__()
         if not isinstance(model, Transformer):
             raise TypeError(f"compiled decoding runs a Transformer encoder-decoder, not {type(model).__name__}")
+        if not model.has_static_step:
+            from qkv.errors import QkvError
+
+            raise QkvError("compiled decoding runs the paper's attention with added positions; this model's rotary or "
+                           "relative positions or grouped-query attention decode without --compile")
         self.model, self.capacity = model, capacity
         device = next(model.parameters()).device
         self._step = torch.compile(model.static_step, **compile_options(device)) if compile else model.static_step

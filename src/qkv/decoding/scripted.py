@@ -125,7 +125,7 @@ _loops: "weakref.WeakKeyDictionary[Transformer, tuple[tuple, torch.jit.ScriptMod
 def scripted_greedy_applies(model) -> bool:
     """Whether :func:`scripted_greedy` can decode with ``model``: a Transformer encoder-decoder
     (the class itself) in eval mode on the CPU, with floating-point weights (not quantised)."""
-    if type(model) is not Transformer or model.training:
+    if type(model) is not Transformer or model.training or not model.has_static_step:
         return False
     params = list(model.parameters())
     if not params or any(p.device.type != "cpu" or not p.is_floating_point() for p in params):

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from qkv.errors import QkvError
+from qkv.export.formats import FORMATS, QUANTIZATIONS  # noqa: F401  (names only: no torch)
 from qkv.files import check_output_dir, remove_stale_temps
 
 # the parts that need torch are imported when first used, so that importing the package (its formats,
@@ -38,9 +39,6 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(f"qkv.export.{LAZY[name]}"), name)
     raise AttributeError(f"module 'qkv.export' has no attribute {name!r}")
 
-FORMATS = ("ctranslate2", "hf")
-QUANTIZATIONS = ("int8", "int8_float32", "float16")
-
 
 def check_out(out: str | Path) -> Path:
     """``--out`` must be a new directory, or an empty one, in a place that takes new files."""
@@ -54,7 +52,7 @@ def check_out(out: str | Path) -> Path:
 # architecture options (qkv.config.ModelConfig) --format hf (MarianMTModel) writes only at the paper's values, and
 # the activations it computes (Marian's swish is SiLU: an imported OPUS-MT model exports back); a model with
 # another value is refused by name rather than exported wrong
-PAPER_OPTIONS = {"activation": "relu", "layer_norm_eps": 1e-5, "scale_embeddings": True}
+PAPER_OPTIONS = {"activation": "relu", "layer_norm_eps": 1e-5, "scale_embeddings": True, "embedding_norm": False}
 EXPORTED_ACTIVATIONS = ("relu", "silu")
 # --format ctranslate2 writes any LayerNorm epsilon, scaled or unscaled embeddings, and these activations
 # (GELU exact and tanh: an imported GPT-2's)

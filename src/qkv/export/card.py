@@ -20,7 +20,7 @@ from pathlib import Path
 from qkv.config import BOS, EOS
 from qkv.decoding.greedy import MAX_OUTPUT_LEN
 from qkv.errors import QkvError
-from qkv.export.source import Source
+from qkv.export.source import Source, checkpoint_name
 
 EMBEDDED = "toy/train"  # the data name qkv train records for its embedded default task
 EMBEDDED_LANGS = ("en", "de")
@@ -75,13 +75,6 @@ def split_pair(name: str) -> list[str]:
         if c == "/" and i and language_of(name[:i]) and language_of(name[i + 1:]):
             return [name[:i], name[i + 1:]]
     return []
-
-
-def checkpoint_name(path: Path) -> str:
-    """The checkpoint as the card names it: its run's folder and its own name ("wmt14-base/best"), not
-    where it was on the exporting machine."""
-    path = Path(path).resolve()
-    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
 
 
 def public_config(src: Source) -> dict:

@@ -18,7 +18,10 @@ What carries over, and how:
   (``PE[:, 2i] = sin``, ``PE[:, 2i+1] = cos``, :func:`qkv.nn.positional.sinusoidal_table`), where
   CTranslate2's built-in table puts sin in the first half and cos in the second, so the exact
   table is written (:data:`POSITIONS` rows, positions 0 .. POSITIONS-1); learned positions are
-  their own table (``max_positions`` rows). Positions start at 0 on both sides, as in qkv;
+  their own table (``max_positions`` rows, from row ``position_offset``: BART's 2). Positions start at 0
+  on both sides, as in qkv; a LayerNorm on each stack's embeddings (``embedding_norm``, BART's) is
+  CTranslate2's ``layernorm_embedding``; a translation model with a Hugging Face tokenizer (an imported
+  BART) is refused by name (its tokenizer is written as SentencePiece files only);
 * post-norm (the paper) or pre-norm with the final LayerNorm of each stack; LayerNorm ε = 1e-5
   (torch's default, which qkv uses; CTranslate2's own default is 1e-6);
 * attention: qkv's fused ``in_proj = [W^Q; W^K; W^V]`` is CTranslate2's fused self-attention
@@ -52,8 +55,7 @@ import torch
 from qkv.config import BOS, CLS, EOS, PAD, SEP, UNK
 from qkv.decoding.greedy import banned_ids
 from qkv.errors import QkvError
-from qkv.export.card import checkpoint_name
-from qkv.export.source import Source
+from qkv.export.source import Source, checkpoint_name
 from qkv.nn.positional import sinusoidal_table
 
 POSITIONS = 2048  # rows of the sinusoidal table written (CTranslate2 refuses positions beyond its table)
@@ -85,6 +87,9 @@ def check(src: Source, encoders: bool = False) -> None:
         what = "the CTranslate2 engine runs" if encoders else "--format ctranslate2 converts"
         raise QkvError(f"{src.path} is a {src.task!r} model with arch {src.model.arch!r}: {what} "
                        f"these Transformer models: {kinds}")
+    if src.task == "translate" and hf_tokenizer(src):
+        raise QkvError(f"{src.path} is a translation model with a Hugging Face tokenizer.json (an imported BART): "
+                       "--format ctranslate2 writes a translation model's SentencePiece files only")
 
 
 def is_encoder(src: Source) -> bool:
@@ -129,7 +134,7 @@ def model_spec(src: Source):
     if src.task == "translate":
         spec = transformer_spec.TransformerSpec.from_config(
             (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu,
-            alignment_heads=0)  # return_attention: the last layer's mean over all heads, as qkv's alignments
+            alignment_heads=0, layernorm_embedding=cfg.embedding_norm)  # return_attention: the last layer's mean over all heads, as qkv's alignments
         _set_encoder(spec.encoder, src)
         _set_decoder(spec.decoder, src, "decoder_layers", "tgt_embed.weight", "tgt_pos.weight", "decoder_norm")
         spec.register_source_vocabulary(src.vocabulary("src"))
@@ -188,8 +193,8 @@ def _layer_norm(spec, src: Source, name: str) -> None:
 
 
 def _positions(src: Source, learned_name: str) -> np.ndarray:
-    if src.model.positional == "learned":
-        return _np(src.w(learned_name))
+    if src.model.positional == "learned":  # from row position_offset (BART's 2), where position 0 is read
+        return _np(src.w(learned_name)[src.model.position_offset:])
     if src.model.positional == "none":  # a table of zeros: the same sums as no positions
         return np.zeros((max(POSITIONS, src.model.max_positions), src.model.d_model), dtype=np.float32)
     return _np(sinusoidal_table(max(POSITIONS, src.model.max_positions), src.model.d_model, src.model.sinusoid_layout))
@@ -220,6 +225,8 @@ def _set_encoder(spec, src: Source) -> None:
     spec.embeddings[0].weight = _np(src.w("src_embed.weight"))
     spec.scale_embeddings = src.model.scale_embeddings
     spec.position_encodings.encodings = _positions(src, "src_pos.weight")
+    if src.model.embedding_norm:  # BART's layernorm_embedding
+        _layer_norm(spec.layernorm_embedding, src, "src_embed_norm")
     for i, layer in enumerate(spec.layer):
         p = f"encoder_layers.{i}"
         _self_attention(layer.self_attention, src, p + ".self_attn", p + ".res_attn.norm")
@@ -232,6 +239,8 @@ def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_nor
     spec.embeddings.weight = _np(src.w(embed))
     spec.scale_embeddings = src.model.scale_embeddings
     spec.position_encodings.encodings = _positions(src, pos)
+    if src.model.embedding_norm and not self_only:
+        _layer_norm(spec.layernorm_embedding, src, "tgt_embed_norm")
     output = src.w("output_proj.weight") if src.has("output_proj.weight") else src.w(embed)
     spec.projection.weight = _np(output)  # tied: the same array as the embedding, which CTranslate2 aliases
     bias = _np(src.w("output_bias")) if src.has("output_bias") else np.zeros(output.shape[0], dtype=np.float32)
@@ -254,7 +263,7 @@ def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_nor
 def write(src: Source, out: Path, quantization: str | None = None) -> dict:
     """Convert ``src`` into the empty directory ``out``; returns the description written to
     ``out/qkv_export.json`` (how to tokenize, decode and what was checked)."""
-    from qkv.export import QUANTIZATIONS
+    from qkv.export.formats import QUANTIZATIONS
 
     if quantization not in (None, *QUANTIZATIONS):
         raise QkvError(f"--quantization {quantization}: choose one of {', '.join(QUANTIZATIONS)}")

@@ -48,8 +48,7 @@ import torch
 from qkv.config import BOS, EOS, PAD, UNK
 from qkv.decoding import MAX_OUTPUT_LEN, banned_ids, max_output_len
 from qkv.errors import QkvError
-from qkv.export.card import checkpoint_name
-from qkv.export.source import Source
+from qkv.export.source import Source, checkpoint_name
 
 POSITIONS = 2048  # Marian's max_position_embeddings: the sinusoidal rows it builds (sources and outputs)
 LOGIT_TOLERANCE = 1e-4

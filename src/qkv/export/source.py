@@ -95,4 +95,11 @@ def read_source(path: str | Path) -> Source:
     return Source(p, model_cfg, train_cfg, decode_cfg, ckpt.config, weights, tokenizers, ckpt.qkv_version)
 
 
-__all__ = ["Source", "read_source"]
+def checkpoint_name(path: Path) -> str:
+    """The checkpoint as the card names it: its run's folder and its own name ("wmt14-base/best"), not
+    where it was on the exporting machine."""
+    path = Path(path).resolve()
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+__all__ = ["Source", "read_source", "checkpoint_name"]

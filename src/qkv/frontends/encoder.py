@@ -163,8 +163,9 @@ class Encoder(Frontend):
         rule (:func:`qkv.decoding.banned_ids`, EOS included since a fill has no end) sets its
         probability to 0 after the softmax, so the others keep the model's own probabilities."""
         if self.task == "mlm" and "fill" not in self.offers:
-            raise QkvError("this encoder was imported without its masked-LM head (BertModel or sentence-transformers): "
-                           "it embeds and searches; fill needs a BertForMaskedLM")
+            raise QkvError("this encoder was imported without its masked-LM head (BertModel, RobertaModel, ... or "
+                           "sentence-transformers): it embeds and searches; fill needs a ...ForMaskedLM "
+                           "(BertForMaskedLM, RobertaForMaskedLM, ...)")
         if "fill" not in self.offers:
             raise QkvError(f"this is a {self.task!r} model: fill needs a masked language model (--task mlm)")
         if "[MASK]" not in text:

@@ -52,9 +52,19 @@ class LanguageModel(Frontend):
     def recurrent(self) -> bool:
         return self.model.cfg.is_recurrent
 
+    @property
+    def reads_whole_text(self) -> bool:
+        """Whether the model reads a text whole, as its own tokenizer does (an imported model's
+        tokenizer.json: a line break is a token, EOS ends the text), rather than as qkv's one-line-a-
+        sentence corpora (a line break is EOS)."""
+        return hasattr(self.tokenizer, "encode_text")
+
     def prompt_ids(self, prefix: str) -> list[int]:
         """The token ids of a prompt as the model reads it: each line but the last followed by
-        EOS (the training stream's layout); the last line open, to be continued."""
+        EOS (the training stream's layout); the last line open, to be continued. An imported model
+        (:attr:`reads_whole_text`) reads the prompt as its tokenizer does, line breaks and all."""
+        if self.reads_whole_text:
+            return self.tokenizer.encode_text(prefix)
         lines = prefix.split("\n")
         return token_stream(lines[:-1], self.tokenizer.encode) + self.tokenizer.encode([lines[-1]])[0]
 
@@ -77,33 +87,39 @@ class LanguageModel(Frontend):
 
     def generate(self, prefix: str, max_new_tokens: int = 200, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
-        """Continue ``prefix``; yields the text as it is produced (EOS is a line break). The
-        prefix's lines end with EOS, except the last, which the model continues. With a subword
-        tokenizer end the prefix at a word boundary: a word cut in two is tokenized into pieces the
-        model rarely saw in that place."""
+        """Continue ``prefix``; yields the text as it is produced, whole characters only (EOS is a
+        line break). The prefix's lines end with EOS, except the last, which the model continues.
+        With a subword tokenizer end the prefix at a word boundary: a word cut in two is tokenized
+        into pieces the model rarely saw in that place. An imported model (:attr:`reads_whole_text`)
+        reads the prefix as its tokenizer does and ends at EOS.
+
+        A character whose bytes span several tokens (byte-level BPE, byte fallback: "ü" in
+        "Zürich") is yielded once its last byte is there: text that decodes to U+FFFD at its end is
+        held back until the next token completes it, and yielded as it is only if generation ends."""
         from qkv.decoding.greedy import banned_ids
         from qkv.decoding.sampling import sample
 
+        whole = self.reads_whole_text
         ids, max_new_tokens = self.fit_positions(self.prompt_ids(prefix), max_new_tokens)
-        lines = prefix.split("\n")
-        line = self.tokenizer.encode([lines[-1]])[0]  # the tokens of the line being written
-        shown = self.tokenizer.decode([line])[0]
+        # the tokens of the text being written (the line, for qkv's own models), and what of it is shown
+        line = list(ids) if whole else self.tokenizer.encode([prefix.split("\n")[-1]])[0]
+        shown = text = self.tokenizer.decode([line])[0]
         with self.evaluating():
             for t in sample(self.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
-                            banned=banned_ids(self.tokenizer)):
+                            banned=banned_ids(self.tokenizer), stop_at_eos=whole):
                 if t == EOS:
-                    line, shown = [], ""
+                    if text[len(shown):]:
+                        yield text[len(shown):]
+                    line, shown, text = [], "", ""
                     yield "\n"
                     continue
                 line.append(t)
                 text = self.tokenizer.decode([line])[0]
-                if text.startswith(shown):
-                    new = text[len(shown) :]
-                else:  # the decoder rewrote the line's end (rare): show the difference from the common start
-                    new = text[len(os.path.commonprefix([text, shown])) :]
-                shown = text
+                new, shown = _new_text(shown, text.rstrip("\ufffd"))  # a character's bytes still coming: hold them
                 if new:
                     yield new
+        if text[len(shown):]:  # bytes that never made a character, as the tokenizer decodes them
+            yield text[len(shown):]
 
     @torch.inference_mode()
     def score(self, lines: list[str], max_tokens: int | None = None) -> Perplexity:
@@ -120,6 +136,16 @@ class LanguageModel(Frontend):
                 nll += float(nll_sum)
                 n += batch.n_tgt_tokens
         return Perplexity(nll, n, sum(len(line) + 1 for line in lines))
+
+
+def _new_text(shown: str, text: str) -> tuple[str, str]:
+    """What of ``text`` is new after ``shown`` (the text yielded so far), and what is shown after it. When
+    the decoder rewrote the end already shown (rare), the difference from the common start."""
+    if text.startswith(shown):
+        return text[len(shown):], text
+    if shown.startswith(text):  # fewer characters than shown (a held character's bytes): nothing new yet
+        return "", shown
+    return text[len(os.path.commonprefix([text, shown])):], text
 
 
 __all__ = ["LanguageModel", "Perplexity"]

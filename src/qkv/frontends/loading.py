@@ -58,8 +58,9 @@ def check_serves(path: str | Path, command: str) -> None:
     if not cfg.mlm_head:  # an encoder imported without its masked-LM head
         offered = offered - {"fill"}
         if command == "fill":
-            raise QkvError(f"{path} is an encoder imported without its masked-LM head (BertModel or "
-                           "sentence-transformers): it embeds and searches; fill needs a BertForMaskedLM")
+            raise QkvError(f"{path} is an encoder imported without its masked-LM head (BertModel, RobertaModel, ... "
+                           "or sentence-transformers): it embeds and searches; fill needs a ...ForMaskedLM "
+                           "(BertForMaskedLM, RobertaForMaskedLM, ...)")
     if command in offered:
         return
     kinds = list(dict.fromkeys(get_task(t).kind for t in TASKS if command in get_task(t).offers))

@@ -33,7 +33,9 @@ from qkv.errors import QkvError
 from qkv.importers.folder import Config, FolderError, Weights, read_config, read_tokenizer_json  # noqa: F401
 
 # converter modules, in the order they are asked
-FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2")
+FAMILIES = ("qkv.importers.bert", "qkv.importers.marian", "qkv.importers.gpt2", "qkv.importers.llama",
+            "qkv.importers.t5", "qkv.importers.roberta", "qkv.importers.distilbert", "qkv.importers.albert",
+            "qkv.importers.electra", "qkv.importers.bart")
 # a folder with modules.json (model_folder): its first module is a folder of one of the FAMILIES
 SENTENCE_TRANSFORMERS = ("a sentence-transformers folder (modules.json) of a BERT-family encoder, with its "
                          "pooling (mean or cls) and normalisation")

@@ -3,6 +3,7 @@
     BertModel                       task mlm without its head (``mlm_head = false``): embed, search
     BertForMaskedLM                 task mlm with BERT's tied head: fill, embed, search
     BertForSequenceClassification   task classify with BERT's pooler (``pooler = true``) and its labels
+    BertForPreTraining              task mlm with its masked-LM head (the next-sentence head is left out)
     sentence-transformers folder    a BertModel + its Pooling (mean or cls) + Normalize: embed, search
 
 BERT is qkv's encoder with these options (:class:`~qkv.config.ModelConfig`): post-norm layers,
@@ -24,23 +25,29 @@ Weights (``bert.`` prefix in the task models)::
     encoder.layer.i.output.dense                       encoder_layers.i.ffn.w_2
     encoder.layer.i.output.LayerNorm                   encoder_layers.i.res_ffn.norm
     pooler.dense, classifier                           pooler, classifier
-    cls.predictions.transform.{dense,LayerNorm}, .bias mlm_head.{dense,norm,bias} (the decoder is tied)
+    cls.predictions.transform.{dense,LayerNorm}, .bias mlm_head.{dense,norm,bias} (the decoder is tied; its
+                                                       function hidden_act: mlm_head_activation)
+
+The other BERT-like families (:mod:`qkv.importers.roberta`, ``distilbert``, ``albert``, ``electra``) are
+each a :class:`Family`: their names and options, converted by :func:`convert_encoder`.
 
 Refused by name: relative position embeddings, a decoder or cross-attention configuration, a
-masked-LM head that is not tied to the embeddings or whose activation is not GELU, pooling other
+masked-LM head that is not tied to the embeddings, pooling other
 than mean or cls, a sentence-transformers Dense module, a multi-label or regression classifier.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from qkv.config import CLS, ModelConfig, TrainConfig
 
 ADDED_ROW_LOGIT = -1e4  # exp(-1e4) is 0 in float32; finite, so that a label-smoothed loss stays finite
-ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
+ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForPreTraining")
 MODEL_TYPES = ("bert",)
 DEFAULT_ARCHITECTURE = "BertModel"
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
@@ -79,13 +86,16 @@ def model_config(cfg, where: Path, task: str, vocab_size: int) -> ModelConfig:
         dropout=c.float("hidden_dropout_prob", 0.1, at_least=0, below=1),
         attention_dropout=c.float("attention_probs_dropout_prob", 0.1, at_least=0, below=1),
         positional="learned", max_positions=c.int("max_position_embeddings", at_least=2), norm_first=False,
-        activation=ACTIVATIONS[act], layer_norm_eps=c.float("layer_norm_eps", 1e-12, at_least=0, at_most=1),
+        activation=ACTIVATIONS[act], mlm_head_activation=ACTIVATIONS[act], layer_norm_eps=c.float("layer_norm_eps", 1e-12, at_least=0, at_most=1),
         scale_embeddings=False, type_vocab_size=c.int("type_vocab_size", 2), embedding_norm=True,
         src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, share_embeddings=True, tie_output=True,
     )
 
 
-def _tokenizer(folder: Path, base: Path):
+TOKEN_NAMES = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+
+
+def _tokenizer(folder: Path, base: Path, defaults: dict | None = None):
     from qkv.data.pretrained import HFTokenizer, roles, single_template, special_token_names
     from qkv.data.tokenizer import TokenizerPair
     from qkv.importers.folder import read_tokenizer_json
@@ -96,8 +106,7 @@ def _tokenizer(folder: Path, base: Path):
                      "tokenizers library; a folder with vocab.txt only can be converted by loading it with "
                      "transformers' BertTokenizerFast and save_pretrained)")
     raw = read_tokenizer_json(where / "tokenizer.json")
-    names = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]",
-             **special_token_names(where)}
+    names = {**(defaults or TOKEN_NAMES), **special_token_names(where)}
     names.pop("bos", None), names.pop("eos", None)  # BERT has none (a tokenizer_config may alias them)
     r = roles(raw, names, str(where / "tokenizer.json"))
     before, after = single_template(raw, str(where / "tokenizer.json"))
@@ -107,36 +116,57 @@ def _tokenizer(folder: Path, base: Path):
     return TokenizerPair(tok, tok)
 
 
-def _weights(base: Path, config):
+def _weights(base: Path, config, prefix: str = "bert."):
     from qkv.importers.folder import read_weights
 
     w = read_weights(base, config)
     # older checkpoints name LayerNorm's weight/bias gamma/beta
     w = w.renamed(lambda k: k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"))
-    if any(k.startswith("bert.") for k in w):
-        w = w.renamed(lambda k: k[len("bert."):] if k.startswith("bert.") else k)
+    if any(k.startswith(prefix) for k in w):
+        w = w.renamed(lambda k: k[len(prefix):] if k.startswith(prefix) else k)
     return w
 
 
+@dataclass(frozen=True)
+class Family:
+    """What sets one BERT-like family apart: its names and options. :func:`convert_encoder` does the rest."""
+
+    name: str  # as the messages say it: "BERT", "RoBERTa", ...
+    prefix: str  # the encoder's weights' prefix in the task models ("bert.")
+    tasks: dict  # architecture -> qkv task (classify | mlm)
+    masked_lm: tuple  # the architectures that must have their masked-LM head
+    token_names: dict  # the special tokens' default names by role
+    model_config: Callable  # (Config of config.json, where, task, vocab size) -> ModelConfig
+    state: Callable  # (Weights, ModelConfig, IdMap, Config) -> qkv's state dict, each tensor taken with its shape
+    head_key: str  # a weight only the masked-LM head has
+    classifier: dict = field(default_factory=dict)  # ModelConfig fields of its classification head
+
+
 def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | None):
+    return convert_encoder(folder, base, cfg, arch, sentence, BERT)
+
+
+def convert_encoder(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | None, family: Family):
+    """The encoder of ``family`` in ``folder`` as an :class:`~qkv.importers.Imported`: config.json read
+    with :class:`~qkv.importers.folder.Config`'s getters, each tensor taken with its shape."""
     from qkv.importers import Imported
     from qkv.importers.folder import Config, load_state
     from qkv.models import build_model
 
     where = base / "config.json"
-    c = Config(cfg, where)
-    tokenizers = _tokenizer(folder, base)
+    c = cfg if isinstance(cfg, Config) else Config(cfg, where)
+    tokenizers = _tokenizer(folder, base, family.token_names)
     ids = tokenizers.src.ids
     extra: dict = {}
     pooling, normalize = "mean", False
-    task = {"BertForSequenceClassification": "classify"}.get(arch, "mlm")
-    mcfg = model_config(c, where, task, ids.size)
+    task = family.tasks.get(arch, "mlm")
+    mcfg = family.model_config(c, where, task, ids.size)
     max_len = mcfg.max_positions - 1
     if sentence is not None:
         pooling, normalize, max_seq = _sentence_modules(folder, sentence["modules"])
         max_len = min(max_len, max_seq - 1) if max_seq > 1 else max_len
         extra["sentence_embedding"] = {"pooling": pooling, "normalize": normalize}
-    w = _weights(base, c)
+    w = _weights(base, c, family.prefix)
     if task == "classify":
         problem = c.str("problem_type", "single_label_classification")
         if problem != "single_label_classification":
@@ -152,16 +182,13 @@ def convert(folder: Path, base: Path, cfg: dict, arch: str, sentence: dict | Non
         if len(set(labels)) != n:
             refuse(where, f"id2label names a label twice: {labels}")
         extra["labels"] = labels
-        mcfg = ModelConfig(**{**mcfg.__dict__, "n_classes": n, "pooling": "cls", "pooler": True})
+        mcfg = replace(mcfg, n_classes=n, pooling="cls", pooler=True, **family.classifier)
     else:
-        has_head = "cls.predictions.bias" in w
-        if arch == "BertForMaskedLM" and not has_head:
-            refuse(base, "BertForMaskedLM without its cls.predictions weights")
-        if has_head and mcfg.activation != "gelu":
-            refuse(where, f"a masked-LM head with hidden_act {cfg['hidden_act']!r} is not supported (qkv's head "
-                          "uses GELU)")
-        mcfg = ModelConfig(**{**mcfg.__dict__, "mlm_head": has_head and sentence is None, "pooling": pooling})
-    state = _state(w, mcfg, ids, c)  # every tensor checked against the config before a model is built
+        has_head = family.head_key in w
+        if arch in family.masked_lm and not has_head:
+            refuse(base, f"{arch} without its masked-LM head ({family.head_key})")
+        mcfg = replace(mcfg, mlm_head=has_head and sentence is None, pooling=pooling)
+    state = family.state(w, mcfg, ids, c)  # every tensor checked against the config before a model is built
     mcfg.validate()
     model = build_model(mcfg)
     load_state(model, state, c, allow_missing=["mlm_head.embed.weight"])  # the tied embedding: src_embed
@@ -218,28 +245,57 @@ def _sentence_modules(folder: Path, modules: list) -> tuple[str, bool, int]:
     return pooling, normalize, max_seq
 
 
-def _state(w, cfg: ModelConfig, ids, c) -> dict[str, torch.Tensor]:
-    """qkv's state dict of BERT's weights ``w`` (:class:`~qkv.importers.folder.Weights`), each tensor
-    taken with the shape config.json ``c`` gives it."""
+# the heads' weights by family: (pooler, classifier) and (dense, LayerNorm, bias, decoder) of the masked-LM head
+BERT_HEADS = (("pooler.dense", "classifier"),
+              ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias",
+               "cls.predictions.decoder"))
+
+
+def word_embeddings(w, name: str, ids, c, width: int, width_field: str = "hidden_size") -> torch.Tensor:
+    """The word embeddings ``name``, checked: as many rows as config.json's vocab_size and the tokenizer's
+    tokens (qkv imports a model whose vocabulary is its tokenizer's), ``width`` columns."""
+    tokens = sum(m is not None for m in ids.model_ids)
+    vocab = c.int("vocab_size", None)
+    if vocab is not None:
+        w.check_rows(name, vocab, c.says("vocab_size"))
+    w.check_rows(name, tokens, f"tokenizer.json has {tokens} tokens (qkv imports a model whose vocabulary is its "
+                               "tokenizer's)")
+    return w.take(name, (tokens, width), (width_field,))
+
+
+def classifier_state(w, cfg: ModelConfig, c, pooler: str, classifier: str) -> dict[str, torch.Tensor]:
+    """The pooler (or the family's dense layer before its output) and the classifier, with their shapes."""
+    d, k = cfg.d_model, cfg.n_classes
+    labels = ("hidden_size", "num_labels" if "num_labels" in c else "id2label")
+    return {"pooler.weight": w.take(pooler + ".weight", (d, d), ("hidden_size",)),
+            "pooler.bias": w.take(pooler + ".bias", (d,), ("hidden_size",)),
+            "classifier.weight": w.take(classifier + ".weight", (k, d), labels),
+            "classifier.bias": w.take(classifier + ".bias", (k,), labels)}
+
+
+def _state(w, cfg: ModelConfig, ids, c, heads: tuple = BERT_HEADS) -> dict[str, torch.Tensor]:
+    """qkv's state dict of a BERT-named encoder (BERT, RoBERTa, ELECTRA: ``heads`` name their heads) from
+    its weights ``w`` (:class:`~qkv.importers.folder.Weights`), each tensor taken with the shape config.json
+    ``c`` gives it."""
     d, ff, n = cfg.d_model, cfg.d_ff, cfg.n_encoder_layers
+    e_dim = cfg.embedding_dim or d
     D, FF = ("hidden_size",), ("hidden_size", "intermediate_size")
+    E = ("embedding_size",) if cfg.embedding_dim else D
     w.check_layers(r"encoder\.layer\.(\d+)\.", n, "num_hidden_layers")
 
     s: dict[str, torch.Tensor] = {}
     e = "embeddings."
-    tokens = sum(m is not None for m in ids.model_ids)
-    vocab = c.int("vocab_size", None)
-    if vocab is not None:
-        w.check_rows(e + "word_embeddings.weight", vocab, c.says("vocab_size"))
-    w.check_rows(e + "word_embeddings.weight", tokens, f"tokenizer.json has {tokens} tokens (qkv imports a model "
-                                                       "whose vocabulary is its tokenizer's)")
-    word = w.take(e + "word_embeddings.weight", (tokens, d), D)
+    word = word_embeddings(w, e + "word_embeddings.weight", ids, c, e_dim, E[0])
     s["src_embed.weight"] = ids.rows(word)
-    s["src_pos.weight"] = w.take(e + "position_embeddings.weight", (cfg.max_positions, d),
-                                 ("max_position_embeddings", "hidden_size"))
-    s["src_types.weight"] = w.take(e + "token_type_embeddings.weight", (cfg.type_vocab_size, d),
-                                   ("type_vocab_size", "hidden_size"))
-    s["embed_norm.weight"], s["embed_norm.bias"] = (w.take(e + "LayerNorm." + p, (d,), D) for p in ("weight", "bias"))
+    s["src_pos.weight"] = w.take(e + "position_embeddings.weight", (cfg.max_positions + cfg.position_offset, e_dim),
+                                 ("max_position_embeddings", *E))
+    if cfg.type_vocab_size:
+        s["src_types.weight"] = w.take(e + "token_type_embeddings.weight", (cfg.type_vocab_size, e_dim),
+                                       ("type_vocab_size", *E))
+    s["embed_norm.weight"], s["embed_norm.bias"] = (w.take(e + "LayerNorm." + p, (e_dim,), E) for p in ("weight", "bias"))
+    if cfg.embedding_dim:  # ELECTRA's embeddings_project
+        s["embed_proj.weight"] = w.take("embeddings_project.weight", (d, e_dim), ("hidden_size", "embedding_size"))
+        s["embed_proj.bias"] = w.take("embeddings_project.bias", (d,), D)
     for i in range(n):
         h, q = f"encoder.layer.{i}.", f"encoder_layers.{i}."
         att = h + "attention.self."
@@ -253,21 +309,33 @@ def _state(w, cfg: ModelConfig, ids, c) -> dict[str, torch.Tensor]:
                                       ("output.LayerNorm", "res_ffn.norm", (d,), d)):
             s[q + dst + ".weight"] = w.take(h + src + ".weight", shape, FF)
             s[q + dst + ".bias"] = w.take(h + src + ".bias", (bias,), FF)
+    (pooler, classifier), (dense, norm, bias, decoder) = heads
     if cfg.task == "classify":
-        s["pooler.weight"], s["pooler.bias"] = w.take("pooler.dense.weight", (d, d), D), w.take("pooler.dense.bias", (d,), D)
-        k = cfg.n_classes
-        labels = ("hidden_size", "num_labels" if "num_labels" in c else "id2label")
-        s["classifier.weight"] = w.take("classifier.weight", (k, d), labels)
-        s["classifier.bias"] = w.take("classifier.bias", (k,), labels)
+        s.update(classifier_state(w, cfg, c, pooler, classifier))
     elif cfg.mlm_head:
-        p = "cls.predictions."
-        decoder = w.take(p + "decoder.weight", (word.shape[0], d), D, default=None)
-        if decoder is not None and not torch.equal(decoder, word):
-            refuse(c.path.parent, "its masked-LM decoder is not tied to the word embeddings (qkv's head is tied)")
-        s["mlm_head.dense.weight"] = w.take(p + "transform.dense.weight", (d, d), D)
-        s["mlm_head.dense.bias"] = w.take(p + "transform.dense.bias", (d,), D)
-        s["mlm_head.norm.weight"] = w.take(p + "transform.LayerNorm.weight", (d,), D)
-        s["mlm_head.norm.bias"] = w.take(p + "transform.LayerNorm.bias", (d,), D)
-        # a row BERT lacks (qkv's BOS, EOS) gets no probability: every other token keeps BERT's own
-        s["mlm_head.bias"] = ids.rows(w.take(p + "bias", (word.shape[0],), ()), fill=ADDED_ROW_LOGIT)
+        s.update(mlm_head_state(w, word, ids, c, d, dense, norm, bias, decoder))
     return s
+
+
+def mlm_head_state(w, word: torch.Tensor, ids, c, d: int, dense: str, norm: str, bias: str, decoder: str,
+                   width: int | None = None) -> dict:
+    """qkv's ``mlm_head`` of a masked-LM head ``LayerNorm(f(dense h)) Eᵀ + bias`` with its decoder tied to
+    ``word`` (rows: the model's tokens, ``width`` = E columns; d: the width of the states it reads)."""
+    rows, e = word.shape
+    D = ("hidden_size",)
+    weight = w.take(decoder + ".weight", (rows, e), D, default=None)
+    if weight is not None and not torch.equal(weight, word):
+        refuse(c.path.parent, "its masked-LM decoder is not tied to the word embeddings (qkv's head is tied)")
+    own = w.take(decoder + ".bias", (rows,), ("vocab_size",), default=None)
+    if own is not None and bias in w and not torch.equal(own, w.take(bias, (rows,), ("vocab_size",))):
+        refuse(c.path.parent, f"its masked-LM decoder's bias is not {bias} (qkv's head has one bias)")
+    head_bias = w.take(bias, (rows,), ("vocab_size",)) if bias in w else w.take(decoder + ".bias", (rows,), ("vocab_size",))
+    return {"mlm_head.dense.weight": w.take(dense + ".weight", (e, d), D), "mlm_head.dense.bias": w.take(dense + ".bias", (e,), D),
+            "mlm_head.norm.weight": w.take(norm + ".weight", (e,), D), "mlm_head.norm.bias": w.take(norm + ".bias", (e,), D),
+            # a row the model lacks (BERT's BOS, EOS) gets no probability: every other token keeps its own
+            "mlm_head.bias": ids.rows(head_bias, fill=ADDED_ROW_LOGIT)}
+
+
+BERT = Family("BERT", "bert.", {"BertForSequenceClassification": "classify"}, ("BertForMaskedLM", "BertForPreTraining"),
+              TOKEN_NAMES, lambda cfg, where, task, vocab: model_config(cfg, where, task, vocab), lambda *a: _state(*a),
+              "cls.predictions.bias")

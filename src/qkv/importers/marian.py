@@ -163,22 +163,23 @@ def specials(hf_dir: Path, hf, vocab: dict[str, int]) -> dict[str, str]:
     return out
 
 
-def state_dict(weights, cfg: ModelConfig, rows: list[int], where: Path) -> dict[str, torch.Tensor]:
-    """Marian's weights (:class:`~qkv.importers.folder.Weights`) under qkv's names
-    (:func:`qkv.export.hf.marian_state_dict` reversed, with no permutation: ``sinusoid_layout = "halves"``
-    keeps Marian's dimension order), vocabulary rows reordered by ``rows``; each tensor taken with the
-    shape config.json gives it."""
-    d, ff, vocab = cfg.d_model, cfg.d_ff, len(rows) - 1
+def taker(weights):
+    """``w(name, shape, fields=("d_model",), default=REQUIRED)``: :meth:`~qkv.importers.folder.Weights.take`
+    of ``name`` as the folder stores it (with or without the ``model.`` prefix); ``w.prefixed`` says which."""
     prefixed = any(k.startswith("model.") for k in weights)
-    D, FF = ("d_model",), ("d_model", "encoder_ffn_dim")
 
-    def w(name: str, shape, fields=D, default: Any = REQUIRED) -> torch.Tensor:
+    def w(name: str, shape, fields=("d_model",), default: Any = REQUIRED) -> torch.Tensor:
         return weights.take(name if prefixed else name.removeprefix("model."), shape, fields, default=default)
 
-    for side, n, field in (("encoder", cfg.n_encoder_layers, "encoder_layers"),
-                           ("decoder", cfg.n_decoder_layers, "decoder_layers")):
-        weights.check_layers(("model\\." if prefixed else "") + side + r"\.layers\.(\d+)\.", n, field)
-    index = torch.tensor(rows)
+    w.prefixed = prefixed
+    return w
+
+
+def layers_state(w, cfg: ModelConfig, FF: tuple = ("d_model", "encoder_ffn_dim")) -> dict[str, torch.Tensor]:
+    """The encoder and decoder layers of a BART-named encoder-decoder (Marian, BART) under qkv's names;
+    ``w(name, shape, fields=("d_model",))`` takes one weight (``model.`` prefix) with its shape, naming
+    config.json's ``fields`` when it does not fit (``FF``: the fields of the FFN's shapes)."""
+    d, ff = cfg.d_model, cfg.d_ff
     out: dict[str, torch.Tensor] = {}
 
     def attention(dst: str, name: str) -> None:
@@ -209,6 +210,21 @@ def state_dict(weights, cfg: ModelConfig, rows: list[int], where: Path) -> dict[
         attention(dst + ".cross_attn", name + ".encoder_attn")
         norm(dst + ".res_cross.norm", name + ".encoder_attn_layer_norm")
         ffn(dst, name)
+    return out
+
+
+def state_dict(weights, cfg: ModelConfig, rows: list[int], where: Path) -> dict[str, torch.Tensor]:
+    """Marian's weights (:class:`~qkv.importers.folder.Weights`) under qkv's names
+    (:func:`qkv.export.hf.marian_state_dict` reversed, with no permutation: ``sinusoid_layout = "halves"``
+    keeps Marian's dimension order), vocabulary rows reordered by ``rows``; each tensor taken with the
+    shape config.json gives it."""
+    d, vocab = cfg.d_model, len(rows) - 1
+    w = taker(weights)
+    for side, n, field in (("encoder", cfg.n_encoder_layers, "encoder_layers"),
+                           ("decoder", cfg.n_decoder_layers, "decoder_layers")):
+        weights.check_layers(("model\\." if w.prefixed else "") + side + r"\.layers\.(\d+)\.", n, field)
+    index = torch.tensor(rows)
+    out = layers_state(w, cfg)
     V = ("vocab_size", "d_model")
     shared = None
     for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):

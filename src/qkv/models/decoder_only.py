@@ -165,6 +165,8 @@ class DecoderOnlyTransformer(nn.Module):
         key_mask = torch.cat([state.key_mask, state.key_mask.new_ones(tokens.size(0), 1)], dim=1)  # (B, T + 1)
         # The new query sees every real key: the cached ones and itself.
         x, kv, _ = self.decoder(tokens[:, None], state.positions[:, None], caches=state.kv,
-                                mask=key_padding_mask(key_mask))  # (B, 1, d)
+                                mask=key_padding_mask(key_mask),
+                                key_positions=key_mask.long().cumsum(1) - 1)  # (B, 1, d); keys' positions: relative
+
         logits = self._logits(x)[:, 0]  # (B, V)
         return logits, DecoderOnlyState(kv, key_mask, state.positions + 1)

@@ -25,7 +25,8 @@ from qkv.errors import QkvError
 from qkv.masks import padding_mask, real_tokens
 from qkv.nn.embedding import ScaledEmbedding
 from qkv.nn.layers import EncoderLayer
-from qkv.nn.stack import TransformerStack, input_modules, stack_modules
+from qkv.nn.feed_forward import ACTIVATIONS
+from qkv.nn.stack import TransformerStack, embedding_width, input_modules, projection_module, stack_modules
 
 
 def mean_pool(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -35,17 +36,25 @@ def mean_pool(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 class MLMHead(nn.Module):
-    """``LayerNorm(GELU(W H + b)) Eᵀ + b_v``: the output projection is the (tied) embedding matrix."""
+    """``LayerNorm(GELU(W H + b)) Eᵀ + b_v``: the output projection is the (tied) embedding matrix.
 
-    def __init__(self, d_model: int, embed: ScaledEmbedding, eps: float = 1e-5):
+    ``W`` maps d_model to the embeddings' width (narrower with ``embedding_dim``: ALBERT's head);
+    ``activation`` (``ModelConfig.mlm_head_activation``) replaces GELU (ALBERT's tanh approximation)."""
+
+    def __init__(self, d_model: int, embed: ScaledEmbedding, eps: float = 1e-5, activation: str = "gelu"):
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model)
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        width = embed.weight.size(1)
+        self.dense = nn.Linear(d_model, width)
+        self.norm = nn.LayerNorm(width, eps=eps)
         self.embed = embed  # shared, not a copy
         self.bias = nn.Parameter(torch.zeros(embed.weight.size(0)))
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.embed.logits(self.norm(F.gelu(self.dense(h)))) + self.bias  # (B, T, V)
+        return self.embed.logits(self.norm(self.act(self.dense(h)))) + self.bias  # (B, T, V)
+
+
+POOLER_FUNCTIONS = {"tanh": torch.tanh, "relu": F.relu, "gelu": F.gelu}
 
 
 class EncoderOnly(nn.Module):
@@ -60,21 +69,23 @@ class EncoderOnly(nn.Module):
             raise ValueError("ModelConfig.n_classes must be set (from the training labels)")
         self.cfg = cfg
         d = cfg.d_model
-        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, d, scale=cfg.scale_embeddings)
+        self.src_embed = ScaledEmbedding(cfg.src_vocab_size, embedding_width(cfg), scale=cfg.scale_embeddings)
         self.src_pos, self.encoder_layers, self.encoder_norm = stack_modules(cfg, cfg.n_encoder_layers, EncoderLayer)
         self.src_types, self.embed_norm = input_modules(cfg)  # None, None for the paper's model
+        if cfg.embedding_dim:  # ALBERT's, ELECTRA's: the embeddings' map to d_model (registered after the rest)
+            self.embed_proj = projection_module(cfg)
         if cfg.task == "classify":
             if cfg.pooler:  # BERT's: tanh(W h + b)
                 self.pooler = nn.Linear(d, d)
             self.classifier = nn.Linear(d, cfg.n_classes)
         elif cfg.mlm_head:
-            self.mlm_head = MLMHead(d, self.src_embed, cfg.layer_norm_eps)
+            self.mlm_head = MLMHead(d, self.src_embed, cfg.layer_norm_eps, cfg.mlm_head_activation)
 
     @property
     def encoder(self) -> TransformerStack:
         """The encoder: token embedding, positions, N encoder layers."""
         return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout,
-                                self.src_types, self.embed_norm)
+                                self.src_types, self.embed_norm, getattr(self, "embed_proj", None))
 
     def encode(self, tokens: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
         """``tokens (B, T)`` -> states ``H (B, T, d)``, padding mask ``(B, 1, 1, T)``, attention weights."""
@@ -109,8 +120,10 @@ class EncoderOnly(nn.Module):
         h, _, _ = self.encode(tokens)
         if self.cfg.task == "classify":
             pooled = self.pool(h, tokens)
-            if self.cfg.pooler:
-                pooled = torch.tanh(self.pooler(pooled))
+            if self.cfg.pooler:  # BERT's tanh(W h + b); RoBERTa's and ELECTRA's heads drop out h first
+                if self.cfg.pooler_dropout:
+                    pooled = F.dropout(pooled, self.cfg.dropout, self.training)
+                pooled = POOLER_FUNCTIONS[self.cfg.pooler_activation](self.pooler(pooled))
             return self.classifier(F.dropout(pooled, self.cfg.dropout, self.training))  # (B, C)
         if not self.cfg.mlm_head:
             raise QkvError("this encoder has no masked-LM head (imported without one): it embeds, it does not fill")

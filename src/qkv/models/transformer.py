@@ -129,17 +129,22 @@ class Transformer(nn.Module):
         self.encoder_norm, self.decoder_norm = encoder_norm, decoder_norm
         # Marian's final_logits_bias (cfg.output_bias); registered last, after every older parameter
         self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
+        # BART's layernorm_embedding (cfg.embedding_norm): a LayerNorm of each stack's embeddings + positions
+        self.src_embed_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
+        self.tgt_embed_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
 
     @property
     def encoder(self) -> TransformerStack:
         """The left half of Figure 1: source embedding, positions, N encoder layers."""
-        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout)
+        return TransformerStack(self.src_embed, self.src_pos, self.encoder_layers, self.encoder_norm, self.cfg.dropout,
+                                embed_norm=self.src_embed_norm)
 
     @property
     def decoder(self) -> TransformerStack:
         """The right half of Figure 1, up to the output projection: target embedding, positions,
         N decoder layers."""
-        return TransformerStack(self.tgt_embed, self.tgt_pos, self.decoder_layers, self.decoder_norm, self.cfg.dropout)
+        return TransformerStack(self.tgt_embed, self.tgt_pos, self.decoder_layers, self.decoder_norm, self.cfg.dropout,
+                                embed_norm=self.tgt_embed_norm)
 
     # --- pieces ------------------------------------------------------------------------------------
 
@@ -210,8 +215,9 @@ class Transformer(nn.Module):
 
         In eval mode each decoder layer runs its :meth:`~qkv.nn.layers.DecoderLayer.step`: the
         operations of the stack's, on ``(B, d)`` rows instead of ``(B, 1, d)`` and without the
-        module calls, dropout or mask conversion (the same logits bit for bit)."""
-        if not self.training:
+        module calls, dropout or mask conversion (the same logits bit for bit); where the
+        family switches make the step differ from the paper's (:attr:`has_static_step` false), the stack's."""
+        if not self.training and self.has_static_step:
             return self._eval_step(tokens, state)
         x, self_kv, _ = self.decoder(tokens[:, None], state.position, caches=state.self_kv, memory_kv=state.cross_kv,
                                      memory_mask=state.memory_mask, beam=state.beam)  # (B, 1, d)
@@ -222,6 +228,8 @@ class Transformer(nn.Module):
         position = state.position
         bias = state.memory_bias if state.memory_bias is not None else additive_mask(state.memory_mask)
         x = self.tgt_embed(tokens) + self.tgt_pos(1, position)[0]  # (B, d)
+        if self.tgt_embed_norm is not None:
+            x = self.tgt_embed_norm(x)
         self_kv = []
         for layer, cache, memory_kv in zip(self.decoder_layers, state.self_kv, state.cross_kv):
             x, cache = layer.step(x, memory_kv, bias, cache, state.beam)
@@ -231,6 +239,14 @@ class Transformer(nn.Module):
                                         state.memory_bias)
 
     # --- incremental decoding with static shapes (qkv.decoding.compiled) ---------------------------
+
+    @property
+    def has_static_step(self) -> bool:
+        """Whether :meth:`static_step` (and the eval-mode step) computes this model: positions added to the
+        embeddings (not rotary or relative) and the paper's attention in every decoder layer (every head
+        its own keys/values, 1/√d_k)."""
+        return not hasattr(self.tgt_pos, "attention_inputs") and all(
+            layer.self_attn.plain and layer.cross_attn.plain for layer in self.decoder_layers)
 
     def start_static(self, src: torch.Tensor, capacity: int, source_multiple: int) -> TransformerState:
         """:meth:`start` for :meth:`static_step`: the self-attention keys/values in zero buffers of
@@ -264,6 +280,8 @@ class Transformer(nn.Module):
         open ``pos``; None: the buffers are views of positions 0 .. ``pos`` only, attended unmasked
         (:mod:`qkv.decoding.scripted`)."""
         x = self.tgt_embed(tokens) + pos_enc  # (B, d)
+        if self.tgt_embed_norm is not None:
+            x = self.tgt_embed_norm(x)
         ks, vs = [], []
         for layer, k, v, ck, cv in zip(self.decoder_layers, self_k, self_v, cross_k, cross_v):
             x, k, v = layer.static_step(x, KVCache(ck, cv), memory_bias, k, v, pos, self_bias, beam, in_place)

@@ -26,6 +26,14 @@ agree, and that :class:`MultiHeadAttention` matches :class:`torch.nn.MultiheadAt
   reused at every decoding step.
 
 Masks are boolean, True = may attend (see :mod:`qkv.masks`).
+
+The families' switches (:class:`~qkv.config.ModelConfig`) change the projections, never the
+formula: ``n_kv_heads`` fewer key/value heads, each read by ``n_heads / n_kv_heads`` query heads
+(grouped-query attention; ``in_proj`` is then ``(d + 2 n_kv d_k, d)``, the caches hold the
+``n_kv`` heads); ``qkv_bias`` and ``out_bias`` the biases of ``in_proj`` and ``out_proj``;
+``attention_scale = False`` drops eq. 1's 1/√d_k (T5). Rotary positions rotate q and k
+(``rope``, :mod:`qkv.nn.rotary`) and relative ones add a bias to the logits (``position_bias``,
+:mod:`qkv.nn.relative`), both in :meth:`MultiHeadAttention.self_attention`.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from torch import nn
 
 from qkv.masks import causal_mask, combine
 from qkv.nn.dropout import dropout
+from qkv.nn.rotary import apply_rotary
 
 
 def attention_reference(
@@ -48,14 +57,19 @@ def attention_reference(
     mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    scale: float | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 1 written out. ``q (B, h, T_q, d_k)``, ``k (B, h, T_k, d_k)``, ``v (B, h, T_k, d_v)``.
+    """Eq. 1 written out. ``q (B, h, T_q, d_k)``, ``k (B, h, T_k, d_k)``, ``v (B, h, T_k, d_v)``;
+    ``scale``: the factor of the logits (None: 1/√d_k); ``bias``: added to the logits (relative positions).
 
     Returns the output ``(B, h, T_q, d_v)`` and the weights ``(B, h, T_q, T_k)`` (after dropout
     is applied to the output's weights, the returned weights are the pre-dropout softmax).
     """
     d_k = q.size(-1)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, h, T_q, T_k)
+    scores = q @ k.transpose(-2, -1) * (1 / math.sqrt(d_k) if scale is None else scale)  # (B, h, T_q, T_k)
+    if bias is not None:
+        scores = scores + bias
     if is_causal:
         mask = combine(mask, causal_mask(q.size(-2), k.size(-2), q.device))
     if mask is not None:
@@ -77,18 +91,23 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     is_causal: bool = False,
     need_weights: bool = False,
+    scale: float | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Eq. 1 through torch's fused kernel; the explicit formula when the weights are wanted.
 
     ``is_causal``: query i sees keys j <= i + (T_k - T_q), i.e. the queries are the last T_q
-    positions of the keys' sequence (as with a cache)."""
+    positions of the keys' sequence (as with a cache). ``scale``, ``bias``: see :func:`attention_reference`."""
     if need_weights:
-        return attention_reference(q, k, v, mask, dropout_p, is_causal)
+        return attention_reference(q, k, v, mask, dropout_p, is_causal, scale, bias)
     if dropout_p > 0 and q.device.type == "cpu":  # training: qkv's cheaper dropout mask (qkv.nn.dropout)
-        return attention_reference(q, k, v, mask, dropout_p, is_causal)[0], None
-    if is_causal and (mask is not None or q.size(-2) != k.size(-2)):  # SDPA's own: no mask, T_q == T_k
+        return attention_reference(q, k, v, mask, dropout_p, is_causal, scale, bias)[0], None
+    if is_causal and (mask is not None or q.size(-2) != k.size(-2) or bias is not None):  # SDPA's own: no mask, T_q == T_k
         mask, is_causal = combine(mask, causal_mask(q.size(-2), k.size(-2), q.device)), False
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+    if bias is not None:  # the mask folded into the additive bias: -inf where a key may not be attended
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    kwargs = {} if scale is None else {"scale": scale}
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
     return out, None
 
 
@@ -163,36 +182,59 @@ class MultiHeadAttention(nn.Module):
     keys/values separately (the latter once per sentence when decoding).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_kv_heads: int = 0,
+                 qkv_bias: bool = True, out_bias: bool = True, scale: bool = True):
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.n_kv_heads = n_kv_heads or n_heads
+        assert n_heads % self.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads"
+        self.kv_dim = self.n_kv_heads * self.d_k
         self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V] for all heads
-        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        self.scale = None if scale else 1.0  # SDPA's scale: None = 1/sqrt(d_k); 1.0 = none (T5)
+        self.in_proj = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=qkv_bias)  # [W^Q; W^K; W^V], all heads
+        self.out_proj = nn.Linear(d_model, d_model, bias=out_bias)  # W^O
         nn.init.xavier_uniform_(self.in_proj.weight)
-        nn.init.zeros_(self.in_proj.bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
-        nn.init.zeros_(self.out_proj.bias)
+        for lin in (self.in_proj, self.out_proj):
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
+    def _split(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+        return x.view(b, t, heads or self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+
+    def _bias(self, rows: slice) -> torch.Tensor | None:
+        return None if self.in_proj.bias is None else self.in_proj.bias[rows]
+
+    def _groups(self, k: torch.Tensor) -> torch.Tensor:
+        """Keys or values of the n_kv heads ``(B, n_kv, T, d_k)`` as one per query head ``(B, h, T, d_k)``:
+        query head i reads key/value head i // (h / n_kv) (grouped-query attention)."""
+        groups = self.n_heads // self.n_kv_heads
+        return k if groups == 1 else k.repeat_interleave(groups, dim=1)
+
+    @property
+    def plain(self) -> bool:
+        """The paper's projections (every head its own keys/values, 1/√d_k): what the eval-mode
+        steps :meth:`self_attention_step` and :meth:`self_attention_into` compute."""
+        return self.n_kv_heads == self.n_heads and self.scale is None
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-        need_weights: bool,
+        need_weights: bool, position_bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Eq. 1 for every head, then Concat(heads) W^O: ``(B, h, T_q, d_k)`` -> ``(B, T_q, d_model)``."""
         p = self.dropout if self.training else 0.0
-        out, weights = scaled_dot_product_attention(q, k, v, mask, p, is_causal, need_weights)
+        k, v = self._groups(k), self._groups(v)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, p, is_causal, need_weights, self.scale,
+                                                    position_bias)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T_q, h * d_v): Concat(heads)
         return self.out_proj(out), weights
 
     def empty_cache(self, batch_size: int, like: torch.Tensor) -> KVCache:
-        """A cache of no positions ``(B, h, 0, d_k)`` (on ``like``'s device and dtype) to decode from."""
-        empty = like.new_zeros(batch_size, self.n_heads, 0, self.d_k)  # (B, h, 0, d_k)
+        """A cache of no positions ``(B, n_kv, 0, d_k)`` (on ``like``'s device and dtype) to decode from."""
+        empty = like.new_zeros(batch_size, self.n_kv_heads, 0, self.d_k)  # (B, n_kv, 0, d_k)
         return KVCache(empty, empty)
 
     def self_attention(
@@ -202,21 +244,28 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
         """Q, K and V all from ``x (B, T, d_model)``, in one fused projection.
 
         With a ``cache`` (incremental decoding) the new keys/values are appended to the cached
         ones, and the queries attend to every cached position and to themselves (``causal``:
         each query sees the positions up to its own, with ``x`` the last T positions).
+        ``rope``: the rotary positions' ``(cos, sin)`` of ``x``'s positions, applied to the new queries
+        and keys (cached keys are rotated already); ``position_bias``: added to the logits
+        ``(B or 1, h, T, T_k)`` (relative positions).
 
         Returns ``(output (B, T, d_model), the grown cache or None, weights (B, h, T, T_k) or None)``.
         """
-        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, T, d_model) each: fused QKV
-        q, k, v = self._split(q), self._split(k), self._split(v)  # (B, h, T, d_k)
+        q, k, v = self.in_proj(x).split((self.d_model, self.kv_dim, self.kv_dim), dim=-1)  # fused QKV
+        q, k, v = self._split(q), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)  # (B, h|n_kv, T, d_k)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
             cache = cache.append(k, v)
-            k, v = cache.k, cache.v  # (B, h, T_past + T, d_k)
-        out, weights = self._attend(q, k, v, mask, causal, need_weights)
+            k, v = cache.k, cache.v  # (B, n_kv, T_past + T, d_k)
+        out, weights = self._attend(q, k, v, mask, causal, need_weights, position_bias)
         return out, cache, weights
 
     def self_attention_step(self, x: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
@@ -254,9 +303,9 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, memory: torch.Tensor) -> KVCache:
         """K = memory W^K, V = memory W^V for every head, ``(B, h, T_k, d_k)`` each: what
         :meth:`cross_attention` reads, computed once per sentence."""
-        w, b = self.in_proj.weight[self.d_model :], self.in_proj.bias[self.d_model :]
-        k, v = F.linear(memory, w, b).chunk(2, dim=-1)  # (B, T_k, d_model) each
-        return KVCache(self._split(k), self._split(v))
+        w, b = self.in_proj.weight[self.d_model :], self._bias(slice(self.d_model, None))
+        k, v = F.linear(memory, w, b).chunk(2, dim=-1)  # (B, T_k, n_kv d_k) each
+        return KVCache(self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads))
 
     def cross_attention_step(self, x: torch.Tensor, memory_kv: KVCache, mask: torch.Tensor | None,
                              beam: int = 1) -> torch.Tensor:
@@ -266,9 +315,11 @@ class MultiHeadAttention(nn.Module):
         attended and -inf elsewhere (what :func:`~torch.nn.functional.scaled_dot_product_attention`
         makes of a boolean mask)."""
         b = x.size(0)
-        w, bias = self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]
+        w, bias = self.in_proj.weight[: self.d_model], self._bias(slice(None, self.d_model))
         q = F.linear(x, w, bias).view(-1, beam, self.n_heads, self.d_k).transpose(1, 2)  # (N, h, beam, d_k)
-        out = F.scaled_dot_product_attention(q, memory_kv.k, memory_kv.v, attn_mask=mask)  # (N, h, beam, d_k)
+        kwargs = {} if self.scale is None else {"scale": self.scale}
+        out = F.scaled_dot_product_attention(q, self._groups(memory_kv.k), self._groups(memory_kv.v), attn_mask=mask,
+                                             **kwargs)  # (N, h, beam, d_k)
         return eval_linear(self.out_proj, out.transpose(1, 2).reshape(b, self.d_model))
 
     def cross_attention(
@@ -292,7 +343,7 @@ class MultiHeadAttention(nn.Module):
         """
         b, t, _ = x.shape
         h, d_k = self.n_heads, self.d_k
-        w, bias = self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]
+        w, bias = self.in_proj.weight[: self.d_model], self._bias(slice(None, self.d_model))
         q = self._split(F.linear(x, w, bias))  # (B, h, T_q, d_k)
         if beam == 1:
             return self._attend(q, memory_kv.k, memory_kv.v, mask, False, need_weights)

@@ -8,6 +8,10 @@ model). Dropout on the hidden activation is tensor2tensor's ``relu_dropout`` (of
 The paper's max(0, ·) is ReLU; the pretrained models qkv imports use others in its place
 (``ModelConfig.activation``): GELU, exact (BERT) or its tanh approximation (GPT-2), and SiLU/swish
 (Marian's OPUS-MT models).
+
+Gated (``ModelConfig.ffn_gated``; Shazeer, 2020, "GLU Variants Improve Transformer"): a third matrix
+W_3 gates the activation, FFN(x) = (act(x W_1) ⊙ x W_3) W_2: SwiGLU with SiLU (Llama, Qwen2, Mistral),
+GeGLU with GELU (T5 v1.1's gated-gelu: its tanh approximation). ``bias=False``: no b_1, b_2 (T5, Llama).
 """
 
 from __future__ import annotations
@@ -29,21 +33,30 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "silu": 
 
 
 class PositionwiseFeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu", gated: bool = False,
+                 bias: bool = True):
         super().__init__()
         self.act = ACTIVATIONS[activation]
-        self.w_1 = nn.Linear(d_model, d_ff)
-        self.w_2 = nn.Linear(d_ff, d_model)
+        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w_3 = nn.Linear(d_model, d_ff, bias=bias) if gated else None  # the gate's linear half (after w_2: old names keep their order)
         self.dropout = dropout
-        for lin in (self.w_1, self.w_2):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
+        for lin in (self.w_1, self.w_2, self.w_3):
+            if lin is not None:
+                nn.init.xavier_uniform_(lin.weight)
+                if lin.bias is not None:
+                    nn.init.zeros_(lin.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.w_1(x))  # (B, T, d_ff)
+        if self.w_3 is not None:
+            h = h * self.w_3(x)
         h = dropout(h, self.dropout, self.training)
         return self.w_2(h)  # (B, T, d_model)
 
     def eval_forward(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` in eval mode (no dropout), without the module calls' overhead."""
-        return eval_linear(self.w_2, self.act(eval_linear(self.w_1, x)))
+        h = self.act(eval_linear(self.w_1, x))
+        if self.w_3 is not None:
+            h = h * eval_linear(self.w_3, x)
+        return eval_linear(self.w_2, h)

@@ -9,11 +9,15 @@ Encoder layer: self-attention, then the position-wise FFN. With ``causal=True`` 
 self-attention) and a key/value cache it is also the layer of the decoder-only model: the
 decoder layer of Figure 1 without its cross-attention sublayer.
 Decoder layer: masked self-attention, cross-attention over the encoder output, then the FFN.
+
+:class:`Switches` are the families' choices inside a layer (``ModelConfig``'s norm, FFN and attention
+fields); their defaults are the paper's layer. Rotary and relative positions reach the
+self-attention as ``rope`` / ``position_bias`` (from the stack's positional module).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -22,14 +26,47 @@ from torch import nn
 from qkv.nn.attention import KVCache, MultiHeadAttention
 from qkv.nn.dropout import dropout
 from qkv.nn.feed_forward import PositionwiseFeedForward
+from qkv.nn.norm import make_norm
+
+
+@dataclass(frozen=True)
+class Switches:
+    """A layer's family switches, the :class:`~qkv.config.ModelConfig` fields of the same names;
+    the defaults are the paper's layer."""
+
+    norm: str = "layernorm"
+    norm_bias: bool = True
+    ffn_gated: bool = False
+    ffn_bias: bool = True
+    n_kv_heads: int = 0
+    qkv_bias: bool = True
+    out_bias: bool = True
+    attention_scale: bool = True
+
+    @classmethod
+    def of(cls, cfg) -> "Switches":
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+    def attention(self, d_model: int, n_heads: int, dropout: float) -> MultiHeadAttention:
+        return MultiHeadAttention(d_model, n_heads, dropout, self.n_kv_heads, self.qkv_bias, self.out_bias,
+                                  self.attention_scale)
+
+    def ffn(self, d_model: int, d_ff: int, activation: str) -> PositionwiseFeedForward:
+        return PositionwiseFeedForward(d_model, d_ff, activation=activation, gated=self.ffn_gated, bias=self.ffn_bias)
+
+    def residual(self, d_model: int, dropout: float, norm_first: bool, eps: float) -> "Residual":
+        return Residual(d_model, dropout, norm_first, eps, make_norm(self.norm, d_model, eps, self.norm_bias))
+
+
+PAPER = Switches()
 
 
 class Residual(nn.Module):
     """The residual connection + LayerNorm around one sublayer, post-norm or pre-norm."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5, norm: nn.Module | None = None):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = nn.LayerNorm(d_model, eps=eps) if norm is None else norm
         self.dropout, self.norm_first = dropout, norm_first
 
     def before(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,18 +87,20 @@ class Residual(nn.Module):
         return y if self.norm_first else _layer_norm(self.norm, y)
 
 
-def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+def _layer_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if type(norm) is not nn.LayerNorm:
+        return norm(x)
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool,
-                 activation: str = "relu", layer_norm_eps: float = 1e-5):
+                 activation: str = "relu", layer_norm_eps: float = 1e-5, switches: Switches = PAPER):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.ffn = PositionwiseFeedForward(d_model, d_ff, activation=activation)
-        self.res_attn = Residual(d_model, dropout, norm_first, layer_norm_eps)
-        self.res_ffn = Residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.self_attn = switches.attention(d_model, n_heads, attention_dropout)
+        self.ffn = switches.ffn(d_model, d_ff, activation)
+        self.res_attn = switches.residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.res_ffn = switches.residual(d_model, dropout, norm_first, layer_norm_eps)
 
     def forward(
         self,
@@ -70,14 +109,17 @@ class EncoderLayer(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        **positions,
     ) -> tuple[torch.Tensor, KVCache | None, torch.Tensor | None]:
         """``x (B, T, d)`` -> ``(B, T, d)``, the grown cache and the self-attention weights.
 
         ``mask`` ``(B, 1, 1, T)`` (padding) or ``(B, 1, T, T_k)``; ``causal``: position t sees
         positions <= t only; ``cache``: the keys/values of the positions before ``x``
-        (incremental decoding), to which those of ``x`` are appended.
+        (incremental decoding), to which those of ``x`` are appended; ``positions``: ``rope`` or
+        ``position_bias`` for the self-attention (rotary or relative positions).
         """
-        a, cache, weights = self.self_attn.self_attention(self.res_attn.before(x), mask, causal, cache, need_weights)
+        a, cache, weights = self.self_attn.self_attention(self.res_attn.before(x), mask, causal, cache, need_weights,
+                                                          **positions)
         x = self.res_attn.after(x, a)
         x = self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
         return x, cache, weights
@@ -98,14 +140,14 @@ class DecoderLayerWeights:
 
 class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float, norm_first: bool,
-                 activation: str = "relu", layer_norm_eps: float = 1e-5):
+                 activation: str = "relu", layer_norm_eps: float = 1e-5, switches: Switches = PAPER):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.ffn = PositionwiseFeedForward(d_model, d_ff, activation=activation)
-        self.res_self = Residual(d_model, dropout, norm_first, layer_norm_eps)
-        self.res_cross = Residual(d_model, dropout, norm_first, layer_norm_eps)
-        self.res_ffn = Residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.self_attn = switches.attention(d_model, n_heads, attention_dropout)
+        self.cross_attn = switches.attention(d_model, n_heads, attention_dropout)
+        self.ffn = switches.ffn(d_model, d_ff, activation)
+        self.res_self = switches.residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.res_cross = switches.residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.res_ffn = switches.residual(d_model, dropout, norm_first, layer_norm_eps)
 
     def forward(
         self,
@@ -115,6 +157,7 @@ class DecoderLayer(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         beam: int = 1,
+        **positions,
     ) -> tuple[torch.Tensor, KVCache | None, DecoderLayerWeights]:
         """``x (B, T, d)`` attends causally to itself (to the cache and itself when decoding
         incrementally) and to the encoder output's keys/values ``memory_kv`` (computed once).
@@ -126,7 +169,7 @@ class DecoderLayer(nn.Module):
         # Training: the whole target at once, causal. Incremental decoding (T == 1 with a cache):
         # the new position may see every cached one, so no mask is needed.
         a, cache, w_self = self.self_attn.self_attention(
-            self.res_self.before(x), causal=cache is None, cache=cache, need_weights=need_weights)
+            self.res_self.before(x), causal=cache is None, cache=cache, need_weights=need_weights, **positions)
         x = self.res_self.after(x, a)
         a, w_cross = self.cross_attn.cross_attention(
             self.res_cross.before(x), memory_kv, memory_mask, need_weights=need_weights, beam=beam)

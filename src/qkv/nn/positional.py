@@ -51,12 +51,15 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class LearnedPositionalEncoding(nn.Module):
-    """One learned vector per position, up to ``max_positions``."""
+    """One learned vector per position, up to ``max_positions``.
 
-    def __init__(self, d_model: int, max_positions: int = 1024):
+    ``offset``: rows of the table before position 0 (RoBERTa's and BART's 2, their padding_idx + 1 and
+    a start of 2): the table has ``max_positions + offset`` rows and position t reads row ``t + offset``."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024, offset: int = 0):
         super().__init__()
-        self.max_positions = max_positions
-        self.weight = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
+        self.max_positions, self.offset = max_positions, offset
+        self.weight = nn.Parameter(torch.randn(max_positions + offset, d_model) * d_model**-0.5)
 
     def forward(self, length: int, offset: int = 0) -> torch.Tensor:
         end = offset + length
@@ -65,7 +68,7 @@ class LearnedPositionalEncoding(nn.Module):
                 f"sequence of {end} positions is longer than the learned positional table "
                 f"(max_positions={self.max_positions})"
             )
-        return self.weight[offset:end][None]  # (1, T, d_model)
+        return self.weight[self.offset + offset:self.offset + end][None]  # (1, T, d_model)
 
 
 class NoPositionalEncoding(nn.Module):
@@ -80,15 +83,35 @@ class NoPositionalEncoding(nn.Module):
         return self.anchor.new_zeros(1, length, self.d_model)
 
 
-def positional_encoding(kind: str, d_model: int, max_positions: int, layout: str = "interleaved") -> nn.Module:
+def stack_positions(cfg, causal: bool = False) -> nn.Module:
+    """The positional module of a Transformer stack of ``cfg`` (a :class:`~qkv.config.ModelConfig`):
+    a table added to the embeddings, or rotary / relative positions applied inside attention
+    (:mod:`qkv.nn.rotary`, :mod:`qkv.nn.relative`; ``causal``: a decoder's relative buckets)."""
+    if cfg.positional == "rotary":
+        from qkv.nn.rotary import RotaryPositions
+
+        return RotaryPositions(cfg.d_model, cfg.d_k, cfg.rope_theta)
+    if cfg.positional == "relative":
+        from qkv.nn.relative import RelativePositions
+
+        return RelativePositions(cfg.d_model, cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance,
+                                 bidirectional=not causal)
+    # a table is as wide as the embeddings it is added to (embedding_dim: ALBERT's E, projected to d_model
+    # after), and learned positions may start at a row other than the first (position_offset)
+    return positional_encoding(cfg.positional, cfg.embedding_dim or cfg.d_model, cfg.max_positions,
+                               cfg.sinusoid_layout, cfg.position_offset)
+
+
+def positional_encoding(kind: str, d_model: int, max_positions: int, layout: str = "interleaved",
+                        offset: int = 0) -> nn.Module:
     if kind == "none":
         return NoPositionalEncoding(d_model, max_positions)
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_positions, layout)
     if kind == "learned":
-        return LearnedPositionalEncoding(d_model, max_positions)
+        return LearnedPositionalEncoding(d_model, max_positions, offset)
     raise ValueError(f"unknown positional encoding {kind!r}")
 
 
 __all__ = ["sinusoidal_table", "SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "NoPositionalEncoding",
-           "positional_encoding"]
+           "positional_encoding", "stack_positions"]

@@ -140,7 +140,8 @@ def require_positions(model_cfg: ModelConfig, train_cfg: TrainConfig, need: int,
 ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "positional",
                "max_positions", "norm_first", "share_embeddings", "tie_output", "activation", "layer_norm_eps",
                "scale_embeddings", "type_vocab_size", "embedding_norm", "final_norm",
-               "sinusoid_layout", "output_bias")
+               "sinusoid_layout", "output_bias", "position_offset", "embedding_dim", "layer_groups",
+               "mlm_head_activation")
 
 
 def checkpoint_tokenizers(path: str | Path) -> TokenizerPair:
@@ -160,6 +161,26 @@ def init_model_config(model_cfg: ModelConfig, path: str | Path, log: Callable[[s
         log(f"init_from {path}: its architecture wins over this run's: "
             + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
     return replace(model_cfg, **{k: getattr(saved, k) for k in ARCH_FIELDS})
+
+
+def init_positions(task: "Task", model_cfg: ModelConfig, train_cfg: TrainConfig, path: str | Path,
+                   log: Callable[[str], None]) -> TrainConfig:
+    """``train_cfg`` with ``max_len`` lowered to what the learned positions of the checkpoint at ``path``
+    hold (its architecture, ``max_positions`` included, wins: an import of 64 positions trains on texts
+    of at most 63 tokens), said in the log; unchanged when they hold ``max_len`` already."""
+    if model_cfg.positional != "learned" or model_cfg.is_recurrent:
+        return train_cfg
+    over = task.positions_needed(train_cfg) - model_cfg.max_positions
+    if over <= 0:
+        return train_cfg
+    if train_cfg.max_len - over < 1:
+        raise ConfigError(f"init_from {path}: its learned positions (max_positions={model_cfg.max_positions}) "
+                          f"hold no {model_cfg.task} example")
+    fitted = replace(train_cfg, max_len=train_cfg.max_len - over,
+                     keep_tail=min(train_cfg.keep_tail, train_cfg.max_len - over - 1))
+    log(f"init_from {path}: max_len {fitted.max_len} (not {train_cfg.max_len}): its learned positions end at "
+        f"max_positions={model_cfg.max_positions}")
+    return fitted.validate()
 
 
 def init_weights(model: torch.nn.Module, path: str | Path, log: Callable[[str], None]) -> tuple[list[str], list[str]]:

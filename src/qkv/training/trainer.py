@@ -65,7 +65,7 @@ from qkv.errors import ConfigError, QkvError, TrainingDiverged
 from qkv.files import os_error_reason
 from qkv.models import build_model
 from qkv.tasks import get_task
-from qkv.tasks.base import Task, checkpoint_tokenizers, init_model_config, init_weights
+from qkv.tasks.base import Task, checkpoint_tokenizers, init_model_config, init_positions, init_weights
 from qkv.tasks.translate import EncodedSplit, ParallelData, encode_split  # noqa: F401  (public here too)
 from qkv.training import distributed
 from qkv.checkpoint import (MANIFEST, fault_point, list_checkpoints, load_into, read_checkpoint, read_settings,
@@ -949,6 +949,7 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
                           f"model decode; choose at most {tokenizers.tgt.vocab_size}")
     if train_cfg.init_from and not resume:
         model_cfg = init_model_config(model_cfg, train_cfg.init_from, log)
+        train_cfg = init_positions(task, model_cfg, train_cfg, train_cfg.init_from, log)
     train_split = task.encode(train_data, tokenizers, train_cfg, log, train=True)
     valid_split = task.encode(valid_data, tokenizers, train_cfg, log, train=False) if valid_data is not None else None
     trainer = Trainer(model_cfg, train_cfg, decode_cfg, tokenizers, train_split, valid_split, out_dir, log,
