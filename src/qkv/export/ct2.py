@@ -29,6 +29,12 @@ What carries over, and how:
   CTranslate2's log-probabilities are normalised over the other tokens (qkv's are not: a beam score
   differs by the sum of log(1 - p(special)) over its tokens, which may keep another hypothesis in
   CTranslate2's beam than in qkv's, so beam outputs agree mostly, not always: :data:`BEAM_NOTE`);
+* the family switches (:func:`family_options`, as CTranslate2's own Llama and T5 converters fill its
+  specs): rotary positions as ``rotary_dim = 0, rotary_interleave = False, rotary_base = rope_theta``
+  (qkv's rotate-half RoPE; decoder-only models), RMSNorm (``rms_norm``), the gated FFN (``ffn_glu``:
+  W_1 is ``linear_0``, the activated one, W_3 ``linear_0_noact``), grouped-query attention
+  (``num_heads_kv``; decoder-only models), absent biases left out, ``attention_scale = false`` as
+  ``queries_scale = 1``; what the specs cannot hold is refused by field (:func:`family_refusals`);
 * the source ends with EOS (``add_source_eos``), the decoder starts from BOS ``<s>``
   (``decoder_start_token``), as ``qkv.data.batching.collate`` and qkv's decoders do;
 * the vocabularies: the SentencePiece pieces in the order of their ids, so CTranslate2's token
