@@ -94,8 +94,12 @@ def family_refusals(src: Source) -> list[tuple[str, str]]:
     translation model (TransformerSpec) all of these but rotary positions and grouped-query attention."""
     cfg = src.model
     out = []
-    if cfg.positional == "relative":
-        out.append(("positional = 'relative'", "relative position buckets (T5) yet"))
+    if cfg.positional == "relative" and src.task != "translate":
+        out.append(("positional = 'relative'", "relative position buckets (T5's) in a decoder-only model "
+                    "(CTranslate2's TransformerDecoderModelSpec has none)"))
+    if cfg.positional == "relative" and src.task == "translate" and hf_tokenizer(src):
+        out.append(("positional = 'relative' and a Hugging Face tokenizer.json (an imported T5)",
+                    "a translation model's tokenizer.json yet (a T5-style model trained with SentencePiece exports)"))
     if cfg.positional == "rotary" and src.task == "translate":
         out.append(("positional = 'rotary'", "rotary positions in an encoder-decoder (CTranslate2's TransformerSpec "
                     "has none)"))
@@ -112,12 +116,23 @@ def family_options(src: Source) -> dict:
     """The ``from_config`` arguments of the family switches (the paper's values give CTranslate2's defaults)."""
     cfg = src.model
     options = {"ffn_glu": cfg.ffn_gated, "rms_norm": cfg.norm == "rmsnorm"}
+    if src.task == "translate" and cfg.positional == "relative":
+        options["relative_attention_bias"] = True
     if src.task != "translate":
         if cfg.positional == "rotary":  # rotate-half over all of d_k (rotary_dim 0), as qkv.nn.rotary
             options.update(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_theta)
         if cfg.n_kv_heads not in (0, cfg.n_heads):
             options["num_heads_kv"] = cfg.n_kv_heads
     return options
+
+
+def _set_relative(stack, src: Source, name: str) -> None:
+    """T5's relative position bias: the stack's table ``(buckets, heads)`` in every self-attention (one
+    array, as CTranslate2's T5 converter shares the first layer's), bidirectional in the encoder."""
+    table = _np(src.w(name))
+    for layer in stack.layer:
+        layer.self_attention.relative_attention_bias = table
+        layer.self_attention.relative_attention_max_distance = np.dtype("int32").type(src.model.relative_max_distance)
 
 
 def _set_attention_scale(spec, src: Source) -> None:
@@ -183,6 +198,9 @@ def model_spec(src: Source):
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = pieces[UNK], pieces[BOS], pieces[EOS]
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     _set_attention_scale(spec, src)
+    if src.task == "translate" and cfg.positional == "relative":
+        _set_relative(spec.encoder, src, "src_pos.weight")
+        _set_relative(spec.decoder, src, "tgt_pos.weight")
     return spec
 
 
