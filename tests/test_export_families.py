@@ -1,7 +1,7 @@
 """``qkv export --format ctranslate2`` for the family switches (rotary positions, RMSNorm, the gated FFN,
 grouped-query attention, the bias and scale switches), and the switches each format refuses by name.
 
-* tiny random LlamaForCausalLM and Qwen2ForCausalLM folders built by transformers' classes (as in
+* tiny random LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM folders built by transformers' classes (as in
   tests/test_import_llama.py), imported, exported: ``ctranslate2.Generator``'s greedy tokens equal
   qkv's greedy generation and transformers' ``generate``; the export's probe check passed;
 * models trained from scratch with the switches (a Llama-style language model; a translation model
@@ -49,7 +49,7 @@ def export(capsys, ckpt: Path, fmt: str, out: Path) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-@pytest.fixture(scope="module", params=["LlamaForCausalLM", "Qwen2ForCausalLM"])
+@pytest.fixture(scope="module", params=["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"])
 def imported(request, tmp_path_factory):
     from test_import_llama import build
 
