@@ -183,12 +183,17 @@ def test_imported_t5_is_refused_by_name(tmp_path, capsys):
     assert rc == 2 and "positional = 'relative'" in err and not (tmp_path / "hf").exists()
 
 
-def test_rotary_translation_model_is_refused_by_name(data, tmp_path, capsys):
+def test_what_ctranslate2s_encoder_decoder_cannot_hold_is_refused_by_name(data, tmp_path, capsys):
+    """Rotary positions and grouped-query attention in a translation model, RMSNorm with a bias: each named
+    in the one line of --format ctranslate2, each (and pre-norm) in --format hf's; nothing written."""
     ckpt = train(data, "rotary-translate", "--max-steps", "2", "--eval-every", "2", "--positional", "rotary",
-                 "--norm-first")
+                 "--norm-first", "--n-kv-heads", "1", "--norm", "rmsnorm")
     rc, err = export(capsys, ckpt, "ctranslate2", tmp_path / "ct2")
-    assert rc == 2 and "positional = 'rotary'" in err and "encoder-decoder" in err, err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for field in ("positional = 'rotary'", "n_kv_heads = 1", "norm = 'rmsnorm' with norm_bias = true"):
+        assert field in err, (field, err)
     assert not (tmp_path / "ct2").exists()
     rc, err = export(capsys, ckpt, "hf", tmp_path / "hf")
-    assert rc == 2 and "pre-norm" in err and "positional = 'rotary'" in err, err
+    for field in ("pre-norm", "positional = 'rotary'", "n_kv_heads = 1", "norm = 'rmsnorm'"):
+        assert rc == 2 and field in err, (field, err)
     assert not (tmp_path / "hf").exists()
