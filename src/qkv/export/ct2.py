@@ -36,6 +36,12 @@ What carries over, and how:
   CTranslate2's log-probabilities are normalised over the other tokens (qkv's are not: a beam score
   differs by the sum of log(1 - p(special)) over its tokens, which may keep another hypothesis in
   CTranslate2's beam than in qkv's, so beam outputs agree mostly, not always: :data:`BEAM_NOTE`);
+* the family switches (:func:`family_options`, as CTranslate2's own Llama and T5 converters fill its
+  specs): rotary positions as ``rotary_dim = 0, rotary_interleave = False, rotary_base = rope_theta``
+  (qkv's rotate-half RoPE; decoder-only models), RMSNorm (``rms_norm``), the gated FFN (``ffn_glu``:
+  W_1 is ``linear_0``, the activated one, W_3 ``linear_0_noact``), grouped-query attention
+  (``num_heads_kv``; decoder-only models), absent biases left out, ``attention_scale = false`` as
+  ``queries_scale = 1``; what the specs cannot hold is refused by field (:func:`family_refusals`);
 * the source ends with EOS (``add_source_eos``), the decoder starts from BOS ``<s>``
   (``decoder_start_token``), as ``qkv.data.batching.collate`` and qkv's decoders do;
 * the vocabularies: the SentencePiece pieces in the order of their ids, so CTranslate2's token
@@ -80,16 +86,81 @@ def _require():
 
 def check(src: Source, encoders: bool = False) -> None:
     """Every (task, arch) pair in :data:`SUPPORTED` converts (and, with ``encoders``, those in
-    :data:`ENCODERS`: the engines' conversion); other pairs are refused by name."""
+    :data:`ENCODERS`: the engines' conversion), unless a family switch it does not write is on
+    (:func:`family_refusals`); other pairs are refused by name."""
     supported = {**SUPPORTED, **ENCODERS} if encoders else SUPPORTED
     if src.key not in supported:
         kinds = ", ".join(f"{t} ({a})" for t, a in supported)
         what = "the CTranslate2 engine runs" if encoders else "--format ctranslate2 converts"
         raise QkvError(f"{src.path} is a {src.task!r} model with arch {src.model.arch!r}: {what} "
                        f"these Transformer models: {kinds}")
-    if src.task == "translate" and hf_tokenizer(src):
+    if src.task == "translate" and hf_tokenizer(src) and src.model.positional != "relative":
         raise QkvError(f"{src.path} is a translation model with a Hugging Face tokenizer.json (an imported BART): "
                        "--format ctranslate2 writes a translation model's SentencePiece files only")
+    refused = family_refusals(src)
+    if refused:
+        raise QkvError(f"{src.path} has " + "; ".join(f"{field}: --format ctranslate2 does not write {why}"
+                                                      for field, why in refused))
+
+
+def family_refusals(src: Source) -> list[tuple[str, str]]:
+    """The family switches (:mod:`qkv.config`'s "family switches") this converter does not write, as
+    ``(field = value, what)`` pairs; empty when the model converts. A decoder-only model takes rotary
+    positions (rotate-half, any θ), RMSNorm, the gated FFN, grouped-query attention, every bias switch and
+    attention_scale (CTranslate2's TransformerDecoderModelSpec, as its own Llama converter fills it); a
+    translation model (TransformerSpec) all of these but rotary positions and grouped-query attention."""
+    cfg = src.model
+    out = []
+    if cfg.positional == "relative" and src.task != "translate":
+        out.append(("positional = 'relative'", "relative position buckets (T5's) in a decoder-only model "
+                    "(CTranslate2's TransformerDecoderModelSpec has none)"))
+    if cfg.positional == "relative" and src.task == "translate" and hf_tokenizer(src):
+        out.append(("positional = 'relative' and a Hugging Face tokenizer.json (an imported T5)",
+                    "a translation model's tokenizer.json yet (a T5-style model trained with SentencePiece exports)"))
+    if cfg.positional == "rotary" and src.task == "translate":
+        out.append(("positional = 'rotary'", "rotary positions in an encoder-decoder (CTranslate2's TransformerSpec "
+                    "has none)"))
+    if src.task == "translate" and cfg.n_kv_heads not in (0, cfg.n_heads):
+        out.append((f"n_kv_heads = {cfg.n_kv_heads}", "grouped-query attention in an encoder-decoder (CTranslate2's "
+                    "TransformerSpec has none)"))
+    if cfg.norm == "rmsnorm" and cfg.norm_bias:
+        out.append(("norm = 'rmsnorm' with norm_bias = true", "a bias on RMSNorm (CTranslate2's RMSNorm has a gain "
+                    "only)"))
+    return out
+
+
+def family_options(src: Source) -> dict:
+    """The ``from_config`` arguments of the family switches (the paper's values give CTranslate2's defaults)."""
+    cfg = src.model
+    options = {"ffn_glu": cfg.ffn_gated, "rms_norm": cfg.norm == "rmsnorm"}
+    if src.task == "translate" and cfg.positional == "relative":
+        options["relative_attention_bias"] = True
+    if src.task != "translate":
+        if cfg.positional == "rotary":  # rotate-half over all of d_k (rotary_dim 0), as qkv.nn.rotary
+            options.update(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_theta)
+        if cfg.n_kv_heads not in (0, cfg.n_heads):
+            options["num_heads_kv"] = cfg.n_kv_heads
+    return options
+
+
+def _set_relative(stack, src: Source, name: str) -> None:
+    """T5's relative position bias: the stack's table ``(buckets, heads)`` in every self-attention (one
+    array, as CTranslate2's T5 converter shares the first layer's), bidirectional in the encoder."""
+    table = _np(src.w(name))
+    for layer in stack.layer:
+        layer.self_attention.relative_attention_bias = table
+        layer.self_attention.relative_attention_max_distance = np.dtype("int32").type(src.model.relative_max_distance)
+
+
+def _set_attention_scale(spec, src: Source) -> None:
+    """attention_scale = false (T5's attention): CTranslate2's queries_scale 1 instead of 1/sqrt(d_k)."""
+    if src.model.attention_scale:
+        return
+    for stack in (getattr(spec, "encoder", None), spec.decoder):
+        for layer in getattr(stack, "layer", []):
+            for name in ("self_attention", "attention"):
+                if hasattr(layer, name):
+                    getattr(layer, name).queries_scale = np.float32(1.0)
 
 
 def is_encoder(src: Source) -> bool:
@@ -134,7 +205,8 @@ def model_spec(src: Source):
     if src.task == "translate":
         spec = transformer_spec.TransformerSpec.from_config(
             (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=relu,
-            alignment_heads=0, layernorm_embedding=cfg.embedding_norm)  # return_attention: the last layer's mean over all heads, as qkv's alignments
+            alignment_heads=0, layernorm_embedding=cfg.embedding_norm,
+            **family_options(src))  # return_attention: the last layer's mean over all heads, as qkv's alignments
         _set_encoder(spec.encoder, src)
         _set_decoder(spec.decoder, src, "decoder_layers", "tgt_embed.weight", "tgt_pos.weight", "decoder_norm")
         spec.register_source_vocabulary(src.vocabulary("src"))
@@ -143,12 +215,16 @@ def model_spec(src: Source):
         spec.config.add_source_eos = True
     else:
         spec = transformer_spec.TransformerDecoderModelSpec.from_config(
-            cfg.n_decoder_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=relu)
+            cfg.n_decoder_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=relu, **family_options(src))
         _set_decoder(spec.decoder, src, "layers", "embed.weight", "pos.weight", "final_norm", self_only=True)
         spec.register_vocabulary(src.vocabulary("tgt"))
     pieces = src.vocabulary("tgt")
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = pieces[UNK], pieces[BOS], pieces[EOS]
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    _set_attention_scale(spec, src)
+    if src.task == "translate" and cfg.positional == "relative":
+        _set_relative(spec.encoder, src, "src_pos.weight")
+        _set_relative(spec.decoder, src, "tgt_pos.weight")
     return spec
 
 
@@ -184,12 +260,14 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 def _linear(spec, src: Source, name: str) -> None:
     spec.weight = _np(src.w(name + ".weight"))
-    spec.bias = _np(src.w(name + ".bias"))
+    if src.has(name + ".bias"):  # qkv_bias / out_bias / ffn_bias false: no bias (CTranslate2's is optional)
+        spec.bias = _np(src.w(name + ".bias"))
 
 
 def _layer_norm(spec, src: Source, name: str) -> None:
     spec.gamma = _np(src.w(name + ".weight"))
-    spec.beta = _np(src.w(name + ".bias"))
+    if hasattr(spec, "beta"):  # RMSNorm has a gain only
+        spec.beta = _np(src.w(name + ".bias")) if src.has(name + ".bias") else np.zeros_like(spec.gamma)
 
 
 def _positions(src: Source, learned_name: str) -> np.ndarray:
@@ -208,15 +286,19 @@ def _self_attention(spec, src: Source, prefix: str, norm: str) -> None:
 
 def _cross_attention(spec, src: Source, prefix: str, norm: str) -> None:
     d = src.model.d_model
-    w, b = src.w(prefix + ".in_proj.weight"), src.w(prefix + ".in_proj.bias")
-    spec.linear[0].weight, spec.linear[0].bias = _np(w[:d]), _np(b[:d])  # W^Q
-    spec.linear[1].weight, spec.linear[1].bias = _np(w[d:]), _np(b[d:])  # fused [W^K; W^V]
+    w = src.w(prefix + ".in_proj.weight")
+    spec.linear[0].weight, spec.linear[1].weight = _np(w[:d]), _np(w[d:])  # W^Q, fused [W^K; W^V]
+    if src.has(prefix + ".in_proj.bias"):
+        b = src.w(prefix + ".in_proj.bias")
+        spec.linear[0].bias, spec.linear[1].bias = _np(b[:d]), _np(b[d:])
     _linear(spec.linear[2], src, prefix + ".out_proj")
     _layer_norm(spec.layer_norm, src, norm)
 
 
 def _ffn(spec, src: Source, prefix: str) -> None:
-    _linear(spec.linear_0, src, prefix + ".ffn.w_1")
+    _linear(spec.linear_0, src, prefix + ".ffn.w_1")  # gated: the activated W_1, ...
+    if src.model.ffn_gated:
+        _linear(spec.linear_0_noact, src, prefix + ".ffn.w_3")  # ... times x W_3
     _linear(spec.linear_1, src, prefix + ".ffn.w_2")
     _layer_norm(spec.layer_norm, src, prefix + ".res_ffn.norm")
 
@@ -224,7 +306,8 @@ def _ffn(spec, src: Source, prefix: str) -> None:
 def _set_encoder(spec, src: Source) -> None:
     spec.embeddings[0].weight = _np(src.w("src_embed.weight"))
     spec.scale_embeddings = src.model.scale_embeddings
-    spec.position_encodings.encodings = _positions(src, "src_pos.weight")
+    if src.model.positional not in ("rotary", "relative"):  # (those add nothing to the embeddings)
+        spec.position_encodings.encodings = _positions(src, "src_pos.weight")
     if src.model.embedding_norm:  # BART's layernorm_embedding
         _layer_norm(spec.layernorm_embedding, src, "src_embed_norm")
     for i, layer in enumerate(spec.layer):
@@ -238,7 +321,8 @@ def _set_encoder(spec, src: Source) -> None:
 def _set_decoder(spec, src: Source, layers: str, embed: str, pos: str, final_norm: str, self_only: bool = False) -> None:
     spec.embeddings.weight = _np(src.w(embed))
     spec.scale_embeddings = src.model.scale_embeddings
-    spec.position_encodings.encodings = _positions(src, pos)
+    if src.model.positional not in ("rotary", "relative"):
+        spec.position_encodings.encodings = _positions(src, pos)
     if src.model.embedding_norm and not self_only:
         _layer_norm(spec.layernorm_embedding, src, "tgt_embed_norm")
     output = src.w("output_proj.weight") if src.has("output_proj.weight") else src.w(embed)

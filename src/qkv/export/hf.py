@@ -62,13 +62,36 @@ def check(src: Source) -> None:
             else ""
         raise QkvError(f"{src.path} is a {cfg.task!r} model with arch {cfg.arch!r}: --format hf writes a MarianMTModel, "
                        f"an encoder-decoder Transformer for translation (task translate, arch transformer){other}")
+    problems = []  # every one named, not the first only
     if cfg.norm_first:
-        raise QkvError(f"{src.path} is a pre-norm model (norm_first = true): MarianMTModel's layers are post-norm only, "
-                       "so --format hf cannot represent it; use --format ctranslate2, which converts pre-norm models")
+        problems.append("is a pre-norm model (norm_first = true): MarianMTModel's layers are post-norm only, so "
+                        "--format hf cannot represent it; use --format ctranslate2, which converts pre-norm models")
     if cfg.positional != "sinusoidal":
-        raise QkvError(f"{src.path} has positional = {cfg.positional!r}, not sinusoidal: MarianMTModel always adds "
-                       "its static sinusoidal positions and keeps no table of its own, so --format hf cannot "
-                       "represent it; use --format ctranslate2, which converts learned positions and none")
+        problems.append(f"has positional = {cfg.positional!r}, not sinusoidal: MarianMTModel always adds its static "
+                        "sinusoidal positions and keeps no table of its own, so --format hf cannot represent it"
+                        + ("; use --format ctranslate2, which converts learned positions and none"
+                           if cfg.positional in ("learned", "none") else ""))
+    refused = family_refusals(cfg)
+    if refused:
+        problems.append(f"has {', '.join(refused)}: --format hf does not write these (MarianMTModel has the paper's "
+                        "LayerNorm with bias, an FFN of two biased matrices, full multi-head attention with biases "
+                        "and the 1/sqrt(d_k) scale)")
+    if problems:
+        raise QkvError(f"{src.path} " + "; and ".join(problems))
+
+
+# the family switches (qkv.config) at the paper's values, the only ones a MarianMTModel computes
+PAPER_SWITCHES = {"norm": "layernorm", "norm_bias": True, "ffn_gated": False, "ffn_bias": True, "qkv_bias": True,
+                  "out_bias": True, "attention_scale": True}
+
+
+def family_refusals(cfg) -> list[str]:
+    """Every family switch of ``cfg`` away from the paper's value, as ``field = value``."""
+    out = [f"{k} = {getattr(cfg, k)!r}".replace("True", "true").replace("False", "false")
+           for k, paper in PAPER_SWITCHES.items() if getattr(cfg, k) != paper]
+    if cfg.n_kv_heads not in (0, cfg.n_heads):
+        out.append(f"n_kv_heads = {cfg.n_kv_heads}")
+    return out
 
 
 def marian_order(d_model: int, layout: str = "interleaved") -> torch.Tensor:
