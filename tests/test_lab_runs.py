@@ -471,3 +471,28 @@ def test_encoder_only_and_decoder_only_runs_train(tmp_path):
             assert any(key in r for r in records), records
         about = {t["name"]: t for t in c.get("/api/lab").json()["tasks"]}
         assert about["long_range_label"]["solved_by"] == "valid_accuracy" and about["mirror_lm"]["solved_by"] is None
+
+
+def test_the_paper_against_llama_style_on_reverse(tmp_path):
+    """The llama-style preset (rotary positions, pre-norm RMSNorm, SwiGLU, grouped-query attention, no biases)
+    trains from scratch on reverse beside the paper's Transformer: its switches reach the run's flags and its
+    checkpoint, and both log validation."""
+    lab = Lab(tmp_path / "runs", LabLimits(max_runs=2))
+    short = {"max_steps": 20, "eval_every": 10}
+    with TestClient(create_app(lab, panels=None), base_url=LOCAL) as c:
+        about = c.get("/api/lab").json()
+        assert about["choices"]["norm"] == ["layernorm", "rmsnorm"] and about["choices"]["ffn_gated"] == [False, True]
+        for name, preset in (("paper", "transformer"), ("llama", "llama-style")):
+            r = c.post("/api/runs", json={"name": name, "task": "reverse", "preset": preset, "train": short})
+            assert r.status_code == 201, r.json()
+        argv = lab_runs.flags(lab_runs.settings("llama-style", kind="translate")[0])
+        assert argv[argv.index("--positional") + 1] == "rotary" and argv[argv.index("--norm") + 1] == "rmsnorm"
+        assert "--ffn-gated" in argv and argv[argv.index("--n-kv-heads") + 1] == "2" and "--no-qkv-bias" in argv
+        for name in ("paper", "llama"):
+            lab.procs[name].wait(240)
+            assert lab.status(name) == "finished", lab.log_tail(name, 20)
+            records = c.get(f"/api/runs/{name}/metrics").json()["records"]
+            assert any("valid_exact" in r for r in records), records
+    saved = json.loads((tmp_path / "runs" / "llama" / "last" / "config.json").read_text())["model"]
+    assert (saved["positional"], saved["norm"], saved["ffn_gated"], saved["n_kv_heads"]) == ("rotary", "rmsnorm", True, 2)
+    assert saved["activation"] == "silu" and saved["norm_first"] is True and saved["qkv_bias"] is False

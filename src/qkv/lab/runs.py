@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qkv.bounds import whole
-from qkv.config import ARCHS, ATTENTION_SCORES, POSITIONALS, SCHEDULES, ModelConfig, TrainConfig, override
+from qkv.config import (ACTIVATIONS, ARCHS, ATTENTION_SCORES, NORMS, POSITIONALS, SCHEDULES, ModelConfig, TrainConfig,
+                        override)
 from qkv.data import synthetic, toy
 from qkv.errors import ConfigError, QkvError
 from qkv.serve.limits import Limits, bound
@@ -141,6 +142,13 @@ PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainC
                          dropout=0.0, attention_dropout=0.0, positional="sinusoidal", max_positions=256,
                          norm_first=False),
                     dict(lr=2e-3)),
+    # the decoders people run today (Llama, Qwen2, Mistral) are the paper's stack with switches: rotary
+    # positions, pre-norm RMSNorm without bias, a SwiGLU FFN, grouped-query attention, no biases
+    "llama-style": (dict(arch="transformer", d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
+                         dropout=0.0, attention_dropout=0.0, positional="rotary", max_positions=256,
+                         norm_first=True, norm="rmsnorm", norm_bias=False, ffn_gated=True, activation="silu",
+                         n_kv_heads=2, qkv_bias=False, out_bias=False, ffn_bias=False),
+                    dict(lr=2e-3)),
     "lstm+attention": (dict(arch="lstm", attention="additive", **RECURRENT), dict(lr=3e-3)),
     "lstm": (dict(arch="lstm", attention="none", **RECURRENT), dict(lr=3e-3)),
     "gru+attention": (dict(arch="gru", attention="additive", **RECURRENT), dict(lr=3e-3)),
@@ -150,11 +158,12 @@ PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (ModelConfig fields, TrainC
 }
 # the fields the page may set by hand, over the preset's
 MODEL_FIELDS = ("arch", "attention", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
-                "positional", "norm_first", "dropout", "bidirectional")
+                "positional", "norm_first", "norm", "ffn_gated", "activation", "n_kv_heads", "dropout", "bidirectional")
 TRAIN_FIELDS = ("schedule", "lr", "lr_scale", "warmup_steps", "max_steps", "max_time", "seed", "eval_every")
 # the fields chosen from a list: qkv's own lists of legal values (norm_first: post-norm, the paper's, or pre-norm)
 CHOICES: dict[str, tuple] = {"arch": ARCHS, "attention": ATTENTION_SCORES, "positional": POSITIONALS,
-                             "schedule": SCHEDULES, "norm_first": (False, True)}
+                             "schedule": SCHEDULES, "norm_first": (False, True), "norm": NORMS,
+                             "ffn_gated": (False, True), "activation": ACTIVATIONS}
 # The lab's bounds on a model's size, tighter than qkv's own (qkv.bounds): a run must fit beside the lab on
 # a laptop. d_model = 10**9 passes qkv's checks only to die allocating tens of GB in the child.
 SIZE_BOUNDS = {"d_model": whole(2, 1024), "n_heads": whole(1, 16), "d_ff": whole(1, 4096),
