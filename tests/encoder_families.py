@@ -158,8 +158,8 @@ def check_fill(loaded, ref, tok, text="the quick [MASK] fox"):
         p = ref(**enc).logits[0, enc["input_ids"][0].tolist().index(tok.mask_token_id)].softmax(-1)
     special = set(tok.all_special_ids)
     top = [(i, float(p[i])) for i in p.argsort(descending=True).tolist() if i not in special][:3]
-    assert [word for word, _ in fills[0]] == [loaded.tokenizers.src.piece_text(loaded.tokenizers.src.ids.to_qkv[i])
-                                              for i, _ in top]
+    remap = loaded.tokenizers.src.ids.to_qkv  # the model's ids -> qkv's rows
+    assert [word for word, _ in fills[0]] == [loaded.tokenizers.src.piece_text(remap[i]) for i, _ in top]
     for (_, got), (_, want) in zip(fills[0], top):
         assert abs(got - want) < 1e-5
 

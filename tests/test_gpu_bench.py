@@ -47,8 +47,8 @@ def test_model_flops_match_torch_flop_counter(monkeypatch):
     Attention goes through eq. 1 written out, so that its two matrix products are counted too."""
     gt = load_bench()
     monkeypatch.setattr(attention, "scaled_dot_product_attention",
-                        lambda q, k, v, mask=None, p=0.0, causal=False, need=False:
-                        attention.attention_reference(q, k, v, mask, p, causal))
+                        lambda q, k, v, mask=None, p=0.0, causal=False, need=False, scale=None, bias=None:
+                        attention.attention_reference(q, k, v, mask, p, causal, scale, bias))
     shapes = gt.Shapes(d_model=32, n_heads=4, d_ff=64, layers=2, vocab=100, max_tokens=0, max_len=64)
     model = tiny_model()
     lengths = [(7, 9), (12, 5), (1, 1)]

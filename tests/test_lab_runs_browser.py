@@ -239,7 +239,9 @@ def test_numbers_refused_on_the_page(lab_page):
     assert not posts  # nothing sent: no silent fallback to the preset
     assert "at most 20,000,000 parameters" in page.inner_text("#bounds")
     options = page.eval_on_selector_all('#fields [data-field="positional"] option', "(os) => os.map((o) => o.value)")
-    assert options == ["sinusoidal", "learned", "none"]
+    from qkv.config import POSITIONALS
+
+    assert options == list(POSITIONALS) and {"sinusoidal", "learned", "none", "rotary", "relative"} <= set(options)
 
 
 def test_the_set_up_round_trips_through_the_address(lab_page):

@@ -158,7 +158,7 @@ class ModelConfig:
     # of the one stack in qkv.nn: rotary.py, relative.py, norm.py, feed_forward.py, attention.py)
     rope_theta: float = setting(
         10000.0, "positional rotary: the base θ of RoPE's frequencies θ^(-2i/d_k) (Llama's 10000, Qwen2's 1e6)",
-        bound=real(1.0, 1e12))
+        bound=real(1.0, 1e9))
     relative_buckets: int = setting(
         32, "positional relative: T5's distance buckets (half per direction in an encoder)", bound=whole(2, 4096))
     relative_max_distance: int = setting(
