@@ -93,8 +93,10 @@ def train_command(args: argparse.Namespace) -> int:
     from qkv.tasks import DataPaths
     from qkv.training.run import check_paths, run_training
 
-    paths = DataPaths(args.train, args.valid, args.src_train, args.tgt_train, args.src_valid, args.tgt_valid,
-                      args.text_field, args.label_field, args.strip_gutenberg, args.valid_fraction, args.data)
+    paths = DataPaths(train=args.train, valid=args.valid, src_train=args.src_train, tgt_train=args.tgt_train,
+                      src_valid=args.src_valid, tgt_valid=args.tgt_valid, text_field=args.text_field,
+                      label_field=args.label_field, strip_gutenberg=args.strip_gutenberg,
+                      valid_fraction=args.valid_fraction, data=args.data)
     check_paths(paths)
     out = Path(args.out)
     embedded = not (args.src_train or args.train or args.data)

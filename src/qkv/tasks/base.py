@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,8 +17,10 @@ from qkv.losses import label_smoothed_nll_loss, linear_label_smoothed_nll_loss
 
 @dataclass
 class DataPaths:
-    """The data files named on the command line (each task reads the ones it needs)."""
+    """The data files named on the command line (each task reads the ones it needs); built by keyword only
+    (a field added in the middle must not shift the others)."""
 
+    _: KW_ONLY
     train: str | None = None  # one-sided tasks: text (mlm, lm) or labelled text (classify)
     valid: str | None = None
     src_train: str | None = None  # parallel tasks: translate, prefix_lm
