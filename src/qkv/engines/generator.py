@@ -5,8 +5,9 @@
     >>> print("".join(lm.generate("the time traveller", 60, temperature=0)))
 
 The prompt is qkv's (each line but the last ended by EOS, an empty prompt BOS; the last half-table
-of a prompt longer than learned positions allow), and so is the stream: EOS is a line break and
-generation goes on after it (no end token), the special tokens qkv never emits are never drawn
+of a prompt longer than learned positions allow), and so is the stream (:meth:`LanguageModel.text_stream`):
+EOS is a line break and generation goes on after it (no end token; an imported model reads its prompt
+whole, as its tokenizer does, and its text ends at EOS), the special tokens qkv never emits are never drawn
 (the conversion's output bias, :mod:`qkv.export.ct2`), and the text comes out in whole characters
 (a byte-level tokenizer's token that ends inside a character is held back until the character is
 complete). Greedy tokens (``temperature=0``) are qkv's; a sampled draw follows CTranslate2's random
@@ -17,17 +18,14 @@ calls in one process continue one random stream. :meth:`score` (perplexity) runs
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from qkv.config import BOS, EOS
+from qkv.config import BOS
 from qkv.errors import QkvError
 from qkv.frontends.language_model import LanguageModel
-
-REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes an incomplete UTF-8 sequence to
 
 
 class CT2LanguageModel(LanguageModel):
@@ -73,26 +71,11 @@ class CT2LanguageModel(LanguageModel):
 
     def generate(self, prefix: str, max_new_tokens: int = 200, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
-        """:meth:`LanguageModel.generate` with CTranslate2's tokens, in whole characters."""
-        lines = prefix.split("\n")
-        line = self.tokenizer.encode([lines[-1]])[0]
-        shown = self.tokenizer.decode([line])[0]
-        for t in self.token_ids(prefix, max_new_tokens, temperature, top_k, top_p, seed):
-            if t == EOS:
-                line, shown = [], ""
-                yield "\n"
-                continue
-            line.append(t)
-            text = self.tokenizer.decode([line])[0]
-            if text.endswith(REPLACEMENT):  # a character still incomplete: wait for its other bytes
-                continue
-            if text.startswith(shown):
-                new = text[len(shown):]
-            else:  # the decoder rewrote the line's end (rare): show the difference from the common start
-                new = text[len(os.path.commonprefix([text, shown])):]
-            shown = text
-            if new:
-                yield new
+        """:meth:`LanguageModel.generate` with CTranslate2's tokens: the same text stream
+        (:meth:`LanguageModel.text_stream`: whole characters; an imported model's text ends at EOS)."""
+        ids, _ = self.fit_positions(self.prompt_ids(prefix), max_new_tokens)
+        tokens = self.token_ids(prefix, max_new_tokens, temperature, top_k, top_p, seed)
+        yield from self.text_stream(prefix, ids, tokens)
 
     def score(self, lines, max_tokens=None):
         raise QkvError("perplexity (qkv evaluate, score) runs on --engine qkv; --engine ctranslate2 generates")

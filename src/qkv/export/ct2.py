@@ -123,6 +123,11 @@ def family_refusals(src: Source) -> list[tuple[str, str]]:
     if src.task == "translate" and cfg.n_kv_heads not in (0, cfg.n_heads):
         out.append((f"n_kv_heads = {cfg.n_kv_heads}", "grouped-query attention in an encoder-decoder (CTranslate2's "
                     "TransformerSpec has none)"))
+    if is_encoder(src) and cfg.embedding_dim:
+        out.append((f"embedding_dim = {cfg.embedding_dim}", "the embeddings' map to d_model (ALBERT's, ELECTRA's: "
+                    "CTranslate2's TransformerEncoderSpec has none)"))
+    if is_encoder(src) and cfg.layer_groups:
+        out.append((f"layer_groups = {cfg.layer_groups}", "layers that share weights (ALBERT's)"))
     if cfg.norm == "rmsnorm" and cfg.norm_bias:
         out.append(("norm = 'rmsnorm' with norm_bias = true", "a bias on RMSNorm (CTranslate2's RMSNorm has a gain "
                     "only)"))
@@ -240,12 +245,10 @@ def encoder_spec(src: Source, activation):
     enc = transformer_spec.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, pre_norm=cfg.norm_first,
                                                   activation=activation, layernorm_embedding=cfg.embedding_norm)
     spec = transformer_spec.TransformerEncoderModelSpec(enc)
-    _set_encoder(spec.encoder, src)
+    _set_encoder(spec.encoder, src, embed_norm="embed_norm")  # the encoder-only model's own name
     if src.has("src_types.weight"):
         spec.encoder.position_encodings.encodings = (spec.encoder.position_encodings.encodings
                                                      + _np(src.w("src_types.weight"))[0][None, :])
-    if cfg.embedding_norm:
-        _layer_norm(spec.encoder.layernorm_embedding, src, "embed_norm")
     spec.register_vocabulary(src.vocabulary("src"))
     spec.config.unk_token = src.vocabulary("src")[UNK]
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
@@ -303,13 +306,15 @@ def _ffn(spec, src: Source, prefix: str) -> None:
     _layer_norm(spec.layer_norm, src, prefix + ".res_ffn.norm")
 
 
-def _set_encoder(spec, src: Source) -> None:
+def _set_encoder(spec, src: Source, embed_norm: str = "src_embed_norm") -> None:
+    """The encoder stack; ``embed_norm``: the model's name of its embedding LayerNorm (the encoder-decoder's
+    ``src_embed_norm``, BART's; the encoder-only model's ``embed_norm``, BERT's)."""
     spec.embeddings[0].weight = _np(src.w("src_embed.weight"))
     spec.scale_embeddings = src.model.scale_embeddings
     if src.model.positional not in ("rotary", "relative"):  # (those add nothing to the embeddings)
         spec.position_encodings.encodings = _positions(src, "src_pos.weight")
-    if src.model.embedding_norm:  # BART's layernorm_embedding
-        _layer_norm(spec.layernorm_embedding, src, "src_embed_norm")
+    if src.model.embedding_norm:  # CTranslate2's layernorm_embedding
+        _layer_norm(spec.layernorm_embedding, src, embed_norm)
     for i, layer in enumerate(spec.layer):
         p = f"encoder_layers.{i}"
         _self_attention(layer.self_attention, src, p + ".self_attn", p + ".res_attn.norm")

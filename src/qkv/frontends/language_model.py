@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -99,25 +99,34 @@ class LanguageModel(Frontend):
         from qkv.decoding.greedy import banned_ids
         from qkv.decoding.sampling import sample
 
-        whole = self.reads_whole_text
         ids, max_new_tokens = self.fit_positions(self.prompt_ids(prefix), max_new_tokens)
+        with self.evaluating():
+            yield from self.text_stream(prefix, ids, sample(
+                self.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
+                banned=banned_ids(self.tokenizer), stop_at_eos=self.reads_whole_text))
+
+    def text_stream(self, prefix: str, ids: list[int], tokens: Iterable[int]) -> Iterator[str]:
+        """The text of ``tokens``, drawn after ``prefix`` (its prompt ``ids``, as :meth:`generate` fits them),
+        as :meth:`generate` yields it: whole characters, EOS a line break, or the end of the text for an
+        imported model (:attr:`reads_whole_text`). Any engine's tokens (CTranslate2's) stream this way."""
+        whole = self.reads_whole_text
         # the tokens of the text being written (the line, for qkv's own models), and what of it is shown
         line = list(ids) if whole else self.tokenizer.encode([prefix.split("\n")[-1]])[0]
         shown = text = self.tokenizer.decode([line])[0]
-        with self.evaluating():
-            for t in sample(self.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
-                            banned=banned_ids(self.tokenizer), stop_at_eos=whole):
-                if t == EOS:
-                    if text[len(shown):]:
-                        yield text[len(shown):]
-                    line, shown, text = [], "", ""
-                    yield "\n"
-                    continue
-                line.append(t)
-                text = self.tokenizer.decode([line])[0]
-                new, shown = _new_text(shown, text.rstrip("\ufffd"))  # a character's bytes still coming: hold them
-                if new:
-                    yield new
+        for t in tokens:
+            if t == EOS:
+                if whole:  # the text ends (qkv's sampler stops there itself: stop_at_eos)
+                    break
+                if text[len(shown):]:
+                    yield text[len(shown):]
+                line, shown, text = [], "", ""
+                yield "\n"
+                continue
+            line.append(t)
+            text = self.tokenizer.decode([line])[0]
+            new, shown = _new_text(shown, text.rstrip("\ufffd"))  # a character's bytes still coming: hold them
+            if new:
+                yield new
         if text[len(shown):]:  # bytes that never made a character, as the tokenizer decodes them
             yield text[len(shown):]
 
