@@ -265,3 +265,21 @@ def test_minilm_engine_equals_float_and_int8_keeps_the_answers(minilm, capsys):
     assert short and long
     assert (int8[short] - want[short]).abs().max() < 1e-4
     assert (int8[long] - want[long]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("switch", [{"positional": "rotary"}, {"norm": "rmsnorm", "norm_bias": False},
+                                    {"ffn_gated": True}, {"attention_scale": False}, {"n_kv_heads": 1}])
+def test_an_encoder_with_a_family_switch_is_refused_by_name(switch):
+    """The engines' encoder conversion is BERT's spec: an encoder-only model with a switch it has no slot for is
+    refused naming the field, never converted approximately."""
+    import dataclasses
+    import types
+
+    from qkv.config import ModelConfig
+    from qkv.export import ct2
+
+    cfg = dataclasses.replace(ModelConfig(task="mlm", n_heads=2), **switch)
+    src = types.SimpleNamespace(model=cfg, task="mlm", key=("mlm", "transformer"), path="ckpt")
+    field = next(iter(switch))
+    refused = [f for f, _ in ct2.family_refusals(src)]
+    assert any(f.startswith(field) for f in refused), refused

@@ -128,6 +128,13 @@ def family_refusals(src: Source) -> list[tuple[str, str]]:
                     "CTranslate2's TransformerEncoderSpec has none)"))
     if is_encoder(src) and cfg.layer_groups:
         out.append((f"layer_groups = {cfg.layer_groups}", "layers that share weights (ALBERT's)"))
+    if is_encoder(src):  # the engines' encoder spec is BERT's: the paper's positions, norms, FFN and attention
+        paper = {"positional": ("sinusoidal", "learned", "none"), "norm": ("layernorm",), "ffn_gated": (False,),
+                 "attention_scale": (True,), "n_kv_heads": (0, cfg.n_heads)}
+        for field, allowed in paper.items():
+            if getattr(cfg, field) not in allowed:
+                out.append((f"{field} = {getattr(cfg, field)!r}", "this switch in an encoder-only model (the encoder "
+                            "spec is BERT's)"))
     if cfg.norm == "rmsnorm" and cfg.norm_bias:
         out.append(("norm = 'rmsnorm' with norm_bias = true", "a bias on RMSNorm (CTranslate2's RMSNorm has a gain "
                     "only)"))
