@@ -486,10 +486,10 @@ time.sleep(60)
         assert _alive(child)
         proc.kill()
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10  # within seconds, with room for a loaded 2-core CI machine
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), "the child outlived its parent by 5 s"
+        assert not _alive(child), "the child outlived its parent by 10 s"
     finally:
         if proc.poll() is None:
             proc.kill()
