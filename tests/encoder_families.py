@@ -13,6 +13,22 @@ tokenizers = pytest.importorskip("tokenizers", reason="pip install -c constraint
 
 import qkv  # noqa: E402
 
+def sentence_transformers_layout(path, dim: int) -> None:
+    """Beside a transformers model saved in ``path``: modules.json, a mean Pooling of ``dim`` and a Normalize,
+    as sentence-transformers lays a folder out."""
+    import json
+
+    (path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+         "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
+    (path / "2_Normalize").mkdir()
+
+
 TEXTS = ["The café's crème brûlée was naïve.", "東京は日本の首都です 🤖", "a",
          "pneumonoultramicroscopicsilicovolcanoconiosis is a long word, is it not?"]
 TRAIN = TEXTS + ["the quick brown fox jumps over the lazy dog"] * 3

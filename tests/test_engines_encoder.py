@@ -18,6 +18,7 @@ import torch
 pytest.importorskip("ctranslate2", reason="pip install -c constraints.txt -e '.[export]'")
 
 import qkv  # noqa: E402
+from encoder_families import sentence_transformers_layout  # noqa: E402
 from qkv.cli import main  # noqa: E402
 from qkv.engines.encoder import CT2Encoder  # noqa: E402
 from qkv.errors import QkvError  # noqa: E402
@@ -192,14 +193,7 @@ def bert_folder(path: Path, arch: str, sentence: bool = False) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     if sentence:
-        (path / "modules.json").write_text(json.dumps([
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
-        (path / "1_Pooling").mkdir()
-        (path / "1_Pooling" / "config.json").write_text(json.dumps(
-            {"word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
-             "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
+        sentence_transformers_layout(path, 32)
     return path
 
 

@@ -31,6 +31,7 @@ transformers = pytest.importorskip("transformers", reason="pip install -c constr
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import qkv  # noqa: E402
+from encoder_families import sentence_transformers_layout  # noqa: E402
 from qkv.cli import main  # noqa: E402
 from qkv.errors import QkvError  # noqa: E402
 
@@ -71,15 +72,7 @@ def _bert(path: Path, arch: str, **config) -> Path:
 def _sentence_transformers(path: Path) -> Path:
     """A BertModel with modules.json, Pooling (mean) and Normalize, as sentence-transformers lays it out."""
     _bert(path, "BertModel")
-    (path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
-    (path / "1_Pooling").mkdir()
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
-         "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
-    (path / "2_Normalize").mkdir()
+    sentence_transformers_layout(path, 32)
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48, "do_lower_case": False}))
     return path
 
