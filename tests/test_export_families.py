@@ -118,9 +118,6 @@ def test_llama_style_lm_trained_from_scratch_exports(data, tmp_path, capsys):
 def test_switched_translation_model_exports_to_ctranslate2_and_hf_names_every_switch(data, tmp_path, capsys):
     """RMSNorm without bias, GeGLU, no Q/K/V, output or FFN biases, no 1/sqrt(d_k): CTranslate2's greedy
     translations are ``qkv translate --beam-size 1``'s; --format hf names each switch and writes nothing."""
-    import ctranslate2
-    import sentencepiece as spm
-
     ckpt = train(data, "t5-like", *STEPS, *T5_LIKE)
     rc, err = export(capsys, ckpt, "hf", tmp_path / "hf")
     assert rc == 2 and not (tmp_path / "hf").exists()
@@ -131,6 +128,15 @@ def test_switched_translation_model_exports_to_ctranslate2_and_hf_names_every_sw
     assert rc == 0, err
     out = tmp_path / "ct2"
     sentences = ["red cat", "tree sun dog blue", "dog", "cat dog red sun tree"]
+    got = ct2_greedy(out, sentences)
+    assert got == qkv_greedy(capsys, ckpt, sentences)
+
+
+def ct2_greedy(out, sentences: list[str]) -> list[str]:
+    """The exported translator's greedy translations, one sentence at a time, through its own SentencePiece models."""
+    import ctranslate2
+    import sentencepiece as spm
+
     sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
     tp = spm.SentencePieceProcessor(model_file=str(out / "target.spm"))
     translator = ctranslate2.Translator(str(out), intra_threads=1)
@@ -139,15 +145,12 @@ def test_switched_translation_model_exports_to_ctranslate2_and_hf_names_every_sw
         pieces = sp.encode(s, out_type=str)
         r = translator.translate_batch([pieces], beam_size=1, max_decoding_length=budget(len(pieces)))
         got.append(tp.decode(r[0].hypotheses[0]))
-    assert got == qkv_greedy(capsys, ckpt, sentences)
+    return got
 
 
 def test_t5_style_translation_model_with_relative_buckets_exports(data, tmp_path, capsys):
     """T5's choices trained from scratch (pre-norm, relative position buckets, RMSNorm, GeGLU, no biases,
     no 1/sqrt(d_k)): CTranslate2's greedy translations are ``qkv translate --beam-size 1``'s."""
-    import ctranslate2
-    import sentencepiece as spm
-
     ckpt = train(data, "t5-relative", *STEPS, *T5_LIKE, "--norm-first", "--positional", "relative",
                  "--relative-buckets", "8", "--relative-max-distance", "20")
     assert qkv.load(ckpt).model.cfg.positional == "relative"
@@ -155,14 +158,7 @@ def test_t5_style_translation_model_with_relative_buckets_exports(data, tmp_path
     assert rc == 0, err
     out = tmp_path / "ct2"
     sentences = ["red cat", "tree sun dog blue", "dog", "cat dog red sun tree blue red"]
-    sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
-    tp = spm.SentencePieceProcessor(model_file=str(out / "target.spm"))
-    translator = ctranslate2.Translator(str(out), intra_threads=1)
-    got = []
-    for s in sentences:
-        pieces = sp.encode(s, out_type=str)
-        r = translator.translate_batch([pieces], beam_size=1, max_decoding_length=budget(len(pieces)))
-        got.append(tp.decode(r[0].hypotheses[0]))
+    got = ct2_greedy(out, sentences)
     assert got == qkv_greedy(capsys, ckpt, sentences)
     assert len(set(got)) >= 2, got  # outputs that depend on the source
     print(f"t5-style: {got}, probe max |delta log p| "
