@@ -469,12 +469,12 @@ if child == 0:
     if {how == "polling"!r}:
         sys.platform = "elsewhere"  # the portable path
     _die_with_parent(parent)
-    print("armed", flush=True)
+    os.write(1, b"armed\\n")  # one write each: two processes share the pipe, and print() may split a line
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # busy, as a worker encoding a chunk is
         pass
     os._exit(0)
-print(child, flush=True)
+os.write(1, b"%d\\n" % child)
 time.sleep(60)
 """
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
