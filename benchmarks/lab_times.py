@@ -26,6 +26,10 @@ latency while two runs train.
    update to its first validation point (update 25), and its time to ``--target`` exact match.
    Times are only meaningful on an otherwise idle machine: the JSON records the load average.
 
+The lab is opened as ``qkv lab`` opens it: warm (:mod:`qkv.lab.zygote`: runs forked from a process that
+has imported torch and the trainer; the benchmark waits for it to be ready, as it is by the time a
+learner presses Start). ``--cold`` starts each run as a fresh process instead, to compare.
+
 Prints Markdown tables and writes JSON to benchmarks/results/lab-times-DATE.json.
 """
 
@@ -55,8 +59,19 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def time_to_target(root: Path, task: str, preset: str, threads: int, budget: float, target: float) -> dict:
-    lab = Lab(root, LabLimits(run_threads=threads, max_time=budget))
+def open_lab(root: Path, limits: LabLimits, cold: bool) -> Lab:
+    """A lab as ``qkv lab`` opens one: warm (its zygote has imported torch and the trainer, as it has by the
+    time a learner presses Start), or with ``cold`` each run a fresh process."""
+    lab = Lab(root, limits)
+    if not cold:
+        lab.warm()
+        lab.zygote.ready.wait(180)
+    return lab
+
+
+def time_to_target(root: Path, task: str, preset: str, threads: int, budget: float, target: float,
+                   cold: bool = False) -> dict:
+    lab = open_lab(root, LabLimits(run_threads=threads, max_time=budget), cold)
     name = f"{preset.replace('+', '-')}-{task}"
     started = time.monotonic()
     lab.start(name, task, preset)
@@ -79,9 +94,10 @@ def time_to_target(root: Path, task: str, preset: str, threads: int, budget: flo
     return row
 
 
-def concurrent_times(root: Path, task: str, presets: list[str], threads: int, budget: float, target: float) -> dict:
+def concurrent_times(root: Path, task: str, presets: list[str], threads: int, budget: float, target: float,
+                     cold: bool = False) -> dict:
     """``presets`` started at once on ``task``: each run's start-up, first-point delay and time to ``target``."""
-    lab = Lab(root, LabLimits(max_runs=len(presets), run_threads=threads, max_time=budget))
+    lab = open_lab(root, LabLimits(max_runs=len(presets), run_threads=threads, max_time=budget), cold)
     names, started = [], {}
     for k, preset in enumerate(presets):
         name = f"n{len(presets)}-{k}-{preset.replace('+', '-')}-{task}"
@@ -111,7 +127,8 @@ def concurrent_times(root: Path, task: str, presets: list[str], threads: int, bu
         log(f"{task:<8} N={len(presets)} {r['preset']:<15} start-up {r['startup_s']} s, first point +{r['first_point_s']} s, "
             + (f"{r['seconds']} s to {100 * target:g}% (update {r['step']})" if r["seconds"] is not None
                else f"not reached in {budget:g} s (best {100 * r['best_exact']:.1f}%)"))
-    return {"task": task, "n": len(presets), "threads": threads, "budget_s": budget, "runs": list(rows.values())}
+    return {"task": task, "n": len(presets), "threads": threads, "budget_s": budget, "cold": cold,
+            "runs": list(rows.values())}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -173,6 +190,8 @@ def main() -> None:
                                                      "with it, only this is measured")
     ap.add_argument("--companions", default="lstm+attention,lstm,gru+attention",
                     help="the presets that train beside the Transformer in --concurrent")
+    ap.add_argument("--cold", action="store_true", help="each run a fresh process (no zygote: the lab's start "
+                                                        "before warm starts), to compare start-ups")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     if args.concurrent:
@@ -186,7 +205,7 @@ def main() -> None:
         for task in args.tasks.split(","):
             for preset in args.presets.split(","):
                 result["times"].append(time_to_target(work / "times", task, preset, args.threads, args.budget,
-                                                      args.target))
+                                                      args.target, args.cold))
         if args.latency_seconds > 0:
             result["latency"] = api_latency(work / "latency", args.latency_seconds)
     finally:
@@ -222,7 +241,7 @@ def concurrent_main(args) -> None:
                 if len(presets) < n:
                     raise SystemExit(f"--concurrent {n}: give at least {n - 1} --companions")
                 result["concurrent"].append(concurrent_times(work / f"{task}-{n}", task, presets, args.threads,
-                                                             args.budget, args.target))
+                                                             args.budget, args.target, args.cold))
     finally:
         result["machine"]["load_average_at_end"] = os.getloadavg()
         shutil.rmtree(work, ignore_errors=True)

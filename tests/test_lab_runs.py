@@ -185,6 +185,15 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
 @linux
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_no_run_outlives_the_lab(tmp_path, sig):
@@ -198,17 +207,102 @@ def test_no_run_outlives_the_lab(tmp_path, sig):
         url = line.split(" on ")[1].split()[0].rstrip("/")
         status, answer = post(url + "/api/runs", {"name": "t", "task": "copy", "model": TINY, "train": LONG})
         assert status == 201, answer
-        runs = children_of(lab.pid)
-        assert len(runs) == 1
+        deadline = time.monotonic() + 60
+        while len(descendants(lab.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        zygote = children_of(lab.pid)
+        assert len(zygote) == 1, zygote  # the zygote (qkv.lab.zygote), which forked the run
+        runs = children_of(zygote[0])
+        assert len(runs) == 1, runs
         time.sleep(2)
         os.kill(runs[0], 0)  # training
         lab.send_signal(sig)
         lab.wait(90)
         assert ended(runs[0], 90), f"the run outlived the lab ({sig.name})"
+        assert ended(zygote[0], 30), f"the zygote outlived the lab ({sig.name})"
     finally:
         if lab.poll() is None:
             lab.kill()
             lab.wait()
+
+
+# --- warm starts: runs forked from the zygote, which has imported torch and the trainer -------------------
+
+def cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+
+
+def first_record(lab: Lab, name: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while not lab.metrics(name)["records"]:
+        assert lab.status(name) == "training" and time.monotonic() < deadline, lab.log_tail(name, 20)
+        time.sleep(0.2)
+    return lab.metrics(name)["records"][0]
+
+
+@linux
+def test_a_warm_run_is_forked_from_the_zygote_and_ends_as_a_cold_one_does(tmp_path):
+    """With warm(), a run is a fork of the zygote (not a fresh interpreter: its command line is the
+    zygote's, its parent the zygote), trains, stops on request with last/ committed and its reason
+    recorded; one killed outright says so; the zygote's end (kill -9) sends the next run cold, and a new
+    zygote takes the one after."""
+    from qkv.lab.zygote import WarmRun
+
+    lab = Lab(tmp_path / "runs", LabLimits(max_runs=2))
+    lab.warm()
+    try:
+        assert lab.zygote.ready.wait(180), "the zygote did not finish its imports"
+        zygote = lab.zygote.proc.pid
+        lab.start("w", "copy", "transformer", model=TINY, train=LONG)
+        run = lab.procs["w"]
+        assert isinstance(run, WarmRun) and parent_of(run.pid) == zygote
+        assert cmdline(run.pid)[1:3] == ["-m", "qkv.lab.zygote"]  # a fork: no interpreter of its own
+        assert first_record(lab, "w")["step"] == 1
+        assert os.getsid(run.pid) == run.pid  # a session of its own, as a cold run's start_new_session
+        assert lab.stop("w")["status"] in ("stopping", "stopped")
+        assert run.wait(120) == 130  # qkv's status for an interrupted command, as a cold run ends
+        info = lab.describe("w")
+        assert info["status"] == "stopped" and info["checkpoint"], lab.log_tail("w", 20)
+        assert "interrupted at step" in lab.log_tail("w", 20)
+
+        lab.start("k", "copy", "transformer", model=TINY, train=LONG)
+        first_record(lab, "k")
+        os.kill(lab.procs["k"].pid, signal.SIGKILL)
+        assert lab.procs["k"].wait(30) == -signal.SIGKILL
+        time.sleep(1)  # the watcher records how it ended
+        d = lab.describe("k")
+        assert d["status"] == "failed" and d["reason"] == "killed by SIGKILL (signal 9)", d
+
+        os.kill(zygote, signal.SIGKILL)
+        lab.zygote.proc.wait(10)
+        lab.start("c", "copy", "transformer", model=TINY, train=LONG)
+        assert isinstance(lab.procs["c"], subprocess.Popen)  # cold: nothing to fork from
+        assert lab.zygote.alive() and lab.zygote.proc.pid != zygote  # and the next run gets a new zygote
+        assert first_record(lab, "c")["step"] == 1
+    finally:
+        lab.stop_all(60)
+    assert not lab.running()
+
+
+@linux
+def test_warm_runs_end_with_the_lab_and_so_does_the_zygote(tmp_path):
+    """The lifeline holds for forked runs: the lab's end (its write end closed) stops the run and ends
+    the zygote."""
+    lab = Lab(tmp_path / "runs")
+    lab.warm()
+    assert lab.zygote.ready.wait(180)
+    zygote = lab.zygote.proc
+    lab.start("w", "copy", "transformer", model=TINY, train=LONG)
+    first_record(lab, "w")
+    pid = lab.procs["w"].pid
+    lab.zygote = None  # as if the lab's process were gone: only the lifeline tells them
+    lab.close()
+    assert ended(pid, 90), "the forked run outlived the lab's lifeline"
+    assert zygote.wait(30) is not None
 
 
 # --- the bound holds under concurrent starts; no start shares a file ------------------------------------

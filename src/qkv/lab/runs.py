@@ -9,6 +9,7 @@ for) and ``train.log`` (the child's output). The generated tasks' text files lie
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -307,6 +308,19 @@ class Lab:
         self._watcher: threading.Thread | None = None
         self._steps: dict[str, tuple[int, int]] = {}  # run -> (trainer_state.pt's mtime, its step)
         self._counted: dict[str, tuple[int, int]] = {}  # run -> (last/config.json's mtime, its parameters)
+        self.zygote = None  # qkv.lab.zygote.Zygote once warm() is called: runs forked with torch imported
+
+    def warm(self) -> None:
+        """Start the zygote (:mod:`qkv.lab.zygote`) now, so that runs start with torch and the trainer
+        imported already; its imports go on in the background. A dead one is replaced."""
+        from qkv.lab.zygote import Zygote
+
+        if self.zygote is None or not self.zygote.alive():
+            self.zygote = Zygote(self.lifeline())
+            # and this process's own first import of torch._dynamo (seconds), which counting a new run's
+            # parameters on the meta device would otherwise pay at the first Start
+            threading.Thread(target=importlib.import_module, args=("torch._dynamo",), name="lab-preload",
+                             daemon=True).start()
 
     # --- data --------------------------------------------------------------------------------------
 
@@ -369,11 +383,14 @@ class Lab:
         return self._lifeline[0]
 
     def close(self) -> None:
-        """Close the lifeline: every run still holding it stops (SIGTERM)."""
+        """Close the lifeline: every run still holding it stops (SIGTERM), the zygote too."""
         if self._lifeline is not None:
             for fd in self._lifeline:
                 os.close(fd)
             self._lifeline = None
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
 
     def start(self, name: str, task: str, preset: str, model: dict | None = None, train: dict | None = None,
               threads: int | None = None, stop_when_solved: bool = True) -> dict:
@@ -425,10 +442,17 @@ class Lab:
                    "PYTHONUNBUFFERED": "1"}
             src = str(Path(__file__).resolve().parents[2])  # this qkv, wherever the child's path would find another
             env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-            with open(out / "train.log", "wb") as log:
-                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                                    pass_fds=(fd,))
+            proc = None
+            if self.zygote is not None:  # warm: forked from the zygote, torch imported already
+                proc = self.zygote.spawn(argv[4:], env, out / "train.log")
+                if proc is None:  # it could not: this run starts cold, and the next gets a new zygote
+                    self.zygote.close()
+                    self.warm()
+            if proc is None:
+                with open(out / "train.log", "wb") as log:
+                    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(fd,))
+            self.procs[name] = proc
             if stop_when_solved and spec.solved_by:
                 self.to_solve[name] = spec.solved_by
             self._watch()

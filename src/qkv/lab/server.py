@@ -23,6 +23,7 @@ def lab(root: str = "lab-runs", port: int = 8001, limits: LabLimits | None = Non
 
     torch.set_num_threads(1)  # the page's requests; the runs have threads of their own
     laboratory = Lab(root, limits, files)
+    laboratory.warm()  # runs start forked from a process with torch imported (qkv.lab.zygote)
     sock = bind(HOST, port)
     app = create_app(laboratory)
     where = f"http://{HOST}:{sock.getsockname()[1]}/"
