@@ -21,7 +21,8 @@ latency while two runs train.
 3. Concurrent runs (``--concurrent 1,4``): for each task and each count N, N runs start at once as the
    lab's page starts them (one thread each by default, the lab's bound; stopped once solved, as the page
    does): the Transformer preset, and with it the first N - 1 of ``--companions`` (the tour's
-   comparison: LSTM with attention, LSTM, GRU with attention). For each run: its start-up (from Start
+   comparison: LSTM with attention, LSTM, a Transformer without positions); the round ends when the Transformer is
+   solved or reaches its time limit (the others, stopped then, say how far they got). For each run: its start-up (from Start
    to its first update's record: process start, imports, data and tokenizer), the delay from its first
    update to its first validation point (update 25), and its time to ``--target`` exact match.
    Times are only meaningful on an otherwise idle machine: the JSON records the load average.
@@ -99,15 +100,19 @@ def concurrent_times(root: Path, task: str, presets: list[str], threads: int, bu
     """``presets`` started at once on ``task``: each run's start-up, first-point delay and time to ``target``."""
     lab = open_lab(root, LabLimits(max_runs=len(presets), run_threads=threads, max_time=budget), cold)
     names, started = [], {}
-    for k, preset in enumerate(presets):
-        name = f"n{len(presets)}-{k}-{preset.replace('+', '-')}-{task}"
+    for k, spec in enumerate(presets):
+        preset, _, fields = spec.partition(":")  # "transformer:positional=none": a preset with a field by hand
+        model = dict(kv.split("=", 1) for kv in fields.split(";") if kv)
+        name = f"n{len(presets)}-{k}-{re.sub('[^A-Za-z0-9]+', '-', spec)}-{task}"[:40]
         started[name] = time.time()
-        lab.start(name, task, preset)
+        lab.start(name, task, preset, model=model or None)
         names.append(name)
     rows = {n: {"preset": p, "startup_s": None, "first_point_s": None, "seconds": None, "step": None, "best_exact": 0.0}
             for n, p in zip(names, presets)}
     t0 = time.monotonic()
-    while any(lab.status(n) in ("training", "stopping") for n in names) and time.monotonic() - t0 < budget + 90:
+    # until the Transformer (the first run) has its answer: solved, or its time limit; the others are
+    # there to share the machine while it trains, and are stopped with it
+    while lab.status(names[0]) in ("training", "stopping") and time.monotonic() - t0 < budget + 90:
         time.sleep(0.5)
         for n in names:
             records, row = lab.metrics(n)["records"], rows[n]
@@ -188,8 +193,9 @@ def main() -> None:
     ap.add_argument("--latency-seconds", type=float, default=60, help="0: no latency measurement")
     ap.add_argument("--concurrent", default="", help="counts of runs at once, e.g. 1,4 (see 3. above); "
                                                      "with it, only this is measured")
-    ap.add_argument("--companions", default="lstm+attention,lstm,gru+attention",
-                    help="the presets that train beside the Transformer in --concurrent")
+    ap.add_argument("--companions", default="lstm+attention,lstm,transformer:positional=none",
+                    help="what trains beside the Transformer in --concurrent: presets, each with fields by hand "
+                         "after a colon (default: the tour's comparison)")
     ap.add_argument("--cold", action="store_true", help="each run a fresh process (no zygote: the lab's start "
                                                         "before warm starts), to compare start-ups")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))

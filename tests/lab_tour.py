@@ -248,6 +248,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="qkv-tour-")) / "runs"
     lab = Lab(root, LabLimits(max_runs=4, max_time=args.train_seconds))
+    lab.warm()  # as qkv lab starts its runs
     try:
         with BackgroundServer(create_app(lab)) as server, sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium or CHROMIUM, headless=True, args=["--no-sandbox"])
