@@ -462,6 +462,7 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
                             f"{vocab[EOS]!r} to the source itself (add_source_eos) and starts the target from "
                             f"{vocab[BOS]!r} (the model's decoder start)")
         info["detokenize"] = ("tok.decode([tok.token_to_id(p) for p in hypothesis_pieces], skip_special_tokens=True)")
+        info["around_text"] = {"before": before, "after": after}  # the pieces a source has around its text's
     elif src.task == "translate":
         info["tokenize"] = ("pieces = sentencepiece.SentencePieceProcessor(model_file='source.spm').encode(text, "
                             "out_type=str); the model appends </s> to the source itself (add_source_eos) and starts "
@@ -546,6 +547,7 @@ def describe_encoder(src: Source, spm: dict[str, str], quantization: str | None,
                     f"first ones{' and ' + repr(after) + ' last' if after else ''}); "
                     "forward_batch([pieces, ...]).last_hidden_state (batch, longest, d_model): a row's states past "
                     "its own length are padding",
+        **({"around_text": {"before": [vocab[CLS]] + before, "after": after}} if hf_tokenizer(src, "src") else {}),
         "embedding": embedding,
         "not_written": "the heads (pooler, classifier, masked-LM head): the export holds the encoder stack",
         "verified": check,
