@@ -293,7 +293,7 @@ limit = min(int({dec.max_len_a!r} * batch["input_ids"].shape[1] + {dec.max_len_b
 out = model.generate(**batch, max_new_tokens=limit)
 print(tokenizer.batch_decode(out, skip_special_tokens=True))
 ```"""
-    from qkv.export.ct2 import HF_TOKENIZER, affixes, hf_tokenizer, is_encoder, pieces
+    from qkv.export.ct2 import HF_TOKENIZER, affixes, hf_tokenizer, is_encoder, joined, pieces
 
     if is_encoder(src):
         return encoder_usage(src, here)
@@ -329,7 +329,7 @@ print([target.decode(r.hypotheses[0]) for r in results])
     # learned positions end: the prompt and what is generated fit the table
     budget = (f"min(100, {src.model.max_positions} - len(prompt))" if src.model.positional == "learned" else "100")
     if hf_tokenizer(src):
-        pieces = src.vocabulary("tgt")
+        vocab = pieces(src.tokenizer("tgt"))
         return f"""```python
 import os
 import ctranslate2, tokenizers
@@ -337,9 +337,9 @@ import ctranslate2, tokenizers
 {here}
 generator = ctranslate2.Generator(model_dir)
 tok = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "{HF_TOKENIZER}"))
-prompt = tok.encode("the text to continue", add_special_tokens=False).tokens   # or [{pieces[BOS]!r}] for no prompt
+prompt = tok.encode("the text to continue", add_special_tokens=False).tokens   # or [{vocab[BOS]!r}] for no prompt
 result = generator.generate_batch([prompt], max_length={budget}, sampling_topk=1, include_prompt_in_result=False,
-                                  end_token=[])   # {pieces[EOS]!r} is a line break, not the end
+                                  end_token=[])   # {vocab[EOS]!r} is a line break, not the end
 print(tok.decode([tok.token_to_id(p) for p in result[0].sequences[0]]))
 ```"""
     prompt = ("sp.encode('your sentence', out_type=str) + ['</s>', '<sep>', '<s>']" if src.task == "prefix_lm"
@@ -360,16 +360,11 @@ print(sp.decode(result[0].sequences[0]))
 ```"""
 
 
-def joined(before: list[str], expr: str, after: list[str]) -> str:
-    """``before + expr + after`` as code, leaving out an empty list."""
-    return " + ".join([*([repr(before)] if before else []), expr, *([repr(after)] if after else [])])
-
-
 def encoder_usage(src: Source, here: str) -> str:
     """An encoder's code: texts to the pieces qkv's encoder reads, ``ctranslate2.Encoder``'s last hidden states,
     and the sentence vectors ``qkv embed`` makes of them (its pooling, its normalisation)."""
     from qkv.config import CLS
-    from qkv.export.ct2 import ENCODER_SPM, HF_TOKENIZER, affixes, encoder_embedding, hf_tokenizer, pieces
+    from qkv.export.ct2 import ENCODER_SPM, HF_TOKENIZER, affixes, encoder_embedding, hf_tokenizer, joined, pieces
 
     emb = encoder_embedding(src)
     cls = pieces(src.tokenizer("src"))[CLS]

@@ -423,6 +423,11 @@ def hf_tokenizer(src: Source, side: str = "tgt") -> bool:
     return isinstance(src.tokenizer(side), HFTokenizer)
 
 
+def joined(before: list[str], expr: str, after: list[str]) -> str:
+    """``before + expr + after`` as code (the card's and qkv_export.json's), leaving out an empty list."""
+    return " + ".join([*([repr(before)] if before else []), expr, *([repr(after)] if after else [])])
+
+
 def affixes(src: Source, side: str = "src") -> tuple[list[str], list[str]]:
     """The pieces a Hugging Face tokenizer's model puts before and after a text's own tokens, as qkv reads a
     text (an imported BART's ``<s>`` before; an imported BERT's ``[SEP]`` after), in the export's vocabulary."""
@@ -454,8 +459,6 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
     }
     if src.task == "translate" and hf_tokenizer(src):
         before, after = affixes(src)
-        from qkv.export.card import joined
-
         info["tokenize"] = ("tok = tokenizers.Tokenizer.from_file('tokenizer.json'); pieces = "
                             + joined(before, "tok.encode(text, add_special_tokens=False).tokens", after)
                             + f"; the model appends "
@@ -490,7 +493,7 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
                             "line with </s>); an empty prompt is ['<s>']")
         info["detokenize"] = "sentencepiece.SentencePieceProcessor(model_file='spm.model').decode(pieces); '</s>' ends a line"
         if src.task == "prefix_lm":
-            info["prompt"] = ["<source pieces>", vocab[EOS], pieces[SEP], vocab[BOS]]
+            info["prompt"] = ["<source pieces>", vocab[EOS], vocab[SEP], vocab[BOS]]
             info["tokenize"] = ("prompt = sp.encode(source, out_type=str) + ['</s>', '<sep>', '<s>'] (what qkv's decoder "
                                 "reads before the first target token); generate with end_token='</s>'")
     return info
