@@ -8,7 +8,7 @@
   are refused in one line naming the fields, nothing written;
 * imported BART and T5 (v1 ReLU, tied; v1.1 gated-GELU, untied): ``ctranslate2.Translator.translate_batch``
   greedy through the exported tokenizer.json gives the tokens of qkv's greedy search and of transformers'
-  ``generate(do_sample=False)``; the card's code runs as written.
+  ``generate(do_sample=False)``; the card's code runs as written; ``--engine ctranslate2`` translates BART as qkv.
 """
 
 from __future__ import annotations
@@ -84,10 +84,11 @@ def encoder_folder(name: str, path: Path):
     import test_import_encoders as enc
 
     return {"Roberta": lambda: roberta(path, "Roberta"), "XLMRoberta": lambda: roberta(path, "XLMRoberta"),
-            "DistilBert": lambda: enc.distilbert(path), "Electra": lambda: wide_electra(path)}[name]()
+            "DistilBert": lambda: enc.distilbert(path), "Electra": lambda: wide_electra(path),
+            "Bert": lambda: enc.bert(path)}[name]()
 
 
-@pytest.mark.parametrize("family", ["Roberta", "XLMRoberta", "DistilBert", "Electra"])
+@pytest.mark.parametrize("family", ["Bert", "Roberta", "XLMRoberta", "DistilBert", "Electra"])
 def test_an_imported_encoder_exports_and_equals_transformers(tmp_path, capsys, family):
     import ctranslate2
     import tokenizers
@@ -204,6 +205,9 @@ def test_imported_bart_exports_and_greedy_equals_qkv_and_generate(tmp_path, caps
         tr.translate(texts, beam_size=1)
     printed = run_card(out)  # its beam search, its own settings: it runs as written
     assert printed.startswith("[") and len(printed.strip()) > 4
+    # the engine runs the same conversion (its vocabulary strings are the export's)
+    assert qkv.load(ckpt, engine="ctranslate2", threads=1).translate(texts, beam_size=1) == \
+        tr.translate(texts, beam_size=1)
 
 
 @pytest.mark.parametrize("version", ["v1", "v1.1"])

@@ -2,15 +2,16 @@
 the target's own interface and checked by equal outputs when it is made.
 
     ctranslate2  CTranslate2's Converter / ModelSpec (qkv.export.ct2): translate -> ctranslate2.Translator;
-                 lm, prefix_lm -> ctranslate2.Generator; optional int8 / int8_float32 / float16 weights
+                 lm, prefix_lm -> ctranslate2.Generator; classify, mlm -> ctranslate2.Encoder (the encoder
+                 stack); optional int8 / int8_float32 / float16 weights
     hf           Hugging Face transformers (qkv.export.hf): MarianMTModel + MarianTokenizer +
                  generation_config.json, loadable with from_pretrained and no qkv installed
 
     >>> from qkv.export import export
     >>> export("runs/ende/best", "ctranslate2", "exported/ende-ct2", quantization="int8")
 
-Both write the SentencePiece models, a model card (README.md) and ``qkv_export.json`` (how to
-tokenize and decode, what differs from ``qkv translate``, what was checked). The packages are
+Both write the tokenizer (SentencePiece models; an imported model's tokenizer.json), a model card
+(README.md) and ``qkv_export.json`` (how to tokenize and decode, what differs from ``qkv translate``, what was checked). The packages are
 optional: ``pip install -c constraints.txt -e ".[export]"``.
 """
 

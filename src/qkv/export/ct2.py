@@ -6,9 +6,9 @@ converters are (a ``ctranslate2.converters.Converter`` whose ``_load`` fills a `
     prefix_lm, transformer   TransformerDecoderModelSpec.from_config  ->  ctranslate2.Generator
                              (prompt: source pieces, "</s>", "<sep>", "<s>"; stop at "</s>")
     classify, transformer    TransformerEncoderModelSpec(TransformerEncoderSpec)  ->  ctranslate2.Encoder
-    mlm, transformer         (the encoder only, as CTranslate2's BERT converter builds it; for qkv's
-                             CTranslate2 engine, :mod:`qkv.engines`: the heads run in torch on its
-                             last hidden states, and ``qkv export`` does not write encoders)
+    mlm, transformer         (the encoder stack only, as CTranslate2's BERT converter builds it: the heads
+                             are not written; qkv's CTranslate2 engine, :mod:`qkv.engines`, runs them in
+                             torch on its last hidden states)
 
 What carries over, and how:
 
@@ -20,8 +20,7 @@ What carries over, and how:
   table is written (:data:`POSITIONS` rows, positions 0 .. POSITIONS-1); learned positions are
   their own table (``max_positions`` rows, from row ``position_offset``: BART's 2). Positions start at 0
   on both sides, as in qkv; a LayerNorm on each stack's embeddings (``embedding_norm``, BART's) is
-  CTranslate2's ``layernorm_embedding``; a translation model with a Hugging Face tokenizer (an imported
-  BART) is refused by name (its tokenizer is written as SentencePiece files only);
+  CTranslate2's ``layernorm_embedding``;
 * post-norm (the paper) or pre-norm with the final LayerNorm of each stack; LayerNorm ε = 1e-5
   (torch's default, which qkv uses; CTranslate2's own default is 1e-6);
 * attention: qkv's fused ``in_proj = [W^Q; W^K; W^V]`` is CTranslate2's fused self-attention
@@ -47,8 +46,10 @@ What carries over, and how:
 * the vocabularies: the SentencePiece pieces in the order of their ids, so CTranslate2's token
   ids are qkv's; the SentencePiece models themselves are copied into the model directory. An
   imported model's Hugging Face tokenizer (GPT-2's byte-level BPE) is copied as its
-  ``tokenizer.json``: its tokens are the vocabulary's strings (qkv's special rows have names of
-  their own), so CTranslate2 reads what ``tokenizers`` writes.
+  ``tokenizer.json`` (an imported translation model's, BART's or T5's, serves source and target): its
+  tokens are the vocabulary's strings (a row qkv adds for a special role has a name of its own,
+  :func:`pieces`), so CTranslate2 reads what ``tokenizers`` writes; the pieces a text has around its
+  own (BART's ``<s>`` before, BERT's ``[SEP]`` after) are in qkv_export.json (``around_text``) and the card.
 """
 
 from __future__ import annotations
