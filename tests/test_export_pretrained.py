@@ -1,6 +1,6 @@
 """``qkv export --format ctranslate2`` of imported pretrained models, checked against transformers' own classes:
 
-* encoder-only models (RoBERTa, XLM-R, DistilBERT, ELECTRA with embeddings as wide as its layers, and qkv's own
+* encoder-only models (BERT, RoBERTa, XLM-R, CamemBERT, DistilBERT, ELECTRA with embeddings as wide as its layers, and qkv's own
   SentencePiece encoders): tiny random folders built with transformers' classes (tests/encoder_families.py),
   ``qkv import``, export; ``ctranslate2.Encoder`` fed the pieces of the exported tokenizer.json gives the last
   hidden states of transformers' model within 1e-4, and the card's code, run as written on the exported folder,
@@ -84,11 +84,12 @@ def encoder_folder(name: str, path: Path):
     import test_import_encoders as enc
 
     return {"Roberta": lambda: roberta(path, "Roberta"), "XLMRoberta": lambda: roberta(path, "XLMRoberta"),
+            "Camembert": lambda: roberta(path, "Camembert"),
             "DistilBert": lambda: enc.distilbert(path), "Electra": lambda: wide_electra(path),
             "Bert": lambda: enc.bert(path)}[name]()
 
 
-@pytest.mark.parametrize("family", ["Bert", "Roberta", "XLMRoberta", "DistilBert", "Electra"])
+@pytest.mark.parametrize("family", ["Bert", "Roberta", "XLMRoberta", "Camembert", "DistilBert", "Electra"])
 def test_an_imported_encoder_exports_and_equals_transformers(tmp_path, capsys, family):
     import ctranslate2
     import tokenizers
@@ -134,8 +135,12 @@ def test_an_own_encoder_exports_and_its_card_embeds_as_qkv(tmp_path, capsys, fix
     import qkv
 
     out = tmp_path / "ct2"
-    rc, err = export(capsys, FIXTURES / fixture, out)
-    assert rc == 0, err
+    from qkv.cli import main
+
+    capsys.readouterr()
+    assert main(["export", str(FIXTURES / fixture), "--format", "ctranslate2", "--out", str(out)]) == 0
+    said = capsys.readouterr().err  # the summary line (log)
+    assert "for ctranslate2.Encoder" in said and "max |delta state|" in said, said
     assert (out / "source.spm").is_file() and "sentencepiece" in (out / "README.md").read_text()
     shown = run_card(out, "\nprint(__import__('json').dumps(vectors.tolist()))")
     vectors = torch.tensor(json.loads(shown.strip().splitlines()[-1]))

@@ -134,6 +134,9 @@ def summary(info: dict, out: str | Path) -> str:
     check = info.get("verified", {})
     if "max_abs_logit_difference" in check:
         how = f"max |delta logit| {check['max_abs_logit_difference']:.2g}"
+    elif "max_abs_state_difference" in check:  # an encoder: its last hidden states
+        how = f"max |delta state| {check['max_abs_state_difference']:.2g}"
+        how += "" if check.get("checked", True) else f" ({info.get('quantization')} weights: reported, not checked)"
     else:
         how = f"max |delta log p| {check.get('max_abs_log_prob_difference', float('nan')):.2g}"
         how += "" if check.get("checked", True) else f" ({info.get('quantization')} weights: reported, not checked)"
