@@ -485,7 +485,8 @@ def card_code_blocks(readme: str) -> list[tuple[str, str]]:
 
 @pytest.mark.skipif(not (HAS_CT2 and HAS_HF), reason=f"ctranslate2 and transformers are needed: {INSTALL}")
 @pytest.mark.parametrize("fixture,fmt", [("translate-transformer", "hf"), ("translate-transformer", "ctranslate2"),
-                                         ("lm-transformer", "ctranslate2"), ("prefix_lm-transformer", "ctranslate2")])
+                                         ("lm-transformer", "ctranslate2"), ("prefix_lm-transformer", "ctranslate2"),
+                                         ("classify-transformer", "ctranslate2"), ("mlm-transformer", "ctranslate2")])
 def test_every_code_block_of_a_model_card_runs_as_written(tmp_path, capsys, fixture, fmt):
     """Each card's Python runs unchanged from the folder that holds the export (it names the export's
     folder, not a path of the exporting machine); its JSON parses; its bash is the install line."""
@@ -652,11 +653,11 @@ def test_hf_refuses_learned_positions_by_name():
         hf.check(src)
 
 
-@pytest.mark.parametrize("fixture", ["translate-lstm-general", "classify-transformer"])
+@pytest.mark.parametrize("fixture", ["translate-lstm-general", "classify-bilstm"])
 def test_unsupported_task_or_arch_is_refused_by_name(tmp_path, capsys, fixture):
     rc, err = export(capsys, FIXTURES / fixture, "ctranslate2", tmp_path / "o")
-    task, arch = ("translate", "lstm") if fixture.startswith("translate") else ("classify", "transformer")
-    assert_export_error(rc, err, f"'{task}' model with arch '{arch}'", "translate (transformer)")
+    task, arch = ("translate", "lstm") if fixture.startswith("translate") else ("classify", "lstm")
+    assert_export_error(rc, err, f"'{task}' model with arch '{arch}'", "translate (transformer)", "classify (transformer)")
     assert not (tmp_path / "o").exists()
 
 

@@ -566,8 +566,17 @@ def add_viz_parser(sub, handlers: dict) -> None:
 EXPORT_EPILOG = """\
 formats:
   ctranslate2  a CTranslate2 model directory (ctranslate2.Translator for translate, ctranslate2.Generator
-               for lm and prefix_lm): model.bin, config.json, the vocabularies in SentencePiece id order,
-               the SentencePiece models; --quantization int8 | int8_float32 | float16 (default: float32)
+               for lm and prefix_lm, ctranslate2.Encoder for classify and mlm: the encoder stack, whose
+               last hidden states the card pools as qkv embed does; the heads are not written):
+               model.bin, config.json, the vocabularies in qkv's id order, the tokenizer (SentencePiece
+               models, or an imported model's tokenizer.json); --quantization int8 | int8_float32 |
+               float16 (default: float32). Imports that convert: BERT, RoBERTa, XLM-R, DistilBERT,
+               ELECTRA with embeddings as wide as its layers, GPT-2, Llama, Qwen2, Mistral, Marian,
+               BART, T5. Refused, naming the field: ALBERT and ELECTRA-small (embedding_dim: narrow
+               embeddings and their projection; ALBERT's layer_groups), rotary positions or grouped-query
+               attention in a translation model, relative buckets in a decoder-only model, RMSNorm with a
+               bias, and in an encoder-only model every switch BERT's layers lack (rotary or relative
+               positions, RMSNorm, a gated FFN, attention_scale false, grouped-query attention)
   hf           a Hugging Face MarianMTModel directory (translate, post-norm, sinusoidal positions):
                config.json, model.safetensors, generation_config.json, MarianTokenizer files
                (source.spm, target.spm, vocab.json)
@@ -581,6 +590,7 @@ examples:
   qkv export runs/ende/best --format ctranslate2 --out exported/ende-ct2 --quantization int8
   qkv export runs/ende/best --format hf --out exported/ende-hf --src test.en --ref test.de --license cc-by-4.0
   qkv export runs/tm/best --format ctranslate2 --out exported/tm-ct2     # a language model
+  qkv export runs/minilm --format ctranslate2 --out exported/minilm-ct2  # an imported encoder
 """
 
 
@@ -625,8 +635,8 @@ def add_preprocess_parser(sub, handlers: dict) -> None:
 def add_export_parser(sub, handlers: dict) -> None:
     e = sub.add_parser("export", help="a trained model for CTranslate2 or Hugging Face transformers",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Convert a checkpoint for another runtime: CTranslate2 (translation models\n"
-                                   "and Transformer language models) or Hugging Face transformers' MarianMTModel\n"
+                       description="Convert a checkpoint for another runtime: CTranslate2 (Transformer translation\n"
+                                   "models, language models and encoders) or Hugging Face transformers' MarianMTModel\n"
                                    "(translation models). The directory --out is written whole or not at all.",
                        epilog=EXPORT_EPILOG)
     e.add_argument("model", help="checkpoint directory, e.g. runs/ende/best")

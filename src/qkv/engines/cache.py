@@ -2,7 +2,7 @@
 
 Every model the engines run (translation Transformers, language models and encoders) is converted by
 :func:`qkv.export.ct2.write`, the export's converter, checked on its probe sequences (an encoder's last
-hidden states against the checkpoint's to 1e-3), into ``CHECKPOINT/ct2-KEY/``, else
+hidden states against the checkpoint's to 1e-4), into ``CHECKPOINT/ct2-KEY/``, else
 ``$QKV_CACHE_DIR/ct2/ct2-KEY/`` where the checkpoint's directory cannot be written or a file or link
 stands where the conversion would go. A conversion is written into a temporary directory and renamed
 into place whole, its marker (:data:`MARKER`: the key and every file's checksum) written last.

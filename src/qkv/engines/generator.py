@@ -37,7 +37,9 @@ class CT2LanguageModel(LanguageModel):
     def __init__(self, model, tokenizers, train_cfg, generator, directory: Path):
         super().__init__(model, tokenizers, train_cfg)
         self.ct2, self.directory = generator, directory
-        self.pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
+        from qkv.export.ct2 import pieces  # the conversion's vocabulary (its strings are CTranslate2's tokens)
+
+        self.pieces = pieces(self.tokenizer)
 
     @property
     def device(self) -> torch.device:

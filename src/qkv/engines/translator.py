@@ -65,10 +65,11 @@ class CT2Translator(Translator):
                  translator, directory: Path):
         super().__init__(model, tokenizers, decode_cfg, train_cfg)
         self.ct2, self.directory = translator, directory
+        from qkv.export.ct2 import pieces  # the conversion's vocabulary (its strings are CTranslate2's tokens)
+
         tgt = tokenizers.tgt
-        self.tgt_ids = {tgt.id_to_piece(i): i for i in range(tgt.vocab_size)}
-        self.piece_table = {side: [t.id_to_piece(i) for i in range(t.vocab_size)]
-                            for side, t in (("src", tokenizers.src), ("tgt", tgt))}
+        self.piece_table = {side: pieces(t) for side, t in (("src", tokenizers.src), ("tgt", tgt))}
+        self.tgt_ids = {p: i for i, p in enumerate(self.piece_table["tgt"])}
 
     # --- what CTranslate2 cannot do as qkv does: refused by name ------------------------------------------
 

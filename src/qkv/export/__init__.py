@@ -2,15 +2,16 @@
 the target's own interface and checked by equal outputs when it is made.
 
     ctranslate2  CTranslate2's Converter / ModelSpec (qkv.export.ct2): translate -> ctranslate2.Translator;
-                 lm, prefix_lm -> ctranslate2.Generator; optional int8 / int8_float32 / float16 weights
+                 lm, prefix_lm -> ctranslate2.Generator; classify, mlm -> ctranslate2.Encoder (the encoder
+                 stack); optional int8 / int8_float32 / float16 weights
     hf           Hugging Face transformers (qkv.export.hf): MarianMTModel + MarianTokenizer +
                  generation_config.json, loadable with from_pretrained and no qkv installed
 
     >>> from qkv.export import export
     >>> export("runs/ende/best", "ctranslate2", "exported/ende-ct2", quantization="int8")
 
-Both write the SentencePiece models, a model card (README.md) and ``qkv_export.json`` (how to
-tokenize and decode, what differs from ``qkv translate``, what was checked). The packages are
+Both write the tokenizer (SentencePiece models; an imported model's tokenizer.json), a model card
+(README.md) and ``qkv_export.json`` (how to tokenize and decode, what differs from ``qkv translate``, what was checked). The packages are
 optional: ``pip install -c constraints.txt -e ".[export]"``.
 """
 
@@ -133,6 +134,9 @@ def summary(info: dict, out: str | Path) -> str:
     check = info.get("verified", {})
     if "max_abs_logit_difference" in check:
         how = f"max |delta logit| {check['max_abs_logit_difference']:.2g}"
+    elif "max_abs_state_difference" in check:  # an encoder: its last hidden states
+        how = f"max |delta state| {check['max_abs_state_difference']:.2g}"
+        how += "" if check.get("checked", True) else f" ({info.get('quantization')} weights: reported, not checked)"
     else:
         how = f"max |delta log p| {check.get('max_abs_log_prob_difference', float('nan')):.2g}"
         how += "" if check.get("checked", True) else f" ({info.get('quantization')} weights: reported, not checked)"

@@ -220,10 +220,11 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
         meta["language"] = langs
     meta["license"] = info.license
     meta["library_name"] = "transformers" if fmt == "hf" else "ctranslate2"
-    meta["pipeline_tag"] = "translation" if translate else "text-generation"
+    encoder = src.task in ("classify", "mlm")
+    meta["pipeline_tag"] = "translation" if translate else "feature-extraction" if encoder else "text-generation"
     meta["tags"] = ["qkv", "transformer", "attention-is-all-you-need",
                     *(["translation", "marian"] if translate and fmt == "hf" else ["translation"] if translate else
-                      ["language-model"]),
+                      ["encoder"] if encoder else ["language-model"]),
                     *(["ctranslate2"] if fmt == "ctranslate2" else [])]
     data = dataset_name(info)
     if data:
@@ -233,8 +234,9 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
         meta["metrics"] = ["bleu", "chrf"] if test is not None or not exact else []
         meta["metrics"] += ["exact_match"] if exact else []
     results = []
-    task = {"type": "translation" if translate else "text-generation",
-            "name": f"Translation {s_lang or '?'}-{t_lang or '?'}" if translate else "Language modelling"}
+    task = {"type": "translation" if translate else "feature-extraction" if encoder else "text-generation",
+            "name": f"Translation {s_lang or '?'}-{t_lang or '?'}" if translate else
+            "Encoding" if encoder else "Language modelling"}
     if test is not None:
         results.append({"task": task, "dataset": {"name": test.name, "type": test.name},
                         "metrics": [{"type": "bleu", "value": test.bleu, "name": "BLEU", "args": test.bleu_signature},
@@ -291,6 +293,25 @@ limit = min(int({dec.max_len_a!r} * batch["input_ids"].shape[1] + {dec.max_len_b
 out = model.generate(**batch, max_new_tokens=limit)
 print(tokenizer.batch_decode(out, skip_special_tokens=True))
 ```"""
+    from qkv.export.ct2 import HF_TOKENIZER, affixes, hf_tokenizer, is_encoder, joined, pieces
+
+    if is_encoder(src):
+        return encoder_usage(src, here)
+    if src.task == "translate" and hf_tokenizer(src):
+        before, after = affixes(src)
+        return f"""```python
+import os
+import ctranslate2, tokenizers
+
+{here}
+translator = ctranslate2.Translator(model_dir)
+tok = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "{HF_TOKENIZER}"))   # source and target
+sources = [{joined(before, "tok.encode(text, add_special_tokens=False).tokens", after)}
+           for text in ["your sentence"]]   # no {pieces(src.tokenizer("src"))[EOS]!r}: the model appends it
+results = translator.translate_batch(sources, beam_size={src.decode.beam_size}, length_penalty={src.decode.length_penalty:g},
+                                     min_decoding_length={src.decode.min_len})
+print([tok.decode([tok.token_to_id(p) for p in r.hypotheses[0]], skip_special_tokens=True) for r in results])
+```"""
     if src.task == "translate":
         return f"""```python
 import os
@@ -305,12 +326,10 @@ results = translator.translate_batch(pieces, beam_size={src.decode.beam_size}, l
                                      min_decoding_length={src.decode.min_len})
 print([target.decode(r.hypotheses[0]) for r in results])
 ```"""
-    from qkv.export.ct2 import HF_TOKENIZER, hf_tokenizer
-
     # learned positions end: the prompt and what is generated fit the table
     budget = (f"min(100, {src.model.max_positions} - len(prompt))" if src.model.positional == "learned" else "100")
     if hf_tokenizer(src):
-        pieces = src.vocabulary("tgt")
+        vocab = pieces(src.tokenizer("tgt"))
         return f"""```python
 import os
 import ctranslate2, tokenizers
@@ -318,9 +337,9 @@ import ctranslate2, tokenizers
 {here}
 generator = ctranslate2.Generator(model_dir)
 tok = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "{HF_TOKENIZER}"))
-prompt = tok.encode("the text to continue", add_special_tokens=False).tokens   # or [{pieces[BOS]!r}] for no prompt
+prompt = tok.encode("the text to continue", add_special_tokens=False).tokens   # or [{vocab[BOS]!r}] for no prompt
 result = generator.generate_batch([prompt], max_length={budget}, sampling_topk=1, include_prompt_in_result=False,
-                                  end_token=[])   # {pieces[EOS]!r} is a line break, not the end
+                                  end_token=[])   # {vocab[EOS]!r} is a line break, not the end
 print(tok.decode([tok.token_to_id(p) for p in result[0].sequences[0]]))
 ```"""
     prompt = ("sp.encode('your sentence', out_type=str) + ['</s>', '<sep>', '<s>']" if src.task == "prefix_lm"
@@ -341,6 +360,48 @@ print(sp.decode(result[0].sequences[0]))
 ```"""
 
 
+def encoder_usage(src: Source, here: str) -> str:
+    """An encoder's code: texts to the pieces qkv's encoder reads, ``ctranslate2.Encoder``'s last hidden states,
+    and the sentence vectors ``qkv embed`` makes of them (its pooling, its normalisation)."""
+    from qkv.config import CLS
+    from qkv.export.ct2 import ENCODER_SPM, HF_TOKENIZER, affixes, encoder_embedding, hf_tokenizer, joined, pieces
+
+    emb = encoder_embedding(src)
+    cls = pieces(src.tokenizer("src"))[CLS]
+    if hf_tokenizer(src, "src"):
+        before, after = affixes(src)
+        load = f'tok = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "{HF_TOKENIZER}"))'
+        split = joined(before, "tok.encode(text, add_special_tokens=False).tokens", after)
+        module = "tokenizers"
+    else:
+        after = []
+        load = f'sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "{ENCODER_SPM}"))'
+        split = "sp.encode(text, out_type=str)"
+        module = "sentencepiece as spm"
+    keep = f"p[:{emb['max_pieces'] - len(after)}] + {after!r}" if after else f"p[:{emb['max_pieces']}]"
+    pool, how = (("states[i, 0]", "the first piece's state") if emb["pooling"] == "cls" else
+                 ("states[i, : len(p)].mean(axis=0)", "the mean over the text's pieces"))
+    norm = ("\nvectors /= np.linalg.norm(vectors, axis=1, keepdims=True)  # the model's Normalize"
+            if emb["normalize"] else "")
+    return f"""```python
+import os
+import ctranslate2, numpy as np, {module}
+
+{here}
+encoder = ctranslate2.Encoder(model_dir)
+{load}
+
+def pieces(text):
+    p = {split}
+    return [{cls!r}] + (p if len(p) <= {emb['max_pieces']} else {keep})   # cut as qkv cuts a text
+
+batch = [pieces(text) for text in ["your sentence", "another one"]]
+states = np.array(encoder.forward_batch(batch).last_hidden_state)   # (batch, longest, {src.model.d_model}); padding past each row
+vectors = np.stack([{pool} for i, p in enumerate(batch)])   # {how}, as qkv embed pools{norm}
+print(vectors.shape)
+```"""
+
+
 def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: dict, location: Path | None = None) -> dict:
     """Write ``out/README.md`` for an export that will be at ``location`` (default: ``out``), the
     directory its code names; returns the front matter."""
@@ -350,7 +411,12 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
     cfg = src.model
     kind = {"translate": "an encoder-decoder Transformer for translation",
             "lm": "a decoder-only Transformer language model",
-            "prefix_lm": "a decoder-only Transformer translating as a prefix language model"}.get(src.task, src.task)
+            "prefix_lm": "a decoder-only Transformer translating as a prefix language model",
+            "classify": "an encoder-only Transformer (its encoder stack; the classifier is not exported)",
+            "mlm": "an encoder-only Transformer (its encoder stack; the masked-LM head is not exported)",
+            }.get(src.task, src.task)
+    tokenizer = ("a Hugging Face tokenizer.json" if "tokenizer_json" in export_info
+                 else f"SentencePiece {src.train.tokenizer}")
     runtime = export_info.get("runtime", "")
     lines = [
         "---", to_yaml(meta), "---", "",
@@ -360,10 +426,12 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
         f"`{checkpoint_name(src.path)}` for `{runtime}`: {'pre' if cfg.norm_first else 'post'}-norm, d_model {cfg.d_model}, "
         f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, "
         + (f"{cfg.n_encoder_layers} encoder and {cfg.n_decoder_layers} decoder layers"
-           if src.task == "translate" else f"{cfg.n_decoder_layers} layers")
+           if src.task == "translate" else f"{cfg.n_encoder_layers} layers" if src.task in ("classify", "mlm")
+           else f"{cfg.n_decoder_layers} layers")
         + f", {cfg.positional} positions, "
-        + ("one shared vocabulary" if src.tokenizers.joint else "separate source and target vocabularies")
-        + f" ({src.tokenizer('tgt').vocab_size} pieces, SentencePiece {src.train.tokenizer}).",
+        + ("one vocabulary" if src.task in ("classify", "mlm") else "one shared vocabulary" if src.tokenizers.joint
+           else "separate source and target vocabularies")
+        + f" ({src.tokenizer('tgt').vocab_size} pieces, {tokenizer}).",
         "",
         "## Use",
         "",
@@ -379,11 +447,12 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
     if "tokenize" in export_info:
         lines += ["## Tokenization", "",
                   f"- text to tokens: {export_info['tokenize']}",
-                  f"- tokens to text: {export_info['detokenize']}",
-                  "- the vocabulary files list the pieces in the order of the SentencePiece ids (CTranslate2's token "
-                  "ids are the SentencePiece ids); special ids: "
-                  + ", ".join(f"{k} {v}" for k, v in export_info.get("special_ids", {}).items()),
-                  "- qkv_export.json says the same as data, with the decoding settings", ""]
+                  *([f"- tokens to text: {export_info['detokenize']}"] if "detokenize" in export_info else []),
+                  "- the vocabulary files list the pieces in the order of qkv's ids (CTranslate2's token ids are qkv's)"
+                  + ("; special ids: " + ", ".join(f"{k} {v}" for k, v in export_info["special_ids"].items())
+                     if export_info.get("special_ids") else ""),
+                  "- qkv_export.json says the same as data" + (", with the decoding settings" if "decode" in export_info
+                                                               else ""), ""]
     if test is not None or valid is not None:
         lines += ["## Scores", ""]
         if test is not None:

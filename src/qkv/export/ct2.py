@@ -6,9 +6,9 @@ converters are (a ``ctranslate2.converters.Converter`` whose ``_load`` fills a `
     prefix_lm, transformer   TransformerDecoderModelSpec.from_config  ->  ctranslate2.Generator
                              (prompt: source pieces, "</s>", "<sep>", "<s>"; stop at "</s>")
     classify, transformer    TransformerEncoderModelSpec(TransformerEncoderSpec)  ->  ctranslate2.Encoder
-    mlm, transformer         (the encoder only, as CTranslate2's BERT converter builds it; for qkv's
-                             CTranslate2 engine, :mod:`qkv.engines`: the heads run in torch on its
-                             last hidden states, and ``qkv export`` does not write encoders)
+    mlm, transformer         (the encoder stack only, as CTranslate2's BERT converter builds it: the heads
+                             are not written; qkv's CTranslate2 engine, :mod:`qkv.engines`, runs them in
+                             torch on its last hidden states)
 
 What carries over, and how:
 
@@ -20,8 +20,7 @@ What carries over, and how:
   table is written (:data:`POSITIONS` rows, positions 0 .. POSITIONS-1); learned positions are
   their own table (``max_positions`` rows, from row ``position_offset``: BART's 2). Positions start at 0
   on both sides, as in qkv; a LayerNorm on each stack's embeddings (``embedding_norm``, BART's) is
-  CTranslate2's ``layernorm_embedding``; a translation model with a Hugging Face tokenizer (an imported
-  BART) is refused by name (its tokenizer is written as SentencePiece files only);
+  CTranslate2's ``layernorm_embedding``;
 * post-norm (the paper) or pre-norm with the final LayerNorm of each stack; LayerNorm ε = 1e-5
   (torch's default, which qkv uses; CTranslate2's own default is 1e-6);
 * attention: qkv's fused ``in_proj = [W^Q; W^K; W^V]`` is CTranslate2's fused self-attention
@@ -47,8 +46,10 @@ What carries over, and how:
 * the vocabularies: the SentencePiece pieces in the order of their ids, so CTranslate2's token
   ids are qkv's; the SentencePiece models themselves are copied into the model directory. An
   imported model's Hugging Face tokenizer (GPT-2's byte-level BPE) is copied as its
-  ``tokenizer.json``: its tokens are the vocabulary's strings (qkv's special rows have names of
-  their own), so CTranslate2 reads what ``tokenizers`` writes.
+  ``tokenizer.json`` (an imported translation model's, BART's or T5's, serves source and target): its
+  tokens are the vocabulary's strings (a row qkv adds for a special role has a name of its own,
+  :func:`pieces`), so CTranslate2 reads what ``tokenizers`` writes; the pieces a text has around its
+  own (BART's ``<s>`` before, BERT's ``[SEP]`` after) are in qkv_export.json (``around_text``) and the card.
 """
 
 from __future__ import annotations
@@ -66,11 +67,11 @@ from qkv.nn.positional import sinusoidal_table
 
 POSITIONS = 2048  # rows of the sinusoidal table written (CTranslate2 refuses positions beyond its table)
 NEVER_EMITTED = -1e4  # output bias on the special tokens qkv never emits
-SUPPORTED = {("translate", "transformer"): "Translator", ("lm", "transformer"): "Generator",
-             ("prefix_lm", "transformer"): "Generator"}
-# encoder-only models: converted for the engines (qkv.engines), whose heads (pooler, classifier, masked-LM
-# head) run in torch on the encoder's states; qkv export --format ctranslate2 does not write them
+# encoder-only models: the encoder stack only (its last hidden states); the heads (pooler, classifier, masked-LM
+# head) are not written (the engines, qkv.engines, run them in torch on CTranslate2's states)
 ENCODERS = {("classify", "transformer"): "Encoder", ("mlm", "transformer"): "Encoder"}
+SUPPORTED = {("translate", "transformer"): "Translator", ("lm", "transformer"): "Generator",
+             ("prefix_lm", "transformer"): "Generator", **ENCODERS}
 ENCODER_SPM = "source.spm"
 SPM_FILES = {"src": "source.spm", "tgt": "target.spm"}  # translation; a language model has one: spm.model
 LM_SPM = "spm.model"
@@ -84,19 +85,14 @@ def _require():
     return require("ctranslate2", "--format ctranslate2")
 
 
-def check(src: Source, encoders: bool = False) -> None:
-    """Every (task, arch) pair in :data:`SUPPORTED` converts (and, with ``encoders``, those in
-    :data:`ENCODERS`: the engines' conversion), unless a family switch it does not write is on
-    (:func:`family_refusals`); other pairs are refused by name."""
-    supported = {**SUPPORTED, **ENCODERS} if encoders else SUPPORTED
-    if src.key not in supported:
-        kinds = ", ".join(f"{t} ({a})" for t, a in supported)
-        what = "the CTranslate2 engine runs" if encoders else "--format ctranslate2 converts"
-        raise QkvError(f"{src.path} is a {src.task!r} model with arch {src.model.arch!r}: {what} "
-                       f"these Transformer models: {kinds}")
-    if src.task == "translate" and hf_tokenizer(src) and src.model.positional != "relative":
-        raise QkvError(f"{src.path} is a translation model with a Hugging Face tokenizer.json (an imported BART): "
-                       "--format ctranslate2 writes a translation model's SentencePiece files only")
+def check(src: Source, encoders: bool = True) -> None:
+    """Every (task, arch) pair in :data:`SUPPORTED` converts (encoder-only models included: ``encoders`` is
+    kept for the engines' calls), unless a family switch it does not write is on (:func:`family_refusals`);
+    other pairs are refused by name."""
+    if src.key not in SUPPORTED:
+        kinds = ", ".join(f"{t} ({a})" for t, a in SUPPORTED)
+        raise QkvError(f"{src.path} is a {src.task!r} model with arch {src.model.arch!r}: --format ctranslate2 "
+                       f"converts these Transformer models: {kinds}")
     refused = family_refusals(src)
     if refused:
         raise QkvError(f"{src.path} has " + "; ".join(f"{field}: --format ctranslate2 does not write {why}"
@@ -114,9 +110,6 @@ def family_refusals(src: Source) -> list[tuple[str, str]]:
     if cfg.positional == "relative" and src.task != "translate":
         out.append(("positional = 'relative'", "relative position buckets (T5's) in a decoder-only model "
                     "(CTranslate2's TransformerDecoderModelSpec has none)"))
-    if cfg.positional == "relative" and src.task == "translate" and hf_tokenizer(src):
-        out.append(("positional = 'relative' and a Hugging Face tokenizer.json (an imported T5)",
-                    "a translation model's tokenizer.json yet (a T5-style model trained with SentencePiece exports)"))
     if cfg.positional == "rotary" and src.task == "translate":
         out.append(("positional = 'rotary'", "rotary positions in an encoder-decoder (CTranslate2's TransformerSpec "
                     "has none)"))
@@ -124,8 +117,8 @@ def family_refusals(src: Source) -> list[tuple[str, str]]:
         out.append((f"n_kv_heads = {cfg.n_kv_heads}", "grouped-query attention in an encoder-decoder (CTranslate2's "
                     "TransformerSpec has none)"))
     if is_encoder(src) and cfg.embedding_dim:
-        out.append((f"embedding_dim = {cfg.embedding_dim}", "the embeddings' map to d_model (ALBERT's, ELECTRA's: "
-                    "CTranslate2's TransformerEncoderSpec has none)"))
+        out.append((f"embedding_dim = {cfg.embedding_dim}", "embeddings narrower than d_model and their projection "
+                    "(ALBERT's, ELECTRA-small's: CTranslate2's TransformerEncoderSpec has no projection)"))
     if is_encoder(src) and cfg.layer_groups:
         out.append((f"layer_groups = {cfg.layer_groups}", "layers that share weights (ALBERT's)"))
     if is_encoder(src):  # the engines' encoder spec is BERT's: the paper's positions, norms, FFN and attention
@@ -179,6 +172,30 @@ def is_encoder(src: Source) -> bool:
     return src.key in ENCODERS
 
 
+def pieces(tokenizer) -> list[str]:
+    """The vocabulary CTranslate2 is given, in qkv's id order: each piece's string, so that CTranslate2's token ids
+    are qkv's. CTranslate2 looks a token up by its string, so the strings must differ: a row qkv adds for one of
+    its special roles (:class:`qkv.data.pretrained.IdMap`: an imported BART's BOS, a copy of ``</s>`` written
+    ``<s>``; an imported T5's PAD, written ``<pad>``) whose name is also one of the model's own tokens is
+    written ``<qkv-ROLE>`` (``<qkv-bos>``, ``<qkv-pad>``), so the model's token keeps its name."""
+    from qkv.data.pretrained import SLOT_NAMES
+
+    table = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    ids = getattr(tokenizer, "ids", None)  # an imported model's IdMap: which rows qkv added
+    if ids is None or len(set(table)) == len(table):
+        return table
+    added = {i for i, m in enumerate(ids.model_ids) if m is None}
+    own = {p for i, p in enumerate(table) if i not in added}
+    for i in sorted(added):
+        if table[i] in own:
+            table[i] = f"<qkv-{SLOT_NAMES.get(i, i)}>"
+    if len(set(table)) != len(table):
+        twice = next(p for p in table if table.count(p) > 1)
+        raise QkvError(f"the tokenizer has two tokens written {twice!r}: CTranslate2 looks tokens up by their "
+                       "strings and cannot tell them apart")
+    return table
+
+
 # --- the converter ---------------------------------------------------------------------------------
 
 def converter_class():
@@ -221,17 +238,17 @@ def model_spec(src: Source):
             **family_options(src))  # return_attention: the last layer's mean over all heads, as qkv's alignments
         _set_encoder(spec.encoder, src)
         _set_decoder(spec.decoder, src, "decoder_layers", "tgt_embed.weight", "tgt_pos.weight", "decoder_norm")
-        spec.register_source_vocabulary(src.vocabulary("src"))
-        spec.register_target_vocabulary(src.vocabulary("tgt"))
-        spec.config.decoder_start_token = src.vocabulary("tgt")[BOS]
+        spec.register_source_vocabulary(pieces(src.tokenizer("src")))
+        spec.register_target_vocabulary(pieces(src.tokenizer("tgt")))
+        spec.config.decoder_start_token = pieces(src.tokenizer("tgt"))[BOS]
         spec.config.add_source_eos = True
     else:
         spec = transformer_spec.TransformerDecoderModelSpec.from_config(
             cfg.n_decoder_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=relu, **family_options(src))
         _set_decoder(spec.decoder, src, "layers", "embed.weight", "pos.weight", "final_norm", self_only=True)
-        spec.register_vocabulary(src.vocabulary("tgt"))
-    pieces = src.vocabulary("tgt")
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = pieces[UNK], pieces[BOS], pieces[EOS]
+        spec.register_vocabulary(pieces(src.tokenizer("tgt")))
+    vocab = pieces(src.tokenizer("tgt"))
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = vocab[UNK], vocab[BOS], vocab[EOS]
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     _set_attention_scale(spec, src)
     if src.task == "translate" and cfg.positional == "relative":
@@ -256,8 +273,8 @@ def encoder_spec(src: Source, activation):
     if src.has("src_types.weight"):
         spec.encoder.position_encodings.encodings = (spec.encoder.position_encodings.encodings
                                                      + _np(src.w("src_types.weight"))[0][None, :])
-    spec.register_vocabulary(src.vocabulary("src"))
-    spec.config.unk_token = src.vocabulary("src")[UNK]
+    spec.register_vocabulary(pieces(src.tokenizer("src")))
+    spec.config.unk_token = pieces(src.tokenizer("src"))[UNK]
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     return spec
 
@@ -385,6 +402,9 @@ def _write_tokenizers(src: Source, out: Path) -> dict[str, str]:
             return {"src": HF_TOKENIZER}
         (out / ENCODER_SPM).write_bytes(src.tokenizer("src").model_bytes)
         return {"src": ENCODER_SPM}
+    if src.task == "translate" and hf_tokenizer(src):  # one vocabulary (an imported BART's, T5's): source and target
+        (out / HF_TOKENIZER).write_bytes(src.tokenizer("src").tokenizer_json)
+        return {"src": HF_TOKENIZER, "tgt": HF_TOKENIZER}
     if src.task == "translate":
         for side, name in SPM_FILES.items():
             (out / name).write_bytes(src.tokenizer(side).model_bytes)
@@ -404,9 +424,21 @@ def hf_tokenizer(src: Source, side: str = "tgt") -> bool:
     return isinstance(src.tokenizer(side), HFTokenizer)
 
 
+def joined(before: list[str], expr: str, after: list[str]) -> str:
+    """``before + expr + after`` as code (the card's and qkv_export.json's), leaving out an empty list."""
+    return " + ".join([*([repr(before)] if before else []), expr, *([repr(after)] if after else [])])
+
+
+def affixes(src: Source, side: str = "src") -> tuple[list[str], list[str]]:
+    """The pieces a Hugging Face tokenizer's model puts before and after a text's own tokens, as qkv reads a
+    text (an imported BART's ``<s>`` before; an imported BERT's ``[SEP]`` after), in the export's vocabulary."""
+    tok, vocab = src.tokenizer(side), pieces(src.tokenizer(side))
+    return [vocab[i] for i in getattr(tok, "prefix", [])], [vocab[i] for i in getattr(tok, "suffix", [])]
+
+
 def describe(src: Source, spm: dict[str, str], quantization: str | None, check: dict, version: str) -> dict:
     """What a user of the directory needs, as data: the files, the tokenization, the decoding settings."""
-    pieces = src.vocabulary("tgt")
+    vocab = pieces(src.tokenizer("tgt"))
     cfg, dec = src.model, src.decode
     positions = cfg.max_positions if cfg.positional == "learned" else max(POSITIONS, cfg.max_positions)
     info = {
@@ -421,16 +453,26 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
                                                "norm_first", "positional", "share_embeddings", "tie_output")},
         "positions": positions,
         **({"tokenizer_json": spm} if hf_tokenizer(src) else {"sentencepiece": spm}),
-        "special_tokens": {"pad": pieces[PAD], "unk": pieces[UNK], "bos": pieces[BOS], "eos": pieces[EOS]},
+        "special_tokens": {"pad": vocab[PAD], "unk": vocab[UNK], "bos": vocab[BOS], "eos": vocab[EOS]},
         "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
-        "never_emitted": [pieces[i] for i in banned_ids(src.tokenizers.tgt)],
+        "never_emitted": [vocab[i] for i in banned_ids(src.tokenizers.tgt)],
         "verified": check,
     }
-    if src.task == "translate":
+    if src.task == "translate" and hf_tokenizer(src):
+        before, after = affixes(src)
+        info["tokenize"] = ("tok = tokenizers.Tokenizer.from_file('tokenizer.json'); pieces = "
+                            + joined(before, "tok.encode(text, add_special_tokens=False).tokens", after)
+                            + f"; the model appends "
+                            f"{vocab[EOS]!r} to the source itself (add_source_eos) and starts the target from "
+                            f"{vocab[BOS]!r} (the model's decoder start)")
+        info["detokenize"] = ("tok.decode([tok.token_to_id(p) for p in hypothesis_pieces], skip_special_tokens=True)")
+        info["around_text"] = {"before": before, "after": after}  # the pieces a source has around its text's
+    elif src.task == "translate":
         info["tokenize"] = ("pieces = sentencepiece.SentencePieceProcessor(model_file='source.spm').encode(text, "
                             "out_type=str); the model appends </s> to the source itself (add_source_eos) and starts "
                             "the target from <s>")
         info["detokenize"] = "sentencepiece.SentencePieceProcessor(model_file='target.spm').decode(hypothesis_pieces)"
+    if src.task == "translate":
         info["decode"] = {
             "qkv": {"beam_size": dec.beam_size, "length_penalty": dec.length_penalty, "length_norm": dec.length_norm,
                     "max_len_a": dec.max_len_a, "max_len_b": dec.max_len_b, "min_len": dec.min_len},
@@ -443,16 +485,16 @@ def describe(src: Source, spm: dict[str, str], quantization: str | None, check: 
         }
     elif hf_tokenizer(src):
         info["tokenize"] = ("tok = tokenizers.Tokenizer.from_file('tokenizer.json'); pieces = tok.encode(line, "
-                            f"add_special_tokens=False).tokens; lines of a prompt are joined by {pieces[EOS]!r} "
-                            f"(the training stream ends each line with it); an empty prompt is [{pieces[BOS]!r}]")
-        info["detokenize"] = (f"tok.decode([tok.token_to_id(p) for p in pieces]); {pieces[EOS]!r} ends a line")
+                            f"add_special_tokens=False).tokens; lines of a prompt are joined by {vocab[EOS]!r} "
+                            f"(the training stream ends each line with it); an empty prompt is [{vocab[BOS]!r}]")
+        info["detokenize"] = (f"tok.decode([tok.token_to_id(p) for p in pieces]); {vocab[EOS]!r} ends a line")
     else:
         info["tokenize"] = ("pieces = sentencepiece.SentencePieceProcessor(model_file='spm.model').encode(line, "
                             "out_type=str); lines of a prompt are joined by '</s>' (the training stream ends each "
                             "line with </s>); an empty prompt is ['<s>']")
         info["detokenize"] = "sentencepiece.SentencePieceProcessor(model_file='spm.model').decode(pieces); '</s>' ends a line"
         if src.task == "prefix_lm":
-            info["prompt"] = ["<source pieces>", pieces[EOS], pieces[SEP], pieces[BOS]]
+            info["prompt"] = ["<source pieces>", vocab[EOS], vocab[SEP], vocab[BOS]]
             info["tokenize"] = ("prompt = sp.encode(source, out_type=str) + ['</s>', '<sep>', '<s>'] (what qkv's decoder "
                                 "reads before the first target token); generate with end_token='</s>'")
     return info
@@ -486,9 +528,18 @@ BEAM_NOTE = ("beam search: CTranslate2 ends a sentence's search as soon as beam_
 
 
 def describe_encoder(src: Source, spm: dict[str, str], quantization: str | None, check: dict, version: str) -> dict:
-    """An encoder's description: its files, tokenization and what was checked."""
+    """An encoder's description: its files, how a text becomes the pieces qkv's encoder reads, what was checked."""
     cfg = src.model
-    pieces = src.vocabulary("src")
+    vocab = pieces(src.tokenizer("src"))
+    embedding = encoder_embedding(src)
+    if hf_tokenizer(src, "src"):
+        before, after = affixes(src)
+        text = (f"tok = tokenizers.Tokenizer.from_file('tokenizer.json'); pieces = {[vocab[CLS]] + before!r} + "
+                "tok.encode(text, add_special_tokens=False).tokens" + (f" + {after!r}" if after else ""))
+    else:
+        after = []
+        text = (f"pieces = [{vocab[CLS]!r}] + sentencepiece.SentencePieceProcessor(model_file='{ENCODER_SPM}')"
+                ".encode(text, out_type=str)")
     return {
         "format": "ctranslate2", "ctranslate2_version": version, "qkv_version": src.qkv_version,
         "checkpoint": checkpoint_name(src.path), "task": src.task, "runtime": "ctranslate2.Encoder",
@@ -496,17 +547,31 @@ def describe_encoder(src: Source, spm: dict[str, str], quantization: str | None,
         "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "norm_first",
                                                "positional", "embedding_norm")},
         **({"tokenizer_json": spm} if hf_tokenizer(src, "src") else {"sentencepiece": spm}),
-        "tokenize": f"ids: [{CLS}] + the tokenizer's ids (qkv's numbering: the vocabulary's order; the first piece "
-                    f"is {pieces[CLS]!r}); forward_batch(ids).last_hidden_state; pooling and heads are the "
-                    "checkpoint's",
+        "tokenize": f"{text}; at most {embedding['max_pieces']} pieces after the first (qkv keeps a longer text's "
+                    f"first ones{' and ' + repr(after) + ' last' if after else ''}); "
+                    "forward_batch([pieces, ...]).last_hidden_state (batch, longest, d_model): a row's states past "
+                    "its own length are padding",
+        **({"around_text": {"before": [vocab[CLS]] + before, "after": after}} if hf_tokenizer(src, "src") else {}),
+        "embedding": embedding,
+        "not_written": "the heads (pooler, classifier, masked-LM head): the export holds the encoder stack",
         "verified": check,
     }
 
 
+def encoder_embedding(src: Source) -> dict:
+    """How ``qkv embed`` makes a sentence vector of the states: its pooling (the <cls> state or the mean over the
+    text's pieces, <cls> included), L2-normalised or not, and the pieces it reads at most."""
+    sentence = src.config.get("sentence_embedding") or {}
+    task_pooling = src.model.pooling if src.task == "classify" else "mean"
+    max_pieces = min(src.train.max_len, src.model.max_positions - 1)
+    return {"pooling": sentence.get("pooling") or task_pooling, "normalize": bool(sentence.get("normalize")),
+            "max_pieces": max_pieces}
+
+
 def verify_encoder(src: Source, out: Path, quantization: str | None) -> dict:
     """The last hidden states of fixed probe sequences (``<cls>`` + ordinary pieces, padded against each
-    other) from ``ctranslate2.Encoder`` and from the checkpoint's network in PyTorch: equal to 1e-3
-    (float32; quantized models: reported, not checked)."""
+    other) from ``ctranslate2.Encoder`` and from the checkpoint's network in PyTorch: equal to
+    :data:`ENCODER_TOLERANCE` (float32; quantized models: reported, not checked)."""
     import ctranslate2
 
     from qkv.export.reference import FIRST_ORDINARY, reference_model
@@ -523,14 +588,16 @@ def verify_encoder(src: Source, out: Path, quantization: str | None) -> dict:
     got = torch.from_numpy(np.array(model.forward_batch(rows).last_hidden_state)).double()
     del model
     delta = max(float((got[i, : len(r)] - ref[i, : len(r)]).abs().max()) for i, r in enumerate(rows))
-    if quantization is None and not delta <= 1e-3:
+    if quantization is None and not delta <= ENCODER_TOLERANCE:
         raise QkvError(f"the converted encoder disagrees with {src.path}: max |delta state| = {delta:.3g} on the probe "
-                       "sequences (expected < 1e-3); this checkpoint's layout is not what the converter expects")
+                       f"sequences (expected < {ENCODER_TOLERANCE:g}); this checkpoint's layout is not what the "
+                       "converter expects")
     return {"probe_sequences": len(rows), "tokens": sum(map(len, rows)), "max_abs_state_difference": delta,
             "checked": quantization is None}
 
 
-PROBE_ENCODER = ((5, 0), (9, 0), (1, 0))  # ordinary pieces after <cls> in each probe sequence
+PROBE_ENCODER = ((5, 0), (9, 0), (1, 0))
+ENCODER_TOLERANCE = 1e-4  # max |delta state| of a float32 conversion (a tiny BERT's: about 1e-6)  # ordinary pieces after <cls> in each probe sequence
 
 
 def verify(src: Source, out: Path, quantization: str | None) -> dict:
@@ -543,9 +610,9 @@ def verify(src: Source, out: Path, quantization: str | None) -> dict:
 
     sources, targets = probe_sequences(src)
     ref = reference_log_probs(src, sources, targets)  # per sequence, (T + 1,) with EOS
-    tgt_pieces = src.vocabulary("tgt")
+    tgt_pieces = pieces(src.tokenizer("tgt"))
     if src.task == "translate":
-        src_pieces = src.vocabulary("src")
+        src_pieces = pieces(src.tokenizer("src"))
         model = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
         results = model.score_batch([[src_pieces[i] for i in s] for s in sources],
                                     [[tgt_pieces[i] for i in t] for t in targets])
