@@ -103,7 +103,7 @@ def convert(checkpoint: Path, tmp: Path, key: str) -> None:
     from qkv.export.source import read_source
 
     src = read_source(checkpoint)
-    ct2.check(src, encoders=True)
+    ct2.check(src)
     ct2.write(src, tmp)
     files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
     (tmp / MARKER).write_text(json.dumps({"key": key, "checkpoint": str(checkpoint), "files": files}, indent=2) + "\n",

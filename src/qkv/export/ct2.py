@@ -85,10 +85,9 @@ def _require():
     return require("ctranslate2", "--format ctranslate2")
 
 
-def check(src: Source, encoders: bool = True) -> None:
-    """Every (task, arch) pair in :data:`SUPPORTED` converts (encoder-only models included: ``encoders`` is
-    kept for the engines' calls), unless a family switch it does not write is on (:func:`family_refusals`);
-    other pairs are refused by name."""
+def check(src: Source) -> None:
+    """Every (task, arch) pair in :data:`SUPPORTED` converts (encoder-only models included), unless a family
+    switch it does not write is on (:func:`family_refusals`); other pairs are refused by name."""
     if src.key not in SUPPORTED:
         kinds = ", ".join(f"{t} ({a})" for t, a in SUPPORTED)
         raise QkvError(f"{src.path} is a {src.task!r} model with arch {src.model.arch!r}: --format ctranslate2 "

@@ -77,9 +77,10 @@ def _run(request: dict, lifeline: int) -> None:
 
         die_with_lab(lifeline)
         sys.argv = ["qkv", *request["argv"]]
-        from qkv.__main__ import main
+        import runpy
 
-        code = main()
+        runpy.run_module("qkv", run_name="__main__", alter_sys=True)  # as python -m qkv ARGV: ends in SystemExit
+        code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - the run's own traceback goes to its log, as python -m qkv's would
