@@ -233,3 +233,34 @@ def test_a_window_that_covers_every_position_imports(tmp_path):
     config["sliding_window"] = config["max_position_embeddings"]
     (folder / "config.json").write_text(json.dumps(config))
     assert convert(folder).model_cfg.positional == "rotary"
+
+
+def test_finetune_from_the_import_keeps_its_switches_and_positions(tmp_path, capsys):
+    """qkv train --task lm --init-from a Qwen2 import (rotary positions trained to 128, RMSNorm, SwiGLU, GQA, q/k/v
+    biases) with the default max_len (256): every tensor continues (none starts new), the switches and the
+    tokenizer stay, and max_len becomes the import's 128 positions, said once in the log."""
+    from qkv.checkpoint import read_checkpoint, read_config
+    from qkv.cli import main
+    from qkv.importers import import_model
+
+    folder = build(tmp_path / "Qwen2ForCausalLM", "Qwen2ForCausalLM")
+    import_model(folder, tmp_path / "q", log=lambda s: None)
+    (tmp_path / "book.txt").write_text("\n".join(TEXT * 4) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "--task", "lm", "--init-from", str(tmp_path / "q"), "--train", str(tmp_path / "book.txt"),
+                 "--max-steps", "2", "--eval-every", "2", "--schedule", "constant", "--lr", "0.001",
+                 "--valid-fraction", "0.2", "--out", str(out), "--threads", "1"]) == 0
+    logged = capsys.readouterr()
+    logged = logged.out + logged.err
+    assert "max_len 128 (not 256): its rotary positions end at max_positions=128" in logged
+    assert "new: none" in logged
+    a, b = read_checkpoint(tmp_path / "q"), read_checkpoint(out / "last")
+    cfg = read_config(b, "model")
+    assert (cfg.positional, cfg.rope_theta, cfg.norm, cfg.norm_bias, cfg.ffn_gated, cfg.ffn_bias, cfg.n_kv_heads,
+            cfg.qkv_bias, cfg.out_bias) == ("rotary", 1e6, "rmsnorm", False, True, False, 2, True, False)
+    assert read_config(b, "train").max_len == 128
+    assert set(a.state_dict) == set(b.state_dict)
+    moved = [n for n in a.state_dict if not torch.equal(a.state_dict[n], b.state_dict[n])]
+    assert len(moved) > len(a.state_dict) // 2
+    assert (out / "last" / "tokenizer.json").read_bytes() == (tmp_path / "q" / "tokenizer.json").read_bytes()
