@@ -72,12 +72,16 @@ def test_sequence_classification_logits_equal_transformers(tmp_path, family):
     assert max_classify_difference(loaded, ref, tok) < 1e-4
 
 
-@pytest.mark.parametrize("family", ["distilbert", "albert"])
+@pytest.mark.parametrize("family", ["distilbert", "albert", "electra"])
 def test_masked_lm_logits_and_fill_equal_transformers(tmp_path, family):
-    path, ref, tok = FAMILIES[family](tmp_path / "hf", "ForMaskedLM")
+    """ELECTRA's is the generator (ElectraForMaskedLM): its head is exact GELU whatever hidden_act says, here
+    ReLU in the layers."""
+    overrides = {"hidden_act": "relu"} if family == "electra" else {}
+    path, ref, tok = FAMILIES[family](tmp_path / "hf", "ForMaskedLM", **overrides)
     loaded = imported(path, tmp_path)
     assert max_mlm_difference(loaded, ref, tok) < 1e-4
     check_fill(loaded, ref, tok)
+    assert "fill" in loaded.offers
 
 
 def test_albert_runs_its_layers_from_shared_weights(tmp_path):
@@ -124,8 +128,8 @@ def test_what_qkv_cannot_convert_is_refused_by_name(tmp_path):
     path, _, _ = albert(tmp_path / "inner", inner_group_num=2)
     with pytest.raises(ImportRefused, match="inner_group_num 2 is not supported"):
         convert(path)
-    path, _, _ = electra(tmp_path / "gen", "ForMaskedLM")
-    with pytest.raises(ImportRefused, match="ElectraForMaskedLM of model_type 'electra' is not supported"):
+    path, _, _ = electra(tmp_path / "disc", "ForPreTraining")
+    with pytest.raises(ImportRefused, match="ElectraForPreTraining of model_type 'electra' is not supported"):
         convert(path)
 
 
