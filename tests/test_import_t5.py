@@ -207,7 +207,7 @@ def test_translate_cuts_outputs_where_generate_does(tmp_path, max_length):
 
 def test_the_commands_take_the_import(folder, tmp_path, capsys):
     """translate (the CLI: the API's greedy), score (transformers' log-probabilities of T5's labels, target
-    </s>), serve's /translate, and viz attention: the encoder's, the decoder's masked and the cross-attention
+    </s>), evaluate, serve's /translate and /score, and viz attention: the encoder's, the decoder's masked and the cross-attention
     weights of every layer and head, relative-position buckets in the first two, are transformers' (eager)."""
     import qkv
     from qkv.cli import main
@@ -243,10 +243,17 @@ def test_the_commands_take_the_import(folder, tmp_path, capsys):
     lines = (tmp_path / "scores.txt").read_text().splitlines()
     assert len(lines) == len(totals) and all(abs(float(line.split("\t")[0]) - t) < 1e-3 for line, t in zip(lines, totals))
 
+    assert main(["evaluate", str(out), "--src", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "tgt.txt"),
+                 "--beam-size", "1"]) == 0
+    assert "BLEU" in capsys.readouterr().out
+
     with served(out) as client:
         r = client.post("/translate", json={"texts": SOURCES[:2], "beam_size": 1})
         assert r.status_code == 200, r.text
         assert [x["hypotheses"][0]["text"] for x in r.json()["results"]] == want
+        r = client.post("/score", json={"sources": SOURCES, "targets": targets})
+        assert r.status_code == 200, r.text
+        assert all(abs(x["logprob"] - t) < 1e-3 for x, t in zip(r.json()["results"], totals))
 
     source, target = TEXT[1], SOURCES[1]
     data = attention_data(tr, source, target)
