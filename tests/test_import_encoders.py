@@ -129,7 +129,9 @@ def test_what_qkv_cannot_convert_is_refused_by_name(tmp_path):
     with pytest.raises(ImportRefused, match="inner_group_num 2 is not supported"):
         convert(path)
     path, _, _ = electra(tmp_path / "disc", "ForPreTraining")
-    with pytest.raises(ImportRefused, match="ElectraForPreTraining of model_type 'electra' is not supported"):
+    with pytest.raises(ImportRefused, match="ElectraForPreTraining of model_type 'electra' is not supported "
+                                            r"\(the discriminator's replaced-token head scores each token real or "
+                                            "replaced, a task qkv has not"):
         convert(path)
 
 

@@ -25,6 +25,10 @@ from qkv.importers.bert import TOKEN_NAMES, Family, _state, convert_encoder, mod
 ARCHITECTURES = ("ElectraModel", "ElectraForMaskedLM", "ElectraForSequenceClassification")
 MODEL_TYPES = ("electra",)
 DEFAULT_ARCHITECTURE = "ElectraModel"
+#: architectures of the family refused with their reason
+REFUSED = {"ElectraForPreTraining": "the discriminator's replaced-token head scores each token real or replaced, a "
+                                    "task qkv has not; its encoder imports as ElectraModel or "
+                                    "ElectraForSequenceClassification, the generator as ElectraForMaskedLM"}
 HEADS = (("classifier.dense", "classifier.out_proj"),
          ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias", "generator_lm_head"))
 
