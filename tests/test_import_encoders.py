@@ -186,16 +186,9 @@ def test_the_commands_take_the_imports(tmp_path):
     assert all(label in out for label, _ in want)
     run("viz", "attention", q_clf, "the quick fox", "--out", tmp_path / "att")
     assert (tmp_path / "att.html").is_file()
-    pytest.importorskip("fastapi", reason='pip install -c constraints.txt -e ".[serve]"')
-    from fastapi.testclient import TestClient
+    from import_folders import served
 
-    from qkv.serve import Limits
-    from qkv.serve.app import create_app
-    from qkv.serve.service import load_models
-
-    limits = Limits()
-    with TestClient(create_app(load_models([f"mlm={q_mlm}", f"clf={q_clf}"], limits), limits),
-                    base_url="http://127.0.0.1") as client:
+    with served(f"mlm={q_mlm}", f"clf={q_clf}") as client:
         r = client.post("/fill", json={"model": "mlm", "texts": ["the quick [MASK] fox"], "k": 2})
         assert r.status_code == 200, r.text
         r = client.post("/classify", json={"model": "clf", "texts": TEXTS[:2]})
@@ -242,7 +235,8 @@ def test_the_commands_take_the_other_families(tmp_path, family, capsys):
     import numpy as np
 
     assert np.allclose(np.load(tmp_path / "vectors.npy"), mlm.embed(TEXTS).numpy(), atol=1e-5)
-    assert f"1.0000  2: {TEXTS[1]}" in run("search", q_mlm, "--corpus", tmp_path / "texts.txt", "--top-k", "1", TEXTS[1])
+    found = run("search", q_mlm, "--corpus", tmp_path / "texts.txt", "--top-k", "1", TEXTS[1])
+    assert f"1.0000  2: {TEXTS[1]}" in found
     want = clf.classify(TEXTS[:2])
     assert run("classify", q_clf, *TEXTS[:2]).splitlines()[:2] == [f"{label}\t{p:.4f}" for label, p in want]
 
@@ -272,10 +266,11 @@ def test_the_commands_take_the_other_families(tmp_path, family, capsys):
     assert "max_len 63 (not 256)" in logged and "new: none" in logged
     assert len(qkv.load(tmp_path / "run-mlm" / "best").fill("the quick [MASK] fox", k=2)[0]) == 2
 
-    for labels, head in ((["neg", "neutral", "pos"], "new: none"), (["a", "b", "c"], "new: classifier.weight, classifier.bias")):
+    for labels, head in ((["neg", "neutral", "pos"], "new: none"),
+                         (["a", "b", "c"], "new: classifier.weight, classifier.bias")):
         data = tmp_path / "clf.jsonl"
-        data.write_text("".join(json.dumps({"text": t, "label": labels[i % 3]}) + "\n" for i, t in enumerate(TEXTS * 3)),
-                        encoding="utf-8")
+        data.write_text("".join(json.dumps({"text": t, "label": labels[i % 3]}) + "\n"
+                                for i, t in enumerate(TEXTS * 3)), encoding="utf-8")
         out = tmp_path / f"run-{labels[0]}"
         logged = run("train", "--task", "classify", "--init-from", q_clf, "--train", data, "--valid", data,
                      "--out", out, "--max-steps", "2", "--eval-every", "2", "--threads", "1")

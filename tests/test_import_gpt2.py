@@ -209,18 +209,12 @@ def test_unsupported_options_are_refused_by_name(gpt2_dir, tmp_path, change, mes
 
 def test_serve_generates_with_the_import(imported):
     """``qkv serve``'s /generate on the imported GPT-2 answers as the front-end does."""
-    pytest.importorskip("fastapi", reason='qkv serve needs fastapi: pip install -c constraints.txt -e ".[serve]"')
-    pytest.importorskip("httpx", reason='the serve tests need httpx: pip install -c constraints.txt -e ".[serve]"')
     import qkv
-    from fastapi.testclient import TestClient
-    from qkv.serve.app import create_app
-    from qkv.serve.limits import Limits
-    from qkv.serve.service import load_models
+    from import_folders import served
 
-    limits = Limits()
     args = dict(prefix="The fire", max_new_tokens=12, temperature=0.8, top_k=0, top_p=1.0, seed=7)
     want = "".join(qkv.load(imported).generate(**args))
-    with TestClient(create_app(load_models([str(imported)], limits), limits), base_url="http://127.0.0.1") as c:
+    with served(imported) as c:
         r = c.post("/generate", json=args)
         assert r.status_code == 200, r.text
         assert r.json()["text"] == want

@@ -207,8 +207,9 @@ def test_translate_cuts_outputs_where_generate_does(tmp_path, max_length):
 
 def test_the_commands_take_the_import(folder, tmp_path, capsys):
     """translate (the CLI: the API's greedy), score (transformers' log-probabilities of T5's labels, target
-    </s>), evaluate, serve's /translate and /score, and viz attention: the encoder's, the decoder's masked and the cross-attention
-    weights of every layer and head, relative-position buckets in the first two, are transformers' (eager)."""
+    </s>), evaluate, serve's /translate and /score, and viz attention: the encoder's, the decoder's masked and
+    the cross-attention weights of every layer and head, relative-position buckets in the first two, are
+    transformers' (eager)."""
     import qkv
     from qkv.cli import main
     from qkv.importers import import_model
@@ -241,7 +242,8 @@ def test_the_commands_take_the_import(folder, tmp_path, capsys):
     assert main(["score", str(out), "--src", str(tmp_path / "src.txt"), "--tgt", str(tmp_path / "tgt.txt"),
                  "--output", str(tmp_path / "scores.txt")]) == 0
     lines = (tmp_path / "scores.txt").read_text().splitlines()
-    assert len(lines) == len(totals) and all(abs(float(line.split("\t")[0]) - t) < 1e-3 for line, t in zip(lines, totals))
+    assert len(lines) == len(totals)
+    assert all(abs(float(line.split("\t")[0]) - t) < 1e-3 for line, t in zip(lines, totals))
 
     assert main(["evaluate", str(out), "--src", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "tgt.txt"),
                  "--beam-size", "1"]) == 0

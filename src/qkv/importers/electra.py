@@ -30,7 +30,8 @@ REFUSED = {"ElectraForPreTraining": "the discriminator's replaced-token head sco
                                     "task qkv has not; its encoder imports as ElectraModel or "
                                     "ElectraForSequenceClassification, the generator as ElectraForMaskedLM"}
 HEADS = (("classifier.dense", "classifier.out_proj"),
-         ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias", "generator_lm_head"))
+         ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias",
+          "generator_lm_head"))
 
 
 def model_config(c, where: Path, task: str, vocab_size: int) -> ModelConfig:
