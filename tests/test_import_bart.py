@@ -203,15 +203,9 @@ def test_the_commands_take_the_import(bart, tmp_path):
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 3
     assert main(["viz", "attention", str(out), EN[1], "--target", DE[1], "--out", str(tmp_path / "att")]) == 0
     assert (tmp_path / "att.html").is_file()
-    pytest.importorskip("fastapi", reason='pip install -c constraints.txt -e ".[serve]"')
-    from fastapi.testclient import TestClient
+    from import_folders import served
 
-    from qkv.serve.app import create_app
-    from qkv.serve.limits import Limits
-    from qkv.serve.service import load_models
-
-    limits = Limits()
-    with TestClient(create_app(load_models([str(out)], limits), limits), base_url="http://127.0.0.1") as c:
+    with served(out) as c:
         r = c.post("/translate", json={"texts": EN[:2], "beam_size": 1})
         assert r.status_code == 200, r.text
         assert [x["hypotheses"][0]["text"] for x in r.json()["results"]] == want

@@ -72,12 +72,16 @@ def test_sequence_classification_logits_equal_transformers(tmp_path, family):
     assert max_classify_difference(loaded, ref, tok) < 1e-4
 
 
-@pytest.mark.parametrize("family", ["distilbert", "albert"])
+@pytest.mark.parametrize("family", ["distilbert", "albert", "electra"])
 def test_masked_lm_logits_and_fill_equal_transformers(tmp_path, family):
-    path, ref, tok = FAMILIES[family](tmp_path / "hf", "ForMaskedLM")
+    """ELECTRA's is the generator (ElectraForMaskedLM): its head is exact GELU whatever hidden_act says, here
+    ReLU in the layers."""
+    overrides = {"hidden_act": "relu"} if family == "electra" else {}
+    path, ref, tok = FAMILIES[family](tmp_path / "hf", "ForMaskedLM", **overrides)
     loaded = imported(path, tmp_path)
     assert max_mlm_difference(loaded, ref, tok) < 1e-4
     check_fill(loaded, ref, tok)
+    assert "fill" in loaded.offers
 
 
 def test_albert_runs_its_layers_from_shared_weights(tmp_path):
@@ -124,8 +128,10 @@ def test_what_qkv_cannot_convert_is_refused_by_name(tmp_path):
     path, _, _ = albert(tmp_path / "inner", inner_group_num=2)
     with pytest.raises(ImportRefused, match="inner_group_num 2 is not supported"):
         convert(path)
-    path, _, _ = electra(tmp_path / "gen", "ForMaskedLM")
-    with pytest.raises(ImportRefused, match="ElectraForMaskedLM of model_type 'electra' is not supported"):
+    path, _, _ = electra(tmp_path / "disc", "ForPreTraining")
+    with pytest.raises(ImportRefused, match="ElectraForPreTraining of model_type 'electra' is not supported "
+                                            r"\(the discriminator's replaced-token head scores each token real or "
+                                            "replaced, a task qkv has not"):
         convert(path)
 
 
@@ -180,16 +186,9 @@ def test_the_commands_take_the_imports(tmp_path):
     assert all(label in out for label, _ in want)
     run("viz", "attention", q_clf, "the quick fox", "--out", tmp_path / "att")
     assert (tmp_path / "att.html").is_file()
-    pytest.importorskip("fastapi", reason='pip install -c constraints.txt -e ".[serve]"')
-    from fastapi.testclient import TestClient
+    from import_folders import served
 
-    from qkv.serve import Limits
-    from qkv.serve.app import create_app
-    from qkv.serve.service import load_models
-
-    limits = Limits()
-    with TestClient(create_app(load_models([f"mlm={q_mlm}", f"clf={q_clf}"], limits), limits),
-                    base_url="http://127.0.0.1") as client:
+    with served(f"mlm={q_mlm}", f"clf={q_clf}") as client:
         r = client.post("/fill", json={"model": "mlm", "texts": ["the quick [MASK] fox"], "k": 2})
         assert r.status_code == 200, r.text
         r = client.post("/classify", json={"model": "clf", "texts": TEXTS[:2]})
@@ -204,3 +203,78 @@ def test_the_commands_take_the_imports(tmp_path):
     cfg = json.loads((tmp_path / "run" / "last" / "config.json").read_text())["model"]
     assert (cfg["embedding_dim"], cfg["layer_groups"], cfg["n_encoder_layers"]) == (16, 2, 3)
     assert {label for label, _ in qkv.load(tmp_path / "run" / "best").classify(TEXTS)} <= {"pos", "neg"}
+
+
+@pytest.mark.parametrize("family", ["distilbert", "electra"])
+def test_the_commands_take_the_other_families(tmp_path, family, capsys):
+    """DistilBERT and ELECTRA (its generator for the masked LM): fill, embed, search, classify and viz attention
+    from the command line (the maps: transformers' eager attention weights), serve's /embed and /fill, and
+    train --init-from, mlm and classify: every tensor continues, within the 64 positions; a classifier keeps its
+    head (ELECTRA's GELU one) for the same labels and starts its output layer new for other labels."""
+    import qkv
+    from qkv.cli import main
+    from qkv.viz import attention_data
+
+    from import_folders import eager, max_map_difference, rows_sum_to_one, served
+
+    _, ref, tok = FAMILIES[family](tmp_path / "mlm", "ForMaskedLM")
+    FAMILIES[family](tmp_path / "clf", "ForSequenceClassification", **LABELS)
+    mlm, clf = imported(tmp_path / "mlm", tmp_path), imported(tmp_path / "clf", tmp_path)
+    q_mlm, q_clf = tmp_path / "q-mlm", tmp_path / "q-clf"
+
+    def run(*args) -> str:
+        capsys.readouterr()
+        assert main([str(a) for a in args]) == 0
+        seen = capsys.readouterr()
+        return seen.out + seen.err
+
+    top = mlm.fill("the quick [MASK] fox", k=2)[0]
+    assert f"{top[0][1]:.4f}  {top[0][0]}" in run("fill", q_mlm, "--top-k", "2", "the quick [MASK] fox")
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    run("embed", q_mlm, "--input", tmp_path / "texts.txt", "--output", tmp_path / "vectors.npy")
+    import numpy as np
+
+    assert np.allclose(np.load(tmp_path / "vectors.npy"), mlm.embed(TEXTS).numpy(), atol=1e-5)
+    found = run("search", q_mlm, "--corpus", tmp_path / "texts.txt", "--top-k", "1", TEXTS[1])
+    assert f"1.0000  2: {TEXTS[1]}" in found
+    want = clf.classify(TEXTS[:2])
+    assert run("classify", q_clf, *TEXTS[:2]).splitlines()[:2] == [f"{label}\t{p:.4f}" for label, p in want]
+
+    text = "the quick brown fox"
+    data = attention_data(mlm, text)
+    enc = tok([text], return_tensors="pt")
+    enc.pop("token_type_ids", None)
+    with torch.inference_mode():
+        maps = eager(ref)(**enc, output_attentions=True).attentions
+    assert len(data["tokens"]["text"]) == enc["input_ids"].size(1)
+    assert max_map_difference(data["weights"]["encoder"], maps) < 1e-5 and rows_sum_to_one(data["weights"]["encoder"])
+    run("viz", "attention", q_clf, text, "--out", tmp_path / "att")
+    assert (tmp_path / "att.html").is_file()
+
+    with served(f"mlm={q_mlm}") as client:
+        r = client.post("/embed", json={"model": "mlm", "texts": TEXTS[:2]})
+        assert r.status_code == 200, r.text
+        got = torch.tensor([row["embedding"] for row in r.json()["results"]])
+        assert torch.allclose(got, mlm.embed(TEXTS[:2]), atol=1e-5)
+        r = client.post("/fill", json={"model": "mlm", "texts": ["the quick [MASK] fox"], "k": 2})
+        assert r.status_code == 200, r.text
+
+    data = tmp_path / "mlm.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 4), encoding="utf-8")
+    logged = run("train", "--task", "mlm", "--init-from", q_mlm, "--train", data, "--valid", data, "--out",
+                 tmp_path / "run-mlm", "--max-steps", "2", "--eval-every", "2", "--threads", "1")
+    assert "max_len 63 (not 256)" in logged and "new: none" in logged
+    assert len(qkv.load(tmp_path / "run-mlm" / "best").fill("the quick [MASK] fox", k=2)[0]) == 2
+
+    for labels, head in ((["neg", "neutral", "pos"], "new: none"),
+                         (["a", "b", "c"], "new: classifier.weight, classifier.bias")):
+        data = tmp_path / "clf.jsonl"
+        data.write_text("".join(json.dumps({"text": t, "label": labels[i % 3]}) + "\n"
+                                for i, t in enumerate(TEXTS * 3)), encoding="utf-8")
+        out = tmp_path / f"run-{labels[0]}"
+        logged = run("train", "--task", "classify", "--init-from", q_clf, "--train", data, "--valid", data,
+                     "--out", out, "--max-steps", "2", "--eval-every", "2", "--threads", "1")
+        assert head in logged, logged
+        cfg = json.loads((out / "last" / "config.json").read_text())["model"]
+        assert (cfg["pooling"], cfg["pooler"], cfg["pooler_activation"]) == \
+            ("cls", True, "gelu" if family == "electra" else clf.model.cfg.pooler_activation)

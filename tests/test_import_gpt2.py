@@ -162,6 +162,29 @@ def test_generate_command(imported, capsys):
     assert want.strip() and want.strip() in capsys.readouterr().out
 
 
+def test_evaluate_is_transformers_perplexity(gpt2_dir, imported, tmp_path, capsys):
+    """``qkv evaluate --test`` on the import: the perplexity of the text's stream (its tokens, then
+    <|endoftext|>) from transformers' own next-token log-probabilities; the rows qkv adds take none."""
+    import qkv
+    from qkv.cli import main
+    from qkv.data.text import token_stream
+
+    lm = qkv.load(imported)
+    t = lm.tokenizer
+    hf, _ = reference(gpt2_dir)
+    stream = token_stream([TEXT[0]], t.encode)
+    x = torch.tensor([t.to_model_ids(stream)])
+    with torch.inference_mode():
+        logp = hf(input_ids=x).logits[0, :-1].log_softmax(-1)
+    nll = -float(logp[torch.arange(x.size(1) - 1), x[0, 1:]].sum())
+    got = lm.score([TEXT[0]])
+    assert got.tokens == len(stream) - 1 and abs(got.nll - nll) < 1e-4 * len(stream)
+    (tmp_path / "text.txt").write_text(TEXT[0] + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["evaluate", str(imported), "--test", str(tmp_path / "text.txt")]) == 0
+    assert f"perplexity {got.ppl:.4f} per token" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("change, message", [
     ({"add_cross_attention": True}, "add_cross_attention"),
     ({"activation_function": "tanh"}, "activation_function 'tanh'"),
@@ -186,18 +209,12 @@ def test_unsupported_options_are_refused_by_name(gpt2_dir, tmp_path, change, mes
 
 def test_serve_generates_with_the_import(imported):
     """``qkv serve``'s /generate on the imported GPT-2 answers as the front-end does."""
-    pytest.importorskip("fastapi", reason='qkv serve needs fastapi: pip install -c constraints.txt -e ".[serve]"')
-    pytest.importorskip("httpx", reason='the serve tests need httpx: pip install -c constraints.txt -e ".[serve]"')
     import qkv
-    from fastapi.testclient import TestClient
-    from qkv.serve.app import create_app
-    from qkv.serve.limits import Limits
-    from qkv.serve.service import load_models
+    from import_folders import served
 
-    limits = Limits()
     args = dict(prefix="The fire", max_new_tokens=12, temperature=0.8, top_k=0, top_p=1.0, seed=7)
     want = "".join(qkv.load(imported).generate(**args))
-    with TestClient(create_app(load_models([str(imported)], limits), limits), base_url="http://127.0.0.1") as c:
+    with served(imported) as c:
         r = c.post("/generate", json=args)
         assert r.status_code == 200, r.text
         assert r.json()["text"] == want

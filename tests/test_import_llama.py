@@ -233,3 +233,88 @@ def test_a_window_that_covers_every_position_imports(tmp_path):
     config["sliding_window"] = config["max_position_embeddings"]
     (folder / "config.json").write_text(json.dumps(config))
     assert convert(folder).model_cfg.positional == "rotary"
+
+
+def test_the_commands_take_the_import(folder, tmp_path, capsys):
+    """generate (greedy: the API's continuation, which is generate()'s), evaluate (perplexity: the sum of
+    transformers' next-token log-probabilities over the text's stream), serve's /generate and viz attention (the
+    masked self-attention of every layer and query head, GQA's key/value heads shared: transformers' weights)
+    on the imported checkpoint."""
+    import qkv
+    from qkv.cli import main
+    from qkv.data.text import token_stream
+    from qkv.importers import import_model
+    from qkv.viz import attention_data
+
+    from import_folders import eager, max_map_difference, rows_sum_to_one, served
+
+    out = tmp_path / "q"
+    import_model(folder, out, log=lambda s: None)
+    lm = qkv.load(out)
+    t = lm.tokenizer
+    hf, _ = reference(folder)
+    prompt = "His grey eyes"
+    want = "".join(lm.generate(prompt, max_new_tokens=12, temperature=0))
+    capsys.readouterr()
+    assert main(["generate", str(out), "--prefix", prompt, "--max-new-tokens", "12", "--greedy"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == prompt + want and want.strip()
+
+    (tmp_path / "text.txt").write_text(TEXT[1] + "\n", encoding="utf-8")
+    stream = token_stream([TEXT[1]], t.encode)
+    x = torch.tensor([t.to_model_ids(stream)])
+    with torch.inference_mode():
+        logp = hf(input_ids=x).logits[0, :-1].log_softmax(-1)
+    nll = -float(logp[torch.arange(x.size(1) - 1), x[0, 1:]].sum())
+    got = lm.score([TEXT[1]])
+    assert got.tokens == len(stream) - 1 and abs(got.nll - nll) < 1e-4 * len(stream)
+    assert main(["evaluate", str(out), "--test", str(tmp_path / "text.txt")]) == 0
+    assert f"perplexity {got.ppl:.4f} per token" in capsys.readouterr().out
+
+    args = dict(prefix="The fire", max_new_tokens=10, temperature=0.8, top_k=0, top_p=1.0, seed=7)
+    with served(out) as client:
+        r = client.post("/generate", json=args)
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == "".join(lm.generate(**args))
+
+    text = "The Time Traveller was"
+    data = attention_data(lm, text)
+    ids = t.encode_text(text)
+    assert data["tokens"]["text"] == [t.id_to_piece(i) for i in ids]
+    maps = data["weights"]["decoder_self"]
+    with torch.inference_mode():
+        ref = eager(hf)(input_ids=torch.tensor([t.to_model_ids(ids)]), output_attentions=True).attentions
+    assert len(maps) == 2 and len(maps[0]) == 4 and len(maps[0][0]) == len(ids)  # 4 query heads over 2 kv heads
+    assert max_map_difference(maps, ref) < 1e-5 and rows_sum_to_one(maps)
+    assert main(["viz", "attention", str(out), text, "--out", str(tmp_path / "att")]) == 0
+    assert (tmp_path / "att.html").is_file() and (tmp_path / "att.png").is_file()
+
+
+def test_finetune_from_the_import_keeps_its_switches_and_positions(tmp_path, capsys):
+    """qkv train --task lm --init-from a Qwen2 import (rotary positions trained to 128, RMSNorm, SwiGLU, GQA, q/k/v
+    biases) with the default max_len (256): every tensor continues (none starts new), the switches and the
+    tokenizer stay, and max_len becomes the import's 128 positions, said once in the log."""
+    from qkv.checkpoint import read_checkpoint, read_config
+    from qkv.cli import main
+    from qkv.importers import import_model
+
+    folder = build(tmp_path / "Qwen2ForCausalLM", "Qwen2ForCausalLM")
+    import_model(folder, tmp_path / "q", log=lambda s: None)
+    (tmp_path / "book.txt").write_text("\n".join(TEXT * 4) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "--task", "lm", "--init-from", str(tmp_path / "q"), "--train", str(tmp_path / "book.txt"),
+                 "--max-steps", "2", "--eval-every", "2", "--schedule", "constant", "--lr", "0.001",
+                 "--valid-fraction", "0.2", "--out", str(out), "--threads", "1"]) == 0
+    logged = capsys.readouterr()
+    logged = logged.out + logged.err
+    assert "max_len 128 (not 256): its rotary positions end at max_positions=128" in logged
+    assert "new: none" in logged
+    a, b = read_checkpoint(tmp_path / "q"), read_checkpoint(out / "last")
+    cfg = read_config(b, "model")
+    assert (cfg.positional, cfg.rope_theta, cfg.norm, cfg.norm_bias, cfg.ffn_gated, cfg.ffn_bias, cfg.n_kv_heads,
+            cfg.qkv_bias, cfg.out_bias) == ("rotary", 1e6, "rmsnorm", False, True, False, 2, True, False)
+    assert read_config(b, "train").max_len == 128
+    assert set(a.state_dict) == set(b.state_dict)
+    moved = [n for n in a.state_dict if not torch.equal(a.state_dict[n], b.state_dict[n])]
+    assert len(moved) > len(a.state_dict) // 2
+    assert (out / "last" / "tokenizer.json").read_bytes() == (tmp_path / "q" / "tokenizer.json").read_bytes()

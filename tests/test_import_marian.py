@@ -389,17 +389,11 @@ def test_round_trip_export_greedy_equals_qkv(finetuned, tmp_path, fmt):
 
 def test_serve_translates_and_scores_with_the_import(imported):
     """``qkv serve``'s /translate and /score on the imported model answer as the front-end does."""
-    pytest.importorskip("fastapi", reason='qkv serve needs fastapi: pip install -c constraints.txt -e ".[serve]"')
-    pytest.importorskip("httpx", reason='the serve tests need httpx: pip install -c constraints.txt -e ".[serve]"')
     import qkv
-    from fastapi.testclient import TestClient
-    from qkv.serve.app import create_app
-    from qkv.serve.limits import Limits
-    from qkv.serve.service import load_models
+    from import_folders import served
 
-    limits = Limits()
     want = qkv.load(imported).translate(EN[:3], beam_size=2)
-    with TestClient(create_app(load_models([str(imported)], limits), limits), base_url="http://127.0.0.1") as c:
+    with served(imported) as c:
         r = c.post("/translate", json={"texts": EN[:3], "beam_size": 2})
         assert r.status_code == 200, r.text
         assert [x["hypotheses"][0]["text"] for x in r.json()["results"]] == want

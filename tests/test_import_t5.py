@@ -203,3 +203,104 @@ def test_translate_cuts_outputs_where_generate_does(tmp_path, max_length):
         cut += tok.eos_token_id not in out  # the limit ended it
         assert tr.translate([source])[0] == tok.decode(out, skip_special_tokens=True)
     assert cut, "no output reached the length limit"
+
+
+def test_the_commands_take_the_import(folder, tmp_path, capsys):
+    """translate (the CLI: the API's greedy), score (transformers' log-probabilities of T5's labels, target
+    </s>), evaluate, serve's /translate and /score, and viz attention: the encoder's, the decoder's masked and
+    the cross-attention weights of every layer and head, relative-position buckets in the first two, are
+    transformers' (eager)."""
+    import qkv
+    from qkv.cli import main
+    from qkv.importers import import_model
+    from qkv.viz import attention_data
+
+    from import_folders import eager, max_map_difference, rows_sum_to_one, served
+
+    out = tmp_path / "q"
+    import_model(folder, out, log=lambda s: None)
+    tr = qkv.load(out)
+    hf, tok = reference(folder)
+    want = tr.translate(SOURCES[:2], beam_size=1)
+    capsys.readouterr()
+    assert main(["translate", str(out), "--beam-size", "1", *SOURCES[:2]]) == 0
+    assert capsys.readouterr().out.splitlines() == want
+
+    targets = list(reversed(SOURCES))
+    got = tr.score(SOURCES, targets)
+    enc = tok(SOURCES, text_target=targets, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        logp = hf(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                  labels=enc["labels"]).logits.log_softmax(-1)
+    totals = []
+    for i in range(len(SOURCES)):
+        labels = enc["labels"][i][enc["labels"][i] != tok.pad_token_id]  # the target's pieces, </s>
+        totals.append(float(logp[i, torch.arange(len(labels)), labels].sum()))
+        assert len(got[i]) == len(labels) and abs(sum(got[i]) - totals[i]) < 1e-3
+    (tmp_path / "src.txt").write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    (tmp_path / "tgt.txt").write_text("\n".join(targets) + "\n", encoding="utf-8")
+    assert main(["score", str(out), "--src", str(tmp_path / "src.txt"), "--tgt", str(tmp_path / "tgt.txt"),
+                 "--output", str(tmp_path / "scores.txt")]) == 0
+    lines = (tmp_path / "scores.txt").read_text().splitlines()
+    assert len(lines) == len(totals)
+    assert all(abs(float(line.split("\t")[0]) - t) < 1e-3 for line, t in zip(lines, totals))
+
+    assert main(["evaluate", str(out), "--src", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "tgt.txt"),
+                 "--beam-size", "1"]) == 0
+    assert "BLEU" in capsys.readouterr().out
+
+    with served(out) as client:
+        r = client.post("/translate", json={"texts": SOURCES[:2], "beam_size": 1})
+        assert r.status_code == 200, r.text
+        assert [x["hypotheses"][0]["text"] for x in r.json()["results"]] == want
+        r = client.post("/score", json={"sources": SOURCES, "targets": targets})
+        assert r.status_code == 200, r.text
+        assert all(abs(x["logprob"] - t) < 1e-3 for x, t in zip(r.json()["results"], totals))
+
+    source, target = TEXT[1], SOURCES[1]
+    data = attention_data(tr, source, target)
+    src = tok([source], return_tensors="pt")["input_ids"]
+    tgt = torch.cat([torch.zeros(1, 1, dtype=torch.long), tok([target], add_special_tokens=False,
+                                                               return_tensors="pt")["input_ids"]], 1)
+    assert (len(data["tokens"]["source"]), len(data["tokens"]["target"])) == (src.size(1), tgt.size(1))
+    with torch.inference_mode():
+        ref = eager(hf)(input_ids=src, decoder_input_ids=tgt, output_attentions=True)
+    for kind, want_maps in (("encoder", ref.encoder_attentions), ("decoder_self", ref.decoder_attentions),
+                            ("cross", ref.cross_attentions)):
+        maps = data["weights"][kind]
+        assert len(maps) == 2 and len(maps[0]) == 4, kind
+        assert max_map_difference(maps, want_maps) < 1e-5 and rows_sum_to_one(maps), kind
+    assert main(["viz", "attention", str(out), source, "--target", target, "--out", str(tmp_path / "att")]) == 0
+    assert (tmp_path / "att.html").is_file() and (tmp_path / "att.png").is_file()
+
+
+def test_finetune_from_the_import_keeps_its_switches(folder, tmp_path, capsys):
+    """qkv train --init-from a T5 import on a few pairs: every tensor continues (none new), and the relative
+    positions, RMSNorm, T5's FFN, the unscaled attention and the tokenizer stay."""
+    import qkv
+    from qkv.checkpoint import read_checkpoint, read_config
+    from qkv.cli import main
+    from qkv.importers import import_model
+
+    import_model(folder, tmp_path / "q", log=lambda s: None)
+    (tmp_path / "src.txt").write_text("\n".join(SOURCES * 3) + "\n", encoding="utf-8")
+    (tmp_path / "tgt.txt").write_text("\n".join(reversed(SOURCES * 3)) + "\n", encoding="utf-8")
+    files = ["--src-train", "src.txt", "--tgt-train", "tgt.txt", "--src-valid", "src.txt", "--tgt-valid", "tgt.txt"]
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "--init-from", str(tmp_path / "q"), *[str(tmp_path / f) if f.endswith(".txt") else f
+                                                                for f in files],
+                 "--max-steps", "2", "--eval-every", "2", "--schedule", "constant", "--lr", "0.001",
+                 "--out", str(out), "--threads", "1"]) == 0
+    logged = capsys.readouterr()
+    assert "new: none" in logged.out + logged.err
+    a, b = read_checkpoint(tmp_path / "q"), read_checkpoint(out / "last")
+    want, cfg = read_config(a, "model"), read_config(b, "model")
+    fields = ("positional", "relative_buckets", "relative_max_distance", "norm", "norm_bias", "ffn_gated", "activation",
+              "ffn_bias", "qkv_bias", "out_bias", "attention_scale", "output_bias", "tie_output")
+    assert [getattr(cfg, f) for f in fields] == [getattr(want, f) for f in fields]
+    assert (cfg.positional, cfg.norm, cfg.ffn_gated) == ("relative", "rmsnorm", folder.name != "v1")
+    moved = [n for n in a.state_dict if not torch.equal(a.state_dict[n], b.state_dict[n])]
+    assert set(a.state_dict) == set(b.state_dict) and len(moved) > len(a.state_dict) // 2
+    assert (out / "last" / "tokenizer.json").read_bytes() == (tmp_path / "q" / "tokenizer.json").read_bytes()
+    assert len(qkv.load(out / "last").translate(SOURCES[:2], beam_size=1)) == 2

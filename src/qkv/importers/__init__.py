@@ -124,8 +124,10 @@ def convert(folder: str | Path) -> Imported:
         if arch is None and not architectures and model_type in family.MODEL_TYPES:
             arch = family.DEFAULT_ARCHITECTURE
         if arch is None and model_type in family.MODEL_TYPES:
+            why = next((f" ({why})" for a, why in getattr(family, "REFUSED", {}).items() if a in architectures), "")
             raise ImportRefused(f"{base / 'config.json'}: architecture {', '.join(map(str, architectures))} of "
-                                f"model_type {model_type!r} is not supported; qkv imports {', '.join(family.ARCHITECTURES)}")
+                                f"model_type {model_type!r} is not supported{why}; qkv imports "
+                                f"{', '.join(family.ARCHITECTURES)}")
         if arch is not None:
             return as_given(_converted(family, folder, base, config, arch, sentence))
     known = [a for n in FAMILIES for a in importlib.import_module(n).ARCHITECTURES]

@@ -53,6 +53,17 @@ from qkv.errors import QkvError
 
 REQUIRED = object()  # a getter's default: the field must be there
 MAX_INT = 2**31 - 1  # no size, count or id of a model is larger
+#: the logit of a row qkv adds to an imported vocabulary (PAD, <cls>, ... where the model has none): exp(-1e4)
+#: is 0 in float32, finite so that a label-smoothed loss stays finite
+ADDED_ROW_LOGIT = -1e4
+
+
+def added_rows_bias(idmap) -> torch.Tensor:
+    """An output bias for a model that has none of its own: 0 on the model's tokens, :data:`ADDED_ROW_LOGIT` on
+    the rows qkv adds (``idmap``'s rows without a model id). Without it those rows would have logit 0 and take
+    probability from every score and perplexity the model's own tokens get in transformers."""
+    known = [m for m in idmap.model_ids if m is not None]
+    return idmap.rows(torch.zeros(max(known) + 1), fill=ADDED_ROW_LOGIT).contiguous()
 
 
 class FolderError(QkvError):

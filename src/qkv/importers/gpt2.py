@@ -69,6 +69,7 @@ def model_config(hf, where: Path, vocab_size: int) -> ModelConfig:
         positional="learned", max_positions=c.int("n_positions", 1024, at_least=2), norm_first=True, final_norm="auto",
         activation=ACTIVATIONS[act], layer_norm_eps=c.float("layer_norm_epsilon", 1e-5, at_least=0, at_most=1),
         scale_embeddings=False, share_embeddings=True, tie_output=True,
+        output_bias=True,  # 0 on the model's tokens, -1e4 on the rows qkv adds: folder.added_rows_bias
         src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
     ).validate()
 
@@ -106,6 +107,9 @@ def state_dict(weights, cfg: ModelConfig, idmap, where: Path) -> dict[str, torch
         out[f"{q}.ffn.w_2.bias"] = w(f"{h}.mlp.c_proj.bias", (d,))
         for qn, hn in (("res_attn.norm", "ln_1"), ("res_ffn.norm", "ln_2")):
             out[f"{q}.{qn}.weight"], out[f"{q}.{qn}.bias"] = w(f"{h}.{hn}.weight", (d,)), w(f"{h}.{hn}.bias", (d,))
+    from qkv.importers.folder import added_rows_bias
+
+    out["output_bias"] = added_rows_bias(idmap)
     return out
 
 

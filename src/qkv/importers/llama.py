@@ -108,6 +108,7 @@ def model_config(hf, where: Path, arch: str, vocab_size: int) -> ModelConfig:
         ffn_gated=True, ffn_bias=c.bool("mlp_bias", False), qkv_bias=qwen or attention_bias,
         out_bias=attention_bias and not qwen, scale_embeddings=False, share_embeddings=True,
         tie_output=c.bool("tie_word_embeddings", False), src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+        output_bias=True,  # 0 on the model's tokens, -1e4 on the rows qkv adds: folder.added_rows_bias
     ).validate()
 
 
@@ -146,6 +147,9 @@ def state_dict(weights, cfg: ModelConfig, idmap, where: Path, vocab: int | None 
     if not cfg.tie_output:
         out["output_proj.weight"] = idmap.rows(weights.take("lm_head.weight", (vocab, d),
                                                             ("vocab_size", "hidden_size", "tie_word_embeddings"))).contiguous()
+    from qkv.importers.folder import added_rows_bias
+
+    out["output_bias"] = added_rows_bias(idmap)
     return out
 
 

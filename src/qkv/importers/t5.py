@@ -87,6 +87,7 @@ def model_config(hf, where: Path, vocab_size: int) -> ModelConfig:
         layer_norm_eps=c.float("layer_norm_epsilon", 1e-6, at_least=0, at_most=1), activation=act, ffn_gated=gated,
         ffn_bias=False, qkv_bias=False, out_bias=False, attention_scale=False, scale_embeddings=False,
         share_embeddings=True, tie_output=False, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+        output_bias=True,  # 0 on the model's tokens, -1e4 on the rows qkv adds: folder.added_rows_bias
     ).validate()
 
 
@@ -149,6 +150,9 @@ def state_dict(weights, cfg: ModelConfig, hf, idmap, where: Path, vocab: int | N
         out[dst + ".res_cross.norm.weight"] = w(src + ".1.layer_norm.weight", (d,))
         ffn(dst, src + ".2")
         out[dst + ".res_ffn.norm.weight"] = w(src + ".2.layer_norm.weight", (d,))
+    from qkv.importers.folder import added_rows_bias
+
+    out["output_bias"] = added_rows_bias(idmap)
     return out
 
 

@@ -143,7 +143,13 @@ ARCH_FIELDS = ("arch", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_deco
                "max_positions", "norm_first", "share_embeddings", "tie_output", "activation", "layer_norm_eps",
                "scale_embeddings", "type_vocab_size", "embedding_norm", "final_norm",
                "sinusoid_layout", "output_bias", "position_offset", "embedding_dim", "layer_groups",
-               "mlm_head_activation")
+               "mlm_head_activation", "rope_theta", "relative_buckets", "relative_max_distance", "norm", "norm_bias",
+               "ffn_gated", "ffn_bias", "n_kv_heads", "qkv_bias", "out_bias", "attention_scale")
+
+
+#: a classifier's head, which a classifier started from it keeps: where it pools, its pooler, and the pooler's
+#: activation and dropout (the family's: ELECTRA's GELU head, BERT's tanh pooler)
+CLASSIFIER_FIELDS = ("pooling", "pooler", "pooler_activation", "pooler_dropout")
 
 
 def checkpoint_tokenizers(path: str | Path) -> TokenizerPair:
@@ -158,47 +164,61 @@ def init_model_config(model_cfg: ModelConfig, path: str | Path, log: Callable[[s
     from qkv.checkpoint import read_checkpoint, read_config
 
     saved = read_config(read_checkpoint(Path(path)), "model")
-    changed = {k: getattr(saved, k) for k in ARCH_FIELDS if getattr(saved, k) != getattr(model_cfg, k)}
+    fields = ARCH_FIELDS + (CLASSIFIER_FIELDS if saved.task == model_cfg.task == "classify" else ())
+    changed = {k: getattr(saved, k) for k in fields if getattr(saved, k) != getattr(model_cfg, k)}
     if changed:
         log(f"init_from {path}: its architecture wins over this run's: "
             + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
-    return replace(model_cfg, **{k: getattr(saved, k) for k in ARCH_FIELDS})
+    return replace(model_cfg, **{k: getattr(saved, k) for k in fields})
 
 
 def init_positions(task: "Task", model_cfg: ModelConfig, train_cfg: TrainConfig, path: str | Path,
                    log: Callable[[str], None]) -> TrainConfig:
-    """``train_cfg`` with ``max_len`` lowered to what the learned positions of the checkpoint at ``path``
-    hold (its architecture, ``max_positions`` included, wins: an import of 64 positions trains on texts
-    of at most 63 tokens), said in the log; unchanged when they hold ``max_len`` already."""
-    if model_cfg.positional != "learned" or model_cfg.is_recurrent:
+    """``train_cfg`` with ``max_len`` lowered to what the learned (or rotary) positions of the checkpoint at
+    ``path`` hold (its architecture, ``max_positions`` included, wins: an import of 64 learned positions trains
+    on texts of at most 63 tokens, a Llama import of a 128-token context on windows of at most 128), said in the
+    log; unchanged when they hold ``max_len`` already. Rotary positions have no table that ends, but the model
+    was trained within ``max_positions`` (an import's max_position_embeddings): training beyond it is not
+    continuing that model."""
+    if model_cfg.positional not in ("learned", "rotary") or model_cfg.is_recurrent:
         return train_cfg
     over = task.positions_needed(train_cfg) - model_cfg.max_positions
     if over <= 0:
         return train_cfg
+    kind = model_cfg.positional
     if train_cfg.max_len - over < 1:
-        raise ConfigError(f"init_from {path}: its learned positions (max_positions={model_cfg.max_positions}) "
+        raise ConfigError(f"init_from {path}: its {kind} positions (max_positions={model_cfg.max_positions}) "
                           f"hold no {model_cfg.task} example")
     fitted = replace(train_cfg, max_len=train_cfg.max_len - over,
                      keep_tail=min(train_cfg.keep_tail, train_cfg.max_len - over - 1))
-    log(f"init_from {path}: max_len {fitted.max_len} (not {train_cfg.max_len}): its learned positions end at "
+    log(f"init_from {path}: max_len {fitted.max_len} (not {train_cfg.max_len}): its {kind} positions end at "
         f"max_positions={model_cfg.max_positions}")
     return fitted.validate()
 
 
-def init_weights(model: torch.nn.Module, path: str | Path, log: Callable[[str], None]) -> tuple[list[str], list[str]]:
+def init_weights(model: torch.nn.Module, path: str | Path, log: Callable[[str], None],
+                 labels: list[str] | None = None) -> tuple[list[str], list[str]]:
     """Copy every parameter of the checkpoint at ``path`` whose name and shape match ``model``'s.
 
     Returns (copied names, names left at their fresh initialisation), e.g. an MLM encoder's
-    embeddings and layers copied into a classifier whose head stays new.
+    embeddings and layers copied into a classifier whose head stays new. A classifier's output rows
+    (``classifier.*``) are copied only when the checkpoint has this run's ``labels`` in the same
+    order: rows of other labels, or of the same in another order, would score the wrong classes.
     """
     from qkv.checkpoint import read_checkpoint
 
     ckpt = read_checkpoint(Path(path))
     own = model.state_dict()
     copied, fresh = [], []
+    other_labels = labels is not None and ckpt.config.get("labels") != labels
+    if other_labels and any(n.startswith("classifier.") for n in ckpt.state_dict):
+        log(f"init_from {path}: its labels {ckpt.config.get('labels')} are not this run's {labels}: the classifier's "
+            "output layer starts new")
     with torch.no_grad():
         for name, tensor in own.items():
             src = ckpt.state_dict.get(name)
+            if other_labels and name.startswith("classifier."):
+                src = None
             if src is not None and src.shape == tensor.shape:
                 tensor.copy_(src)
                 copied.append(name)

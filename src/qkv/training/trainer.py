@@ -958,7 +958,7 @@ def _train(model_cfg, train_cfg, decode_cfg, train_data, valid_data, out_dir: Pa
     if tensorboard:
         trainer.tensorboard = summary_writer_class()(log_dir=str(tensorboard))
     if train_cfg.init_from and not resume:
-        init_weights(trainer.model, train_cfg.init_from, log)
+        init_weights(trainer.model, train_cfg.init_from, log, task.state().get("labels"))
     if resume:
         trainer.restore(last)
         # The run continues under the saved settings, except where the user raised a limit.
