@@ -63,6 +63,11 @@ def check_supported(src: Source, fmt: str) -> None:
     from qkv.export import ct2, hf
 
     {"ctranslate2": ct2.check, "hf": hf.check}[fmt](src)
+    if fmt == "hf":
+        from qkv.export.hf_families import family_of
+
+        if family_of(src) is not None:  # an imported model's own class: hf.check read its every option back
+            return
     cfg = src.model
     if cfg.has_final_norm != cfg.norm_first:
         raise QkvError(f"{src.path} has final_norm = {cfg.final_norm!r} with norm_first = {cfg.norm_first}: "

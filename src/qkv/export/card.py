@@ -277,6 +277,10 @@ def usage(src: Source, fmt: str, location: str) -> str:
     here = (f"model_dir = {json.dumps(location)}  # this export's folder: run from the folder that holds it, "
             "or give its path (uploaded: its name on the Hub)")
     if fmt == "hf":
+        from qkv.export.hf_families import family_of, usage as family_usage
+
+        if family_of(src) is not None:  # an imported model, written back as its own class
+            return family_usage(src, here)
         dec = src.decode
         return f"""```python
 from transformers import MarianMTModel, MarianTokenizer
