@@ -108,3 +108,50 @@ def test_an_option_the_class_cannot_say_is_refused_by_name(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "scale_embeddings = true" in err and "LlamaForCausalLM" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+# --- encoders: BERT, RoBERTa (XLM-R), DistilBERT, ALBERT, ELECTRA ------------------------------------------
+
+ENCODERS = [("bert", "Model"), ("bert", "ForMaskedLM"), ("bert", "ForSequenceClassification"),
+            ("Roberta", "ForMaskedLM"), ("Roberta", "ForSequenceClassification"), ("XLMRoberta", "Model"),
+            ("distilbert", "ForMaskedLM"), ("distilbert", "ForSequenceClassification"),
+            ("albert", "Model"), ("albert", "ForMaskedLM"), ("albert", "ForSequenceClassification"),
+            ("electra", "Model"), ("electra", "ForSequenceClassification")]
+
+
+def build_encoder(path, family, kind):
+    """The import tests' tiny random folder (weights and norms perturbed), and its transformers class."""
+    import test_import_encoders as enc
+    import test_import_roberta as rob
+
+    labels = enc.LABELS if kind == "ForSequenceClassification" else {}
+    if family in rob.FAMILIES:
+        folder, model, tok = rob.folder(path, family, kind, **labels)
+    else:
+        folder, model, tok = getattr(enc, family)(path, kind, **labels)
+    return folder, type(model)
+
+
+@pytest.mark.parametrize("family,kind", ENCODERS)
+def test_encoder_exports_as_its_own_class(tmp_path, family, kind):
+    folder, cls = build_encoder(tmp_path / "hf", family, kind)
+    out = export_folder(folder, tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [cls.__name__]
+    original, exported = cls.from_pretrained(str(folder)).eval(), cls.from_pretrained(str(out)).eval()
+    tok_o = transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
+    tok_e = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
+    same_ids(tok_o, tok_e)
+    assert (tok_e.cls_token, tok_e.sep_token, tok_e.pad_token) == (tok_o.cls_token, tok_o.sep_token, tok_o.pad_token)
+    enc = right_padded(tok_o)
+    with torch.inference_mode():
+        want, got = original(**enc), exported(**enc)
+    if kind == "Model":  # the pooler, which the import leaves out, is not compared (nor written)
+        real = enc["attention_mask"].bool()
+        assert float((got.last_hidden_state - want.last_hidden_state)[real].abs().max()) <= 1e-4
+    elif kind == "ForMaskedLM":
+        real = enc["attention_mask"].bool()
+        assert float((got.logits - want.logits)[real].abs().max()) <= 1e-4
+    else:
+        assert float((got.logits - want.logits).abs().max()) <= 1e-4
+        assert exported.config.id2label == original.config.id2label

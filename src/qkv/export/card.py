@@ -221,6 +221,10 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
     meta["license"] = info.license
     meta["library_name"] = "transformers" if fmt == "hf" else "ctranslate2"
     meta["pipeline_tag"] = "translation" if translate else "text-generation"
+    if fmt == "hf" and not translate:
+        from qkv.export.hf_families import pipeline_tag
+
+        meta["pipeline_tag"] = pipeline_tag(src)  # an imported model's own class
     meta["tags"] = ["qkv", "transformer", "attention-is-all-you-need",
                     *(["translation", "marian"] if translate and fmt == "hf" else ["translation"] if translate else
                       ["language-model"]),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from qkv.config import BOS, EOS, PAD
+from qkv.config import BOS, CLS, EOS, PAD, SEP
 from qkv.errors import QkvError
 
 # ModelConfig fields a transformers config does not carry back (training settings) or carries as a bound
@@ -109,9 +109,93 @@ def gpt2_state(tagged, src, c):
     return gpt2.state_dict(tagged, src.model, src.tokenizers.src.ids, c.path)
 
 
+# --- BERT, RoBERTa (XLM-R, CamemBERT), DistilBERT, ALBERT, ELECTRA ----------------------------------------
+
+ENCODER_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+
+def _labels(src) -> dict:
+    """A classifier's labels (the import kept them) as config.json says them."""
+    if src.model.task != "classify":
+        return {}
+    labels = src.config.get("labels") or [f"LABEL_{i}" for i in range(src.model.n_classes)]
+    return {"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)},
+            "problem_type": "single_label_classification"}
+
+
+def bert_like_config(src, arch: str):
+    """BertConfig and the configs of BERT's names (RoBERTa's, ELECTRA's, ALBERT's)."""
+    import transformers
+
+    cfg = src.model
+    prefix = next(p for p in ("XLMRoberta", "Camembert", "Roberta", "Electra", "Albert", "Bert") if arch.startswith(p))
+    extra = {}
+    if prefix in ("XLMRoberta", "Camembert", "Roberta"):  # RoBERTa's positions: row t + pad_token_id + 1
+        extra = {"pad_token_id": cfg.position_offset - 1, "bos_token_id": _id(src, CLS), "eos_token_id": _id(src, SEP)}
+    if prefix in ("Electra", "Albert"):
+        extra["embedding_size"] = cfg.embedding_dim or cfg.d_model
+    if prefix == "Albert":
+        extra.update(num_hidden_groups=cfg.layer_groups, inner_group_num=1)
+    return getattr(transformers, f"{prefix}Config")(
+        vocab_size=_vocab(src), hidden_size=cfg.d_model, num_hidden_layers=cfg.n_encoder_layers,
+        num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
+        hidden_act=ENCODER_ACTIVATIONS.get(cfg.activation, cfg.activation), hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.attention_dropout, max_position_embeddings=cfg.max_positions + cfg.position_offset,
+        type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.layer_norm_eps,
+        **{"pad_token_id": _id(src, PAD), **extra}, **_labels(src), architectures=[arch])
+
+
+def distilbert_config(src, arch: str):
+    from transformers import DistilBertConfig
+
+    cfg = src.model
+    return DistilBertConfig(vocab_size=_vocab(src), dim=cfg.d_model, n_layers=cfg.n_encoder_layers, n_heads=cfg.n_heads,
+                            hidden_dim=cfg.d_ff, activation=ENCODER_ACTIVATIONS.get(cfg.activation, cfg.activation),
+                            dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+                            max_position_embeddings=cfg.max_positions, sinusoidal_pos_embds=False,
+                            pad_token_id=_id(src, PAD), **_labels(src), architectures=[arch])
+
+
+def _importer(arch: str):
+    """The importer's :class:`~qkv.importers.bert.Family` of an encoder architecture."""
+    from qkv.importers import albert, bert, distilbert, electra, roberta
+
+    for module, family in ((bert, bert.BERT), (roberta, roberta.FAMILY), (distilbert, distilbert.FAMILY),
+                           (albert, albert.FAMILY), (electra, electra.FAMILY)):
+        if arch in module.ARCHITECTURES:
+            return family
+    raise QkvError(f"internal: no importer for {arch}")
+
+
+def encoder_read(data, where, arch: str, src):
+    """The importer's ModelConfig of ``data`` with the head the checkpoint has (as ``convert_encoder`` sets it)."""
+    from dataclasses import replace
+
+    family, cfg = _importer(arch), src.model
+    back = family.model_config(data, where, cfg.task, cfg.src_vocab_size)
+    if cfg.task == "classify":
+        return replace(back, n_classes=cfg.n_classes, pooling="cls", pooler=True, **family.classifier)
+    return replace(back, mlm_head=cfg.mlm_head, pooling=cfg.pooling)
+
+
+def encoder_state(tagged, src, c):
+    family = _importer(c.get("architectures")[0])
+    n = len(family.prefix)
+    return family.state(tagged.renamed(lambda k: k[n:] if k.startswith(family.prefix) else k), src.model,
+                        src.tokenizers.src.ids, c)
+
+
 LLAMA = Family("lm", llama_config, llama_read, llama_state)
+BERT_LIKE = Family("encoder", bert_like_config, encoder_read, encoder_state, ("pooler.dense.weight", "pooler.dense.bias",
+                                                                               "pooler.weight", "pooler.bias"))
 FAMILIES = {"LlamaForCausalLM": LLAMA, "Qwen2ForCausalLM": LLAMA, "MistralForCausalLM": LLAMA,
-            "GPT2LMHeadModel": Family("lm", gpt2_config, gpt2_read, gpt2_state)}
+            "GPT2LMHeadModel": Family("lm", gpt2_config, gpt2_read, gpt2_state),
+            **{f"{n}{kind}": BERT_LIKE for n in ("Bert", "Roberta", "XLMRoberta", "Camembert", "Albert")
+               for kind in ("Model", "ForMaskedLM", "ForSequenceClassification")},
+            "ElectraModel": BERT_LIKE, "ElectraForSequenceClassification": BERT_LIKE,
+            **{f"DistilBert{kind}": Family("encoder", distilbert_config, encoder_read, encoder_state)
+               for kind in ("Model", "ForMaskedLM", "ForSequenceClassification")}}
+WRITTEN_AS = {"BertForPreTraining": "BertForMaskedLM"}  # its next-sentence head is not imported
 
 
 def imported_architecture(src) -> str | None:
@@ -124,6 +208,7 @@ def imported_architecture(src) -> str | None:
 def family_of(src) -> tuple[str, Family] | None:
     """(architecture, Family) of an imported checkpoint this module writes; None for every other."""
     arch = imported_architecture(src)
+    arch = WRITTEN_AS.get(arch, arch)
     return (arch, FAMILIES[arch]) if arch in FAMILIES else None
 
 
@@ -183,7 +268,7 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
     config = family.config(src, arch)
     cls = getattr(transformers, arch)
     with torch.device("meta"):
-        shapes = {k: tuple(p.shape) for k, p in cls(config).named_parameters()}  # tied ones once
+        shapes = {k: tuple(p.shape) for k, p in parameters(cls(config)).items()}
     c = Config(config.to_dict(), out / "config.json")
     tagged = Tagged(shapes, c)
     state, unfilled = invert(tagged, family.state(tagged, src, c), src.weights, str(src.path))
@@ -196,7 +281,8 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
     if unexpected or set(missing) - set(unfilled) - set(_tied(model)) - set(_buffers(model)):
         raise QkvError(f"internal: {arch} names differ (missing {sorted(missing)[:5]}, unexpected {unexpected[:5]})")
     model.eval()
-    model.save_pretrained(str(out))
+    # what the import left out (a BertModel's pooler) is not written: transformers initialises it and says so
+    model.save_pretrained(str(out), state_dict=state)
     specials = tokenizer_files(src, out)
     check = verify(src, out, arch, family)
     return {"format": "hf", "transformers_version": version, "qkv_version": src.qkv_version,
@@ -204,9 +290,30 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
             "special_tokens": specials, "tokenizer_json": {"src": "tokenizer.json"}, "not_in_checkpoint": unfilled, "verified": check, "differences": []}
 
 
+def parameters(model) -> dict:
+    """The model's parameters, a tied one once: under the input side's name (the word embeddings, not a
+    decoder tied to them), as the importers read it."""
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output = {id(p) for p in out_emb.parameters()} if out_emb is not None else set()
+    groups: dict[int, list[str]] = {}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, p in params.items():
+        groups.setdefault(id(p), []).append(name)
+    chosen = {}
+    for key, names in groups.items():
+        own = [n for n in names if not (key in output and n.startswith(_module_name(model, out_emb)))]
+        name = (own or names)[0]
+        chosen[name] = params[name]
+    return chosen
+
+
+def _module_name(model, module) -> str:
+    return next((n + "." for n, m in model.named_modules() if m is module), "\0")
+
+
 def _tied(model) -> list[str]:
     params = dict(model.named_parameters(remove_duplicate=False))
-    return [k for k in params if k not in dict(model.named_parameters())]
+    return [k for k in params if k not in parameters(model)]
 
 
 def _buffers(model) -> list[str]:
@@ -234,28 +341,41 @@ def verify(src, out, arch: str, family: Family) -> dict:
     to_model = torch.tensor([m if m is not None else 0 for m in ids])
     have = torch.tensor([m is not None for m in ids])
     seqs = probe(src)
+    if family.kind == "encoder":  # a text as the encoder reads it: [CLS] tokens [SEP]
+        seqs = [[CLS] + s + ([SEP] if ids[SEP] is not None else []) for s in seqs]
     width = max(map(len, seqs))
     tokens = torch.tensor([s + [PAD] * (width - len(s)) for s in seqs])
     real = torch.zeros_like(tokens, dtype=torch.bool)
     for i, s in enumerate(seqs):
         real[i, :len(s)] = True
     hf = getattr(transformers, arch).from_pretrained(str(out)).eval()
+    model = reference_model(src)
     with torch.inference_mode():
-        got = hf(input_ids=to_model[tokens], attention_mask=real.long()).logits.float()
-    ref = lm_logits(reference_model(src), seqs)
-    delta = float((got[..., to_model[have]] - ref[..., have])[real].abs().max())
+        out_hf = hf(input_ids=to_model[tokens], attention_mask=real.long())
+        if family.kind == "lm":
+            got, ref, what = out_hf.logits.float(), lm_logits(model, seqs), "logit"
+        elif src.model.task == "classify":
+            got, ref, what = out_hf.logits.float(), model(tokens).float(), "class logit"
+            real = torch.ones(len(seqs), dtype=torch.bool)
+        elif src.model.mlm_head:
+            got, ref, what = out_hf.logits.float(), model(tokens).float(), "logit"
+        else:
+            got, ref, what = out_hf.last_hidden_state.float(), model.encode(tokens)[0].float(), "hidden state"
+    if got.dim() == 3 and what == "logit":
+        got, ref = got[..., to_model[have]], ref[..., have]
+    delta = float((got - ref)[real].abs().max())
     if not delta <= LOGIT_TOLERANCE:
-        raise QkvError(f"the exported {arch} disagrees with {src.path}: max |delta logit| = {delta:.3g} "
+        raise QkvError(f"the exported {arch} disagrees with {src.path}: max |delta {what}| = {delta:.3g} "
                        f"(expected <= {LOGIT_TOLERANCE:g})")
     # the tokenizer.json as written (AutoTokenizer may rebuild a family's own pipeline instead: Qwen2's)
     tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
     t = src.tokenizers.src
-    texts = ["Hello, world! 123", "The quick brown fox.", t.decode([seqs[0]])[0]]
+    texts = ["Hello, world! 123", "The quick brown fox.", t.decode([probe(src)[0]])[0]]
     want = [t.to_model_ids(t.encode_text(x)) for x in texts]
     got_ids = tok(texts)["input_ids"]
     if got_ids != want:
         raise QkvError(f"the exported tokenizer disagrees with {src.path}'s on {texts!r}: {got_ids} != {want}")
-    return {"probe_sequences": len(seqs), "positions": int(real.sum()), "max_abs_logit_difference": delta,
+    return {"probe_sequences": len(seqs), "positions": int(real.sum()), "compared": what + "s", "max_abs_logit_difference": delta,
             "tokenizer_texts": len(texts)}
 
 
@@ -273,4 +393,30 @@ batch = tokenizer(["the text to continue"], return_tensors="pt")
 out = model.generate(**batch, do_sample=False, max_new_tokens=40)
 print(tokenizer.batch_decode(out, skip_special_tokens=True))
 ```"""
-    raise QkvError(f"internal: no card code for {arch}")
+    auto = {"classify": "AutoModelForSequenceClassification", "mlm": "AutoModelForMaskedLM"}[src.model.task] \
+        if src.model.task == "classify" or src.model.mlm_head else "AutoModel"
+    result = {"AutoModelForSequenceClassification": "print([model.config.id2label[int(i)] for i in "
+                                                    "out.logits.argmax(-1)])",
+              "AutoModelForMaskedLM": "print(out.logits.shape)  # (texts, tokens, vocabulary)",
+              "AutoModel": "print(out.last_hidden_state.shape)  # (texts, tokens, hidden size)"}[auto]
+    return f"""```python
+import torch
+from transformers import {auto}, PreTrainedTokenizerFast
+
+{here}
+tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)  # tokenizer.json as imported
+model = {auto}.from_pretrained(model_dir).eval()  # {arch}
+batch = tokenizer(["a text", "another text"], return_tensors="pt", padding=True, return_token_type_ids=False)
+with torch.no_grad():
+    out = model(**batch)
+{result}
+```"""
+
+
+def pipeline_tag(src) -> str:
+    """The model card's pipeline_tag of the written class."""
+    if src.model.task == "classify":
+        return "text-classification"
+    if src.model.task == "mlm":
+        return "fill-mask" if src.model.mlm_head else "feature-extraction"
+    return "text-generation"
