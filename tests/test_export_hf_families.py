@@ -155,3 +155,39 @@ def test_encoder_exports_as_its_own_class(tmp_path, family, kind):
     else:
         assert float((got.logits - want.logits).abs().max()) <= 1e-4
         assert exported.config.id2label == original.config.id2label
+
+
+# --- encoder-decoders: BART, T5 (v1: tied and scaled output; v1.1: an lm_head of its own) ------------------
+
+SEQ2SEQ = ["BartForConditionalGeneration", "T5-v1", "T5-v1.1"]
+
+
+def build_seq2seq(path, name):
+    if name == "BartForConditionalGeneration":
+        from test_import_bart import build_bart
+
+        return build_bart(path, train_steps=10)[0], transformers.BartForConditionalGeneration
+    from test_import_t5 import build
+
+    return build(path, name.removeprefix("T5-")), transformers.T5ForConditionalGeneration
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_encoder_decoder_exports_as_its_own_class(tmp_path, name):
+    folder, cls = build_seq2seq(tmp_path / "hf", name)
+    out = export_folder(folder, tmp_path)
+    assert json.loads((out / "config.json").read_text())["architectures"] == [cls.__name__]
+    original, exported = cls.from_pretrained(str(folder)).eval(), cls.from_pretrained(str(out)).eval()
+    assert type(transformers.AutoModelForSeq2SeqLM.from_pretrained(str(out))) is cls
+    tok_o = transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
+    tok_e = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
+    same_ids(tok_o, tok_e)
+    enc = right_padded(tok_o)
+    start = original.config.decoder_start_token_id
+    target = torch.cat([torch.full((len(TEXTS), 1), start), enc["input_ids"][:, 1:6]], 1)  # any decoder input
+    with torch.inference_mode():
+        want = original(**enc, decoder_input_ids=target).logits
+        got = exported(**enc, decoder_input_ids=target).logits
+    assert float((got - want).abs().max()) <= 1e-4
+    kw = dict(do_sample=False, num_beams=1, max_new_tokens=12)
+    assert exported.generate(**enc, **kw).tolist() == original.generate(**enc, **kw).tolist()

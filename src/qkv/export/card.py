@@ -221,13 +221,14 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
     meta["license"] = info.license
     meta["library_name"] = "transformers" if fmt == "hf" else "ctranslate2"
     meta["pipeline_tag"] = "translation" if translate else "text-generation"
-    if fmt == "hf" and not translate:
-        from qkv.export.hf_families import pipeline_tag
+    from qkv.export.hf_families import family_of, pipeline_tag
 
-        meta["pipeline_tag"] = pipeline_tag(src)  # an imported model's own class
+    own = fmt == "hf" and family_of(src) is not None  # an imported model, written as its own class
+    if own:
+        meta["pipeline_tag"] = pipeline_tag(src)
     meta["tags"] = ["qkv", "transformer", "attention-is-all-you-need",
-                    *(["translation", "marian"] if translate and fmt == "hf" else ["translation"] if translate else
-                      ["language-model"]),
+                    *(["translation", "marian"] if translate and fmt == "hf" and not own else ["translation"] if translate
+                      else ["language-model"]),
                     *(["ctranslate2"] if fmt == "ctranslate2" else [])]
     data = dataset_name(info)
     if data:

@@ -185,6 +185,96 @@ def encoder_state(tagged, src, c):
                         src.tokenizers.src.ids, c)
 
 
+# --- BART, T5 -------------------------------------------------------------------------------------------
+
+def bart_start(src) -> int:
+    """BART's decoder_start_token_id: the token (its eos, or the one a text starts with) whose embedding the
+    import copied into qkv's BOS row."""
+    import torch
+
+    tok, emb = src.tokenizers.src, src.w("src_embed.weight")
+    to_qkv = tok.ids.to_qkv
+    for m in [_id(src, EOS), *(tok.ids.model_ids[q] for q in tok.prefix)]:
+        if m is not None and torch.equal(emb[to_qkv[m]], emb[BOS]):
+            return m
+    raise QkvError(f"{src.path}: its BOS row is no token's embedding (BART's decoder starts from one of its tokens)")
+
+
+def bart_config(src, arch: str):
+    from transformers import BartConfig
+
+    from qkv.importers.marian import ACTIVATIONS
+
+    cfg, tok = src.model, src.tokenizers.src
+    act = next((k for k, v in ACTIVATIONS.items() if v == cfg.activation), cfg.activation)
+    prefix = [tok.ids.model_ids[q] for q in tok.prefix]
+    return BartConfig(vocab_size=_vocab(src), d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
+                      decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads,
+                      decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+                      activation_function=act, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+                      activation_dropout=0.0, max_position_embeddings=cfg.max_positions,
+                      scale_embedding=cfg.scale_embeddings, tie_word_embeddings=cfg.tie_output,
+                      pad_token_id=_id(src, PAD), eos_token_id=_id(src, EOS),
+                      bos_token_id=prefix[0] if prefix else _id(src, EOS), decoder_start_token_id=bart_start(src),
+                      forced_eos_token_id=_id(src, EOS), architectures=[arch])
+
+
+def bart_read(data, where, arch: str, src):
+    from qkv.importers import bart
+
+    return bart.model_config(data, where, src.model.src_vocab_size)
+
+
+def bart_state(tagged, src, c):
+    from qkv.importers import bart
+
+    return bart.state_dict(tagged, src.model, src.tokenizers.src.ids, c.int("decoder_start_token_id"), c.path.parent)
+
+
+def t5_tied(src) -> bool:
+    """T5 v1: the output is the shared embedding (lm_head tied), the decoder output scaled by d_model^-0.5,
+    as the import folded it into output_proj; v1.1 and Flan: an lm_head of its own, unscaled."""
+    import torch
+
+    emb, out = src.w("src_embed.weight"), src.w("output_proj.weight")
+    return bool(torch.allclose(out, emb * src.model.d_model ** -0.5, rtol=1e-6, atol=0))
+
+
+def t5_config(src, arch: str):
+    from transformers import T5Config
+
+    from qkv.importers.t5 import ACTIVATIONS
+
+    cfg = src.model
+    act = next((k for k, v in ACTIVATIONS.items() if v == cfg.activation), cfg.activation)
+    proj = ("gated-gelu" if act == "gelu_new" else f"gated-{act}") if cfg.ffn_gated else act
+    tied = t5_tied(src)
+    config = T5Config(vocab_size=_vocab(src), d_model=cfg.d_model, d_kv=cfg.d_k, d_ff=cfg.d_ff,
+                    num_layers=cfg.n_encoder_layers, num_decoder_layers=cfg.n_decoder_layers, num_heads=cfg.n_heads,
+                    relative_attention_num_buckets=cfg.relative_buckets,
+                    relative_attention_max_distance=cfg.relative_max_distance, dropout_rate=cfg.dropout,
+                    layer_norm_epsilon=cfg.layer_norm_eps, feed_forward_proj=proj, tie_word_embeddings=tied,
+                    pad_token_id=_id(src, BOS), eos_token_id=_id(src, EOS), decoder_start_token_id=_id(src, BOS),
+                    architectures=[arch])
+    config.tie_word_embeddings = tied  # T5Config sets true whatever it is given (and scales unless given false)
+    return config
+
+
+def t5_read(data, where, arch: str, src):
+    from qkv.importers import t5
+
+    return t5.model_config(data, where, src.model.src_vocab_size)
+
+
+def t5_state(tagged, src, c):
+    from qkv.importers import t5
+
+    out = t5.state_dict(tagged, src.model, c, src.tokenizers.src.ids, c.path.parent)
+    if c.bool("tie_word_embeddings"):  # T5 v1 computes its scaled output from the shared embedding itself
+        out.pop("output_proj.weight")
+    return out
+
+
 LLAMA = Family("lm", llama_config, llama_read, llama_state)
 BERT_LIKE = Family("encoder", bert_like_config, encoder_read, encoder_state, ("pooler.dense.weight", "pooler.dense.bias",
                                                                                "pooler.weight", "pooler.bias"))
@@ -195,6 +285,8 @@ FAMILIES = {"LlamaForCausalLM": LLAMA, "Qwen2ForCausalLM": LLAMA, "MistralForCau
             "ElectraModel": BERT_LIKE, "ElectraForSequenceClassification": BERT_LIKE,
             **{f"DistilBert{kind}": Family("encoder", distilbert_config, encoder_read, encoder_state)
                for kind in ("Model", "ForMaskedLM", "ForSequenceClassification")}}
+FAMILIES.update({"BartForConditionalGeneration": Family("seq2seq", bart_config, bart_read, bart_state),
+                 "T5ForConditionalGeneration": Family("seq2seq", t5_config, t5_read, t5_state)})
 WRITTEN_AS = {"BertForPreTraining": "BertForMaskedLM"}  # its next-sentence head is not imported
 
 
@@ -248,8 +340,13 @@ def tokenizer_files(src, out) -> dict[str, str]:
 
     tok = src.tokenizers.src
     (out / "tokenizer.json").write_bytes(tok.tokenizer_json)
-    specials = {f"{SLOT_NAMES[slot]}_token": tok.tok.id_to_token(m) for slot, m in enumerate(_ids(src)[:len(SLOT_NAMES)])
+    roles = dict(SLOT_NAMES)
+    if imported_architecture(src) == "T5ForConditionalGeneration":
+        roles[BOS] = "pad"  # qkv's BOS is T5's pad, the decoder's start; qkv's PAD a row of its own
+    specials = {f"{roles[slot]}_token": tok.tok.id_to_token(m) for slot, m in enumerate(_ids(src)[:len(SLOT_NAMES)])
                 if m is not None}
+    if tok.prefix and "bos_token" not in specials:  # BART's <s>, put before every text
+        specials["bos_token"] = tok.tok.id_to_token(tok.ids.model_ids[tok.prefix[0]])
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
               "model_max_length": src.model.max_positions, "clean_up_tokenization_spaces": False}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -272,6 +369,12 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
     c = Config(config.to_dict(), out / "config.json")
     tagged = Tagged(shapes, c)
     state, unfilled = invert(tagged, family.state(tagged, src, c), src.weights, str(src.path))
+    # a copy the class keeps of another tensor where it does not tie them (T5's untied stacks' embed_tokens)
+    copies = getattr(cls, "_tied_weights_keys", None)
+    for name, source in (copies.items() if isinstance(copies, dict) else ()):
+        if name in unfilled and source in state:
+            state[name] = state[source]
+            unfilled.remove(name)
     left = sorted(set(unfilled) - set(family.not_in_checkpoint))
     if left:
         raise QkvError(f"internal: the checkpoint fills no {', '.join(left[:5])} of {arch}")
@@ -281,6 +384,11 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
     if unexpected or set(missing) - set(unfilled) - set(_tied(model)) - set(_buffers(model)):
         raise QkvError(f"internal: {arch} names differ (missing {sorted(missing)[:5]}, unexpected {unexpected[:5]})")
     model.eval()
+    if family.kind == "seq2seq":  # qkv's saved search as generate()'s (the import read it from these fields)
+        dec = src.decode
+        start = 2 if arch == "BartForConditionalGeneration" else 1  # max_length counts the start (and BART's <s>)
+        model.generation_config.update(num_beams=dec.beam_size, length_penalty=dec.length_penalty,
+                                       early_stopping=dec.early_stopping, max_length=dec.max_len_b + start)
     # what the import left out (a BertModel's pooler) is not written: transformers initialises it and says so
     model.save_pretrained(str(out), state_dict=state)
     specials = tokenizer_files(src, out)
@@ -304,6 +412,8 @@ def parameters(model) -> dict:
         own = [n for n in names if not (key in output and n.startswith(_module_name(model, out_emb)))]
         name = (own or names)[0]
         chosen[name] = params[name]
+    saved = model.state_dict()  # and the buffers it saves (BART's final_logits_bias)
+    chosen.update({k: b for k, b in model.named_buffers() if k in saved and b.is_floating_point()})
     return chosen
 
 
@@ -313,7 +423,8 @@ def _module_name(model, module) -> str:
 
 def _tied(model) -> list[str]:
     params = dict(model.named_parameters(remove_duplicate=False))
-    return [k for k in params if k not in parameters(model)]
+    mine = parameters(model)
+    return [k for k in params if k not in mine]
 
 
 def _buffers(model) -> list[str]:
@@ -350,9 +461,27 @@ def verify(src, out, arch: str, family: Family) -> dict:
         real[i, :len(s)] = True
     hf = getattr(transformers, arch).from_pretrained(str(out)).eval()
     model = reference_model(src)
+    if family.kind == "seq2seq":  # teacher-forced: source EOS, BOS target (BOS: the decoder's start token)
+        from qkv.data.batching import collate
+        from qkv.export.reference import probe_sequences, translation_logits
+
+        sources, targets = probe_sequences(src)
+        batch = collate(sources, targets)
+        to_model[BOS] = hf.config.decoder_start_token_id
+        seqs = targets
+        real = torch.zeros_like(batch.tgt_in, dtype=torch.bool)
+        for i, t in enumerate(targets):
+            real[i, :len(t) + 1] = True
     with torch.inference_mode():
-        out_hf = hf(input_ids=to_model[tokens], attention_mask=real.long())
-        if family.kind == "lm":
+        if family.kind == "seq2seq":
+            got = hf(input_ids=to_model[batch.src], attention_mask=(batch.src != PAD).long(),
+                     decoder_input_ids=to_model[batch.tgt_in]).logits.float()
+            ref, what = translation_logits(model, sources, targets), "logit"
+        else:
+            out_hf = hf(input_ids=to_model[tokens], attention_mask=real.long())
+        if family.kind == "seq2seq":
+            pass
+        elif family.kind == "lm":
             got, ref, what = out_hf.logits.float(), lm_logits(model, seqs), "logit"
         elif src.model.task == "classify":
             got, ref, what = out_hf.logits.float(), model(tokens).float(), "class logit"
@@ -393,6 +522,17 @@ batch = tokenizer(["the text to continue"], return_tensors="pt")
 out = model.generate(**batch, do_sample=False, max_new_tokens=40)
 print(tokenizer.batch_decode(out, skip_special_tokens=True))
 ```"""
+    if family.kind == "seq2seq":
+        return f"""```python
+from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
+
+{here}
+tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)  # tokenizer.json as imported
+model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)  # {arch}; generation_config.json: qkv's search
+batch = tokenizer(["your text"], return_tensors="pt", padding=True, return_token_type_ids=False)
+out = model.generate(**batch)
+print(tokenizer.batch_decode(out, skip_special_tokens=True))
+```"""
     auto = {"classify": "AutoModelForSequenceClassification", "mlm": "AutoModelForMaskedLM"}[src.model.task] \
         if src.model.task == "classify" or src.model.mlm_head else "AutoModel"
     result = {"AutoModelForSequenceClassification": "print([model.config.id2label[int(i)] for i in "
@@ -415,6 +555,8 @@ with torch.no_grad():
 
 def pipeline_tag(src) -> str:
     """The model card's pipeline_tag of the written class."""
+    if src.model.task == "translate":
+        return "text2text-generation"
     if src.model.task == "classify":
         return "text-classification"
     if src.model.task == "mlm":

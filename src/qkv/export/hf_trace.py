@@ -106,6 +106,9 @@ def invert(tagged: Tagged, traced: Mapping[str, torch.Tensor], weights: Mapping[
             raise QkvError(f"internal: {qname!r} has {value.numel()} values, the importer makes {addr.numel()}")
         real = addr >= 1
         addr, value = addr[real], value[real]
+        if not torch.equal(addr, addr.round()):
+            raise QkvError(f"internal: the importer computes {qname!r} from the folder's values (not a move): "
+                           "it cannot be run backwards")
         which = torch.searchsorted(bounds, addr, right=True) - 1
         for j in which.unique().tolist():
             i = order[j]
