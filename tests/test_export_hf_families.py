@@ -191,3 +191,19 @@ def test_encoder_decoder_exports_as_its_own_class(tmp_path, name):
     assert float((got - want).abs().max()) <= 1e-4
     kw = dict(do_sample=False, num_beams=1, max_new_tokens=12)
     assert exported.generate(**enc, **kw).tolist() == original.generate(**enc, **kw).tolist()
+
+
+def test_a_sentence_transformers_import_is_refused_by_name(tmp_path, capsys):
+    """A sentence-transformers folder's import (a BertModel with its pooling) is no transformers class of its
+    own: refused in one line naming what was imported and what --format hf writes, exit 2, nothing written."""
+    from encoder_families import sentence_transformers_layout
+    from qkv.cli import main
+
+    build_encoder(tmp_path / "st", "bert", "Model")
+    sentence_transformers_layout(tmp_path / "st", 32)
+    assert main(["import", str(tmp_path / "st"), "--out", str(tmp_path / "ckpt")]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "ckpt"), "--format", "hf", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sentence-transformers BertModel" in err and "BertForMaskedLM" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()

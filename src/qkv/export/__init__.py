@@ -4,7 +4,8 @@ the target's own interface and checked by equal outputs when it is made.
     ctranslate2  CTranslate2's Converter / ModelSpec (qkv.export.ct2): translate -> ctranslate2.Translator;
                  lm, prefix_lm -> ctranslate2.Generator; optional int8 / int8_float32 / float16 weights
     hf           Hugging Face transformers (qkv.export.hf): MarianMTModel + MarianTokenizer +
-                 generation_config.json, loadable with from_pretrained and no qkv installed
+                 generation_config.json, loadable with from_pretrained and no qkv installed; a checkpoint
+                 of ``qkv import`` as the class it came from (qkv.export.hf_families)
 
     >>> from qkv.export import export
     >>> export("runs/ende/best", "ctranslate2", "exported/ende-ct2", quantization="int8")

@@ -61,6 +61,10 @@ def check(src: Source) -> None:
     found = hf_families.family_of(src)
     if found is not None:
         return hf_families.check(src, *found)
+    imported = hf_families.imported_architecture(src)
+    if imported is not None and imported != "MarianMTModel":
+        raise QkvError(f"{src.path} was imported from a {imported} folder: --format hf writes an import back as "
+                       f"its own class ({', '.join(hf_families.written())}) and translation models as MarianMTModel")
     cfg = src.model
     if src.key != ("translate", "transformer"):
         other = " (export it with --format ctranslate2)" if cfg.arch == "transformer" and cfg.task in ("lm", "prefix_lm") \

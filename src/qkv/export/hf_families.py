@@ -22,6 +22,7 @@ from typing import Callable
 from qkv.config import BOS, CLS, EOS, PAD, SEP
 from qkv.errors import QkvError
 
+LOGIT_TOLERANCE = 1e-4  # max |delta| of the written folder's outputs against the checkpoint's (float32)
 # ModelConfig fields a transformers config does not carry back (training settings) or carries as a bound
 IGNORED = {"dropout", "attention_dropout", "max_positions"}
 
@@ -290,6 +291,11 @@ FAMILIES.update({"BartForConditionalGeneration": Family("seq2seq", bart_config, 
 WRITTEN_AS = {"BertForPreTraining": "BertForMaskedLM"}  # its next-sentence head is not imported
 
 
+def written() -> list[str]:
+    """The classes an import is written back as (``qkv export --help``, the refusals)."""
+    return [*FAMILIES, *WRITTEN_AS]
+
+
 def imported_architecture(src) -> str | None:
     """The transformers class the checkpoint was imported from (config.json's ``imported``), or None."""
     imported = src.config.get("imported")
@@ -445,7 +451,6 @@ def verify(src, out, arch: str, family: Family) -> dict:
     import torch
     import transformers
 
-    from qkv.export.hf import LOGIT_TOLERANCE
     from qkv.export.reference import lm_logits, reference_model
 
     ids = _ids(src)
