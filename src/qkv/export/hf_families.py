@@ -10,8 +10,11 @@ into the checkpoint's own ModelConfig (any option the class cannot say, e.g. a q
 refused by name), and the written folder, loaded by transformers, computes the checkpoint's logits
 or hidden states (``verify``).
 
-    LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM   lm: logits
-    GPT2LMHeadModel                                          lm: logits
+    LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel      logits
+    {Bert, Roberta, XLMRoberta, Camembert, DistilBert, Albert}{Model,            hidden states, logits
+      ForMaskedLM, ForSequenceClassification}, ElectraModel,                    or class logits
+      ElectraForSequenceClassification (BertForPreTraining: BertForMaskedLM)
+    BartForConditionalGeneration, T5ForConditionalGeneration                    teacher-forced logits
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ IGNORED = {"dropout", "attention_dropout", "max_positions"}
 
 @dataclass(frozen=True)
 class Family:
-    kind: str  # "lm"
-    config: Callable  # (Source, arch, model ids) -> the transformers config
+    kind: str  # "lm", "encoder" or "seq2seq": what verify compares
+    config: Callable  # (Source, arch) -> the transformers config
     read_config: Callable  # (config dict, where, arch, Source) -> the ModelConfig the importer reads from it
     state: Callable  # (Tagged, Source, Config) -> qkv's state dict of addresses (the importer's own mapping)
-    not_in_checkpoint: tuple = ()  # parameters the import leaves out: written as the class initialises them
+    not_in_checkpoint: tuple = ()  # parameters the import leaves out (a pooler): not written
 
 
 def _ids(src) -> list[int | None]:
@@ -141,7 +144,8 @@ def bert_like_config(src, arch: str):
         vocab_size=_vocab(src), hidden_size=cfg.d_model, num_hidden_layers=cfg.n_encoder_layers,
         num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
         hidden_act=ENCODER_ACTIVATIONS.get(cfg.activation, cfg.activation), hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.attention_dropout, max_position_embeddings=cfg.max_positions + cfg.position_offset,
+        attention_probs_dropout_prob=cfg.attention_dropout,
+        max_position_embeddings=cfg.max_positions + cfg.position_offset,
         type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.layer_norm_eps,
         **{"pad_token_id": _id(src, PAD), **extra}, **_labels(src), architectures=[arch])
 
@@ -277,8 +281,8 @@ def t5_state(tagged, src, c):
 
 
 LLAMA = Family("lm", llama_config, llama_read, llama_state)
-BERT_LIKE = Family("encoder", bert_like_config, encoder_read, encoder_state, ("pooler.dense.weight", "pooler.dense.bias",
-                                                                               "pooler.weight", "pooler.bias"))
+BERT_LIKE = Family("encoder", bert_like_config, encoder_read, encoder_state,
+                   ("pooler.dense.weight", "pooler.dense.bias", "pooler.weight", "pooler.bias"))
 FAMILIES = {"LlamaForCausalLM": LLAMA, "Qwen2ForCausalLM": LLAMA, "MistralForCausalLM": LLAMA,
             "GPT2LMHeadModel": Family("lm", gpt2_config, gpt2_read, gpt2_state),
             **{f"{n}{kind}": BERT_LIKE for n in ("Bert", "Roberta", "XLMRoberta", "Camembert", "Albert")
@@ -332,9 +336,6 @@ def check(src, arch: str, family: Family) -> None:
         raise QkvError(f"{src.path} has {', '.join(differ)}: --format hf writes it as {arch}, which cannot say it")
 
 
-__all__ = ["FAMILIES", "Family", "check", "family_of", "imported_architecture"]
-
-
 # --- writing and checking -------------------------------------------------------------------------------
 
 def tokenizer_files(src, out) -> dict[str, str]:
@@ -355,7 +356,8 @@ def tokenizer_files(src, out) -> dict[str, str]:
         specials["bos_token"] = tok.tok.id_to_token(tok.ids.model_ids[tok.prefix[0]])
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
               "model_max_length": src.model.max_positions, "clean_up_tokenization_spaces": False}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+    (out / "tokenizer_config.json").write_text(text, encoding="utf-8")
     return specials
 
 
@@ -401,7 +403,8 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
     check = verify(src, out, arch, family)
     return {"format": "hf", "transformers_version": version, "qkv_version": src.qkv_version,
             "checkpoint": checkpoint_name(src.path), "task": src.task, "runtime": f"transformers.{arch}",
-            "special_tokens": specials, "tokenizer_json": {"src": "tokenizer.json"}, "not_in_checkpoint": unfilled, "verified": check, "differences": []}
+            "special_tokens": specials, "tokenizer_json": {"src": "tokenizer.json"}, "not_in_checkpoint": unfilled,
+            "verified": check, "differences": []}
 
 
 def parameters(model) -> dict:
@@ -445,57 +448,64 @@ def probe(src) -> list[list[int]]:
     return [s + t for s, t in zip(sources, targets)]
 
 
+def padded(seqs: list[list[int]]):
+    """``seqs`` right-padded with PAD, and where they are real."""
+    import torch
+
+    width = max(map(len, seqs))
+    tokens = torch.tensor([s + [PAD] * (width - len(s)) for s in seqs])
+    return tokens, tokens != PAD
+
+
+def outputs(src, hf, family: Family, to_model) -> tuple:
+    """(transformers' outputs, the checkpoint's, the positions compared, what they are) on a probe batch."""
+    import torch
+
+    from qkv.export.reference import lm_logits, probe_sequences, reference_model, translation_logits
+
+    model = reference_model(src)
+    if family.kind == "seq2seq":  # teacher-forced: source EOS -> BOS target (BOS: the decoder's start token)
+        from qkv.data.batching import collate
+
+        sources, targets = probe_sequences(src)
+        batch = collate(sources, targets)
+        to_model = to_model.clone()
+        to_model[BOS] = hf.config.decoder_start_token_id
+        real = torch.zeros_like(batch.tgt_in, dtype=torch.bool)
+        for i, t in enumerate(targets):
+            real[i, :len(t) + 1] = True
+        got = hf(input_ids=to_model[batch.src], attention_mask=(batch.src != PAD).long(),
+                 decoder_input_ids=to_model[batch.tgt_in]).logits
+        return got, translation_logits(model, sources, targets), real, "logit"
+    seqs = probe(src)
+    if family.kind == "encoder":  # a text as the encoder reads it: [CLS] tokens [SEP]
+        seqs = [[CLS] + s + ([SEP] if _id(src, SEP) is not None else []) for s in seqs]
+    tokens, real = padded(seqs)
+    out = hf(input_ids=to_model[tokens], attention_mask=real.long())
+    if family.kind == "lm":
+        return out.logits, lm_logits(model, seqs), real, "logit"
+    if src.model.task == "classify":
+        return out.logits, model(tokens), torch.ones(len(seqs), dtype=torch.bool), "class logit"
+    if src.model.mlm_head:
+        return out.logits, model(tokens), real, "logit"
+    return out.last_hidden_state, model.encode(tokens)[0], real, "hidden state"
+
+
 def verify(src, out, arch: str, family: Family) -> dict:
     """Load ``out`` with transformers' own class and compare its outputs with the checkpoint's network on a
-    right-padded probe batch (max |delta| <= LOGIT_TOLERANCE), and its tokenizer's ids with qkv's."""
+    right-padded probe batch (max |delta| <= LOGIT_TOLERANCE, over the tokens both have), and its
+    tokenizer's ids with qkv's."""
     import torch
     import transformers
-
-    from qkv.export.reference import lm_logits, reference_model
 
     ids = _ids(src)
     to_model = torch.tensor([m if m is not None else 0 for m in ids])
     have = torch.tensor([m is not None for m in ids])
-    seqs = probe(src)
-    if family.kind == "encoder":  # a text as the encoder reads it: [CLS] tokens [SEP]
-        seqs = [[CLS] + s + ([SEP] if ids[SEP] is not None else []) for s in seqs]
-    width = max(map(len, seqs))
-    tokens = torch.tensor([s + [PAD] * (width - len(s)) for s in seqs])
-    real = torch.zeros_like(tokens, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        real[i, :len(s)] = True
     hf = getattr(transformers, arch).from_pretrained(str(out)).eval()
-    model = reference_model(src)
-    if family.kind == "seq2seq":  # teacher-forced: source EOS, BOS target (BOS: the decoder's start token)
-        from qkv.data.batching import collate
-        from qkv.export.reference import probe_sequences, translation_logits
-
-        sources, targets = probe_sequences(src)
-        batch = collate(sources, targets)
-        to_model[BOS] = hf.config.decoder_start_token_id
-        seqs = targets
-        real = torch.zeros_like(batch.tgt_in, dtype=torch.bool)
-        for i, t in enumerate(targets):
-            real[i, :len(t) + 1] = True
     with torch.inference_mode():
-        if family.kind == "seq2seq":
-            got = hf(input_ids=to_model[batch.src], attention_mask=(batch.src != PAD).long(),
-                     decoder_input_ids=to_model[batch.tgt_in]).logits.float()
-            ref, what = translation_logits(model, sources, targets), "logit"
-        else:
-            out_hf = hf(input_ids=to_model[tokens], attention_mask=real.long())
-        if family.kind == "seq2seq":
-            pass
-        elif family.kind == "lm":
-            got, ref, what = out_hf.logits.float(), lm_logits(model, seqs), "logit"
-        elif src.model.task == "classify":
-            got, ref, what = out_hf.logits.float(), model(tokens).float(), "class logit"
-            real = torch.ones(len(seqs), dtype=torch.bool)
-        elif src.model.mlm_head:
-            got, ref, what = out_hf.logits.float(), model(tokens).float(), "logit"
-        else:
-            got, ref, what = out_hf.last_hidden_state.float(), model.encode(tokens)[0].float(), "hidden state"
-    if got.dim() == 3 and what == "logit":
+        got, ref, real, what = outputs(src, hf, family, to_model)
+    got, ref = got.float(), ref.float()
+    if what == "logit":  # over the vocabulary: the model's tokens, in qkv's order
         got, ref = got[..., to_model[have]], ref[..., have]
     delta = float((got - ref)[real].abs().max())
     if not delta <= LOGIT_TOLERANCE:
@@ -509,8 +519,8 @@ def verify(src, out, arch: str, family: Family) -> dict:
     got_ids = tok(texts)["input_ids"]
     if got_ids != want:
         raise QkvError(f"the exported tokenizer disagrees with {src.path}'s on {texts!r}: {got_ids} != {want}")
-    return {"probe_sequences": len(seqs), "positions": int(real.sum()), "compared": what + "s", "max_abs_logit_difference": delta,
-            "tokenizer_texts": len(texts)}
+    return {"probe_sequences": int(real.size(0)), "positions": int(real.sum()), "compared": what + "s",
+            "max_abs_logit_difference": delta, "tokenizer_texts": len(texts)}
 
 
 def usage(src, here: str) -> str:
@@ -567,3 +577,7 @@ def pipeline_tag(src) -> str:
     if src.model.task == "mlm":
         return "fill-mask" if src.model.mlm_head else "feature-extraction"
     return "text-generation"
+
+
+__all__ = ["FAMILIES", "Family", "check", "family_of", "imported_architecture", "pipeline_tag", "usage", "verify",
+           "write", "written"]
