@@ -207,3 +207,23 @@ def test_a_sentence_transformers_import_is_refused_by_name(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "sentence-transformers BertModel" in err and "BertForMaskedLM" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family,kind", [("bert", "ForSequenceClassification")])
+def test_the_cards_code_runs_as_written(tmp_path, family, kind):
+    """The model card's install line names what its code imports, and the code runs from the folder that holds
+    the export, printing the original model's labels."""
+    import re
+    import subprocess
+    import sys
+
+    folder, cls = build_encoder(tmp_path / "hf", family, kind)
+    out = export_folder(folder, tmp_path)
+    code = dict(re.findall(r"^```(\w*)\n(.*?)^```$", (out / "README.md").read_text(), flags=re.M | re.S))
+    assert code["bash"].split()[3:] == ["tokenizers", "torch"] and "sentencepiece" not in code["bash"]
+    run = subprocess.run([sys.executable, "-c", code["python"]], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    labels = cls.from_pretrained(str(folder)).config.id2label.values()
+    printed = eval(run.stdout.strip().splitlines()[-1])  # a list of label names
+    assert len(printed) == 2 and set(printed) <= set(labels)

@@ -271,7 +271,7 @@ def install_line(fmt: str, export_info: dict) -> str:
     """``pip install ...``: every package the card's code needs; the runtime no older than the one that wrote it."""
     runtime, others = INSTALL[fmt]
     if "tokenizer_json" in export_info:  # a Hugging Face tokenizer (an imported GPT-2's), not SentencePiece
-        others = ["tokenizers"]
+        others = ["tokenizers", *(["torch"] if fmt == "hf" else [])]
     version = export_info.get(f"{runtime}_version")
     return "pip install " + " ".join([f'"{runtime}>={version}"' if version else runtime, *others])
 
@@ -359,20 +359,26 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
     cfg = src.model
     kind = {"translate": "an encoder-decoder Transformer for translation",
             "lm": "a decoder-only Transformer language model",
-            "prefix_lm": "a decoder-only Transformer translating as a prefix language model"}.get(src.task, src.task)
+            "prefix_lm": "a decoder-only Transformer translating as a prefix language model",
+            "mlm": "a Transformer encoder", "classify": "a Transformer encoder classifier"}.get(src.task, src.task)
     runtime = export_info.get("runtime", "")
+    imported = (src.config.get("imported") or {}).get("architecture") if isinstance(src.config.get("imported"),
+                                                                                   dict) else None
+    tokens = (f"{src.tokenizer('tgt').vocab_size} ids, the imported tokenizer.json" if "tokenizer_json" in export_info
+              else f"{src.tokenizer('tgt').vocab_size} pieces, SentencePiece {src.train.tokenizer}")
     lines = [
         "---", to_yaml(meta), "---", "",
         f"# {src.path.parent.name or src.path.name}: {kind}",
         "",
-        f"Trained with qkv {src.qkv_version} (the Transformer of \"Attention Is All You Need\"), exported from "
-        f"`{checkpoint_name(src.path)}` for `{runtime}`: {'pre' if cfg.norm_first else 'post'}-norm, d_model {cfg.d_model}, "
-        f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, "
-        + (f"{cfg.n_encoder_layers} encoder and {cfg.n_decoder_layers} decoder layers"
-           if src.task == "translate" else f"{cfg.n_decoder_layers} layers")
+        (f"Imported from a {imported} folder by qkv {src.qkv_version}" if imported else
+         f"Trained with qkv {src.qkv_version} (the Transformer of \"Attention Is All You Need\")")
+        + f", exported from `{checkpoint_name(src.path)}` for `{runtime}`: {'pre' if cfg.norm_first else 'post'}-norm, "
+        f"d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+        + (f"{cfg.n_encoder_layers} encoder and {cfg.n_decoder_layers} decoder layers" if src.task == "translate"
+           else f"{cfg.n_encoder_layers} layers" if src.task in ("mlm", "classify") else f"{cfg.n_decoder_layers} layers")
         + f", {cfg.positional} positions, "
         + ("one shared vocabulary" if src.tokenizers.joint else "separate source and target vocabularies")
-        + f" ({src.tokenizer('tgt').vocab_size} pieces, SentencePiece {src.train.tokenizer}).",
+        + f" ({tokens}).",
         "",
         "## Use",
         "",
