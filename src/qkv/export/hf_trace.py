@@ -26,13 +26,14 @@ from collections.abc import Mapping
 import torch
 
 from qkv.errors import QkvError
+from qkv.importers.folder import REQUIRED, Weights
 
 
-class Tagged(Mapping):
-    """A stand-in for :class:`qkv.importers.folder.Weights` whose tensors hold their elements' addresses."""
+class Tagged(Weights):
+    """A stand-in for the folder's :class:`~qkv.importers.folder.Weights` whose tensors hold their elements'
+    addresses; ``original`` names each tensor as the transformers model does (``renamed`` keeps it)."""
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]], config=None, _tensors=None, _names=None) -> None:
-        self.config = config
         if _tensors is None:
             _tensors, start = {}, 1
             for name, shape in shapes.items():
@@ -43,33 +44,21 @@ class Tagged(Mapping):
                 start += n
             if start >= 2**53:
                 raise QkvError("the model is too large to trace its weights' addresses exactly")
-        self._tensors = _tensors
+        super().__init__(_tensors, {}, config)
         self.original = _names or {k: k for k in _tensors}  # this stand-in's name -> the transformers model's
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self._tensors[name]
-
-    def __iter__(self):
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
-    def names(self) -> list[str]:
-        return list(self._tensors)
 
     def renamed(self, rename) -> "Tagged":
         tensors, names = {}, {}
-        for k, v in self._tensors.items():
-            tensors[rename(k)], names[rename(k)] = v, self.original[k]
+        for k in self:
+            tensors[rename(k)], names[rename(k)] = self[k], self.original[k]
         return Tagged({}, self.config, tensors, names)
 
-    def take(self, name: str, shape=None, fields=(), default=object) -> torch.Tensor:
-        if name not in self._tensors:
-            if default is not object:
+    def take(self, name: str, shape=None, fields=(), default=REQUIRED) -> torch.Tensor:
+        if name not in self:
+            if default is not REQUIRED:
                 return default
             raise QkvError(f"internal: the exported class has no tensor {name!r} that the importer reads")
-        t = self._tensors[name]
+        t = self[name]
         if shape is not None and (t.dim() != len(tuple(shape)) or
                                   any(s is not None and s != n for s, n in zip(shape, t.shape))):
             raise QkvError(f"internal: the exported class's {name!r} is {tuple(t.shape)}, the importer reads "
