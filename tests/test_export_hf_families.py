@@ -227,3 +227,36 @@ def test_the_cards_code_runs_as_written(tmp_path, family, kind):
     labels = cls.from_pretrained(str(folder)).config.id2label.values()
     printed = eval(run.stdout.strip().splitlines()[-1])  # a list of label names
     assert len(printed) == 2 and set(printed) <= set(labels)
+
+
+@pytest.mark.parametrize("name", ["Qwen2ForCausalLM", "GPT2LMHeadModel", "albert-ForMaskedLM", "T5-v1.1"])
+def test_a_checkpoint_without_its_import_record_exports_as_the_class_of_its_options(tmp_path, name):
+    """A checkpoint that keeps an import's tokenizer.json but not the record of the import (as train
+    --init-from writes one) is written as the first class whose config.json says all its options: the
+    same class here, equal to the original."""
+    from qkv.checkpoint import save_checkpoint
+    from qkv.cli import main
+    from qkv.export.source import read_source
+    from qkv.models import build_model
+
+    if name in LMS:
+        folder, cls = build_lm(tmp_path / "hf", name), getattr(transformers, name)
+    elif name in SEQ2SEQ:
+        folder, cls = build_seq2seq(tmp_path / "hf", name)
+    else:
+        folder, cls = build_encoder(tmp_path / "hf", *name.split("-"))
+    assert main(["import", str(folder), "--out", str(tmp_path / "ckpt")]) == 0
+    src = read_source(tmp_path / "ckpt")
+    model = build_model(src.model)
+    model.load_state_dict(src.weights)
+    save_checkpoint(tmp_path / "tuned", model, {k: v for k, v in src.config.items() if k != "imported"},
+                    write_extra=src.tokenizers.save)
+    assert main(["export", str(tmp_path / "tuned"), "--format", "hf", "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [cls.__name__]
+    original, exported = cls.from_pretrained(str(folder)).eval(), cls.from_pretrained(str(tmp_path / "out")).eval()
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
+    x = tok(TEXTS[:1], return_tensors="pt")
+    x.pop("token_type_ids", None)
+    extra = {"decoder_input_ids": x["input_ids"][:, :3]} if name in SEQ2SEQ else {}
+    with torch.inference_mode():
+        assert float((exported(**x, **extra).logits - original(**x, **extra).logits).abs().max()) <= 1e-4

@@ -308,10 +308,38 @@ def imported_architecture(src) -> str | None:
 
 
 def family_of(src) -> tuple[str, Family] | None:
-    """(architecture, Family) of an imported checkpoint this module writes; None for every other."""
+    """(architecture, Family) of an imported checkpoint this module writes; None for every other. A
+    checkpoint that records no import but reads a tokenizer.json (one that ``train --init-from`` an
+    import wrote) is the first class of its task whose config.json says every one of its options."""
     arch = imported_architecture(src)
+    if arch is None and src.config.get("imported") is None:
+        arch = _class_of_options(src)
     arch = WRITTEN_AS.get(arch, arch)
     return (arch, FAMILIES[arch]) if arch in FAMILIES else None
+
+
+# the classes a checkpoint without an import record is tried as, by task (and masked-LM head), in this order
+CANDIDATES = {
+    "lm": ("LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel"),
+    "translate": ("BartForConditionalGeneration", "T5ForConditionalGeneration"),
+    "classify": tuple(f"{n}ForSequenceClassification" for n in ("Bert", "Roberta", "DistilBert", "Albert", "Electra")),
+    "mlm-head": tuple(f"{n}ForMaskedLM" for n in ("Bert", "Roberta", "DistilBert", "Albert")),
+    "mlm": tuple(f"{n}Model" for n in ("Bert", "Roberta", "DistilBert", "Albert", "Electra")),
+}
+
+
+def _class_of_options(src) -> str | None:
+    pair = src.tokenizers
+    if getattr(getattr(pair, "src", None), "tokenizer_json", None) is None or pair.tgt is not pair.src:
+        return None  # qkv's own SentencePiece models: --format hf writes a MarianMTModel
+    task = src.model.task + ("-head" if src.model.task == "mlm" and src.model.mlm_head else "")
+    for arch in CANDIDATES.get(task, ()):
+        try:
+            check(src, arch, FAMILIES[arch])
+        except QkvError:
+            continue
+        return arch
+    return None
 
 
 def _value(v) -> str:
