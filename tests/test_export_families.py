@@ -165,18 +165,6 @@ def test_t5_style_translation_model_with_relative_buckets_exports(data, tmp_path
           f"{json.loads((out / 'qkv_export.json').read_text())['verified']['max_abs_log_prob_difference']:.2g}")
 
 
-def test_imported_t5_is_refused_by_format_hf(tmp_path, capsys):
-    """--format hf writes MarianMTModel (no relative buckets); --format ctranslate2 writes it
-    (tests/test_export_pretrained.py)."""
-    from test_import_t5 import build
-
-    from qkv.importers import import_model
-
-    ckpt = import_model(build(tmp_path / "t5", "v1.1"), tmp_path / "run", log=lambda *a: None)
-    rc, err = export(capsys, ckpt, "hf", tmp_path / "hf")
-    assert rc == 2 and "positional = 'relative'" in err and not (tmp_path / "hf").exists()
-
-
 def test_what_ctranslate2s_encoder_decoder_cannot_hold_is_refused_by_name(data, tmp_path, capsys):
     """Rotary positions and grouped-query attention in a translation model, RMSNorm with a bias: each named
     in the one line of --format ctranslate2, each (and pre-norm) in --format hf's; nothing written."""

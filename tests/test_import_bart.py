@@ -261,13 +261,3 @@ def test_mbart_is_refused_by_name(bart, tmp_path):
                                                             "architectures": ["MBartForConditionalGeneration"]}))
     with pytest.raises(ImportRefused, match="MBartForConditionalGeneration is not supported: .*language code"):
         convert(tmp_path / "m")
-
-
-def test_export_hf_of_the_import_is_refused_by_name(bart, tmp_path):
-    """--format hf writes MarianMTModel, which has no learned positions: refused, exit 2, nothing written
-    (--format ctranslate2 writes it: tests/test_export_pretrained.py)."""
-    _, _, _, out = bart
-    r = subprocess.run([sys.executable, "-m", "qkv", "export", str(out), "--format", "hf", "--out", str(tmp_path / "x")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "positional = 'learned'" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not (tmp_path / "x").exists()

@@ -579,7 +579,12 @@ formats:
                positions, RMSNorm, a gated FFN, attention_scale false, grouped-query attention)
   hf           a Hugging Face MarianMTModel directory (translate, post-norm, sinusoidal positions):
                config.json, model.safetensors, generation_config.json, MarianTokenizer files
-               (source.spm, target.spm, vocab.json)
+               (source.spm, target.spm, vocab.json); a checkpoint of qkv import goes back as its own
+               class (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel, the
+               Bert/Roberta/XLMRoberta/Camembert/DistilBert/Albert Model, ForMaskedLM and
+               ForSequenceClassification, ElectraModel, ElectraForSequenceClassification,
+               BartForConditionalGeneration, T5ForConditionalGeneration) with its tokenizer.json and
+               tokenizer_config.json
 
 Both also write README.md (a model card with YAML front matter) and qkv_export.json (how to
 tokenize and decode, where the runtime differs from qkv, what was checked). Every export runs a

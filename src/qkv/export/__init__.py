@@ -5,7 +5,8 @@ the target's own interface and checked by equal outputs when it is made.
                  lm, prefix_lm -> ctranslate2.Generator; classify, mlm -> ctranslate2.Encoder (the encoder
                  stack); optional int8 / int8_float32 / float16 weights
     hf           Hugging Face transformers (qkv.export.hf): MarianMTModel + MarianTokenizer +
-                 generation_config.json, loadable with from_pretrained and no qkv installed
+                 generation_config.json, loadable with from_pretrained and no qkv installed; a checkpoint
+                 of ``qkv import`` as the class it came from (qkv.export.hf_families)
 
     >>> from qkv.export import export
     >>> export("runs/ende/best", "ctranslate2", "exported/ende-ct2", quantization="int8")
@@ -64,6 +65,11 @@ def check_supported(src: Source, fmt: str) -> None:
     from qkv.export import ct2, hf
 
     {"ctranslate2": ct2.check, "hf": hf.check}[fmt](src)
+    if fmt == "hf":
+        from qkv.export.hf_families import family_of
+
+        if family_of(src) is not None:  # an imported model's own class: hf.check read its every option back
+            return
     cfg = src.model
     if cfg.has_final_norm != cfg.norm_first:
         raise QkvError(f"{src.path} has final_norm = {cfg.final_norm!r} with norm_first = {cfg.norm_first}: "

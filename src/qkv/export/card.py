@@ -222,9 +222,14 @@ def front_matter(src: Source, fmt: str, info: CardInfo, test: TestScores | None,
     meta["library_name"] = "transformers" if fmt == "hf" else "ctranslate2"
     encoder = src.task in ("classify", "mlm")
     meta["pipeline_tag"] = "translation" if translate else "feature-extraction" if encoder else "text-generation"
+    from qkv.export.hf_families import family_of, pipeline_tag
+
+    own = fmt == "hf" and family_of(src) is not None  # an imported model, written as its own class
+    if own:
+        meta["pipeline_tag"] = pipeline_tag(src)
     meta["tags"] = ["qkv", "transformer", "attention-is-all-you-need",
-                    *(["translation", "marian"] if translate and fmt == "hf" else ["translation"] if translate else
-                      ["encoder"] if encoder else ["language-model"]),
+                    *(["translation", "marian"] if translate and fmt == "hf" and not own else ["translation"] if translate
+                      else ["encoder"] if encoder else ["language-model"]),
                     *(["ctranslate2"] if fmt == "ctranslate2" else [])]
     data = dataset_name(info)
     if data:
@@ -268,7 +273,7 @@ def install_line(fmt: str, export_info: dict) -> str:
     """``pip install ...``: every package the card's code needs; the runtime no older than the one that wrote it."""
     runtime, others = INSTALL[fmt]
     if "tokenizer_json" in export_info:  # a Hugging Face tokenizer (an imported GPT-2's), not SentencePiece
-        others = ["tokenizers"]
+        others = ["tokenizers", *(["torch"] if fmt == "hf" else [])]
     version = export_info.get(f"{runtime}_version")
     return "pip install " + " ".join([f'"{runtime}>={version}"' if version else runtime, *others])
 
@@ -279,6 +284,10 @@ def usage(src: Source, fmt: str, location: str) -> str:
     here = (f"model_dir = {json.dumps(location)}  # this export's folder: run from the folder that holds it, "
             "or give its path (uploaded: its name on the Hub)")
     if fmt == "hf":
+        from qkv.export.hf_families import family_of, usage as family_usage
+
+        if family_of(src) is not None:  # an imported model, written back as its own class
+            return family_usage(src, here)
         dec = src.decode
         return f"""```python
 from transformers import MarianMTModel, MarianTokenizer
@@ -412,26 +421,30 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
     kind = {"translate": "an encoder-decoder Transformer for translation",
             "lm": "a decoder-only Transformer language model",
             "prefix_lm": "a decoder-only Transformer translating as a prefix language model",
-            "classify": "an encoder-only Transformer (its encoder stack; the classifier is not exported)",
-            "mlm": "an encoder-only Transformer (its encoder stack; the masked-LM head is not exported)",
+            "classify": ("an encoder-only Transformer (its encoder stack; the classifier is not exported)"
+                         if fmt == "ctranslate2" else "a Transformer encoder classifier"),
+            "mlm": ("an encoder-only Transformer (its encoder stack; the masked-LM head is not exported)"
+                    if fmt == "ctranslate2" else "a Transformer encoder"),
             }.get(src.task, src.task)
-    tokenizer = ("a Hugging Face tokenizer.json" if "tokenizer_json" in export_info
-                 else f"SentencePiece {src.train.tokenizer}")
     runtime = export_info.get("runtime", "")
+    imported = (src.config.get("imported") or {}).get("architecture") if isinstance(src.config.get("imported"),
+                                                                                   dict) else None
+    tokens = (f"{src.tokenizer('tgt').vocab_size} ids, the imported tokenizer.json" if "tokenizer_json" in export_info
+              else f"{src.tokenizer('tgt').vocab_size} pieces, SentencePiece {src.train.tokenizer}")
     lines = [
         "---", to_yaml(meta), "---", "",
         f"# {src.path.parent.name or src.path.name}: {kind}",
         "",
-        f"Trained with qkv {src.qkv_version} (the Transformer of \"Attention Is All You Need\"), exported from "
-        f"`{checkpoint_name(src.path)}` for `{runtime}`: {'pre' if cfg.norm_first else 'post'}-norm, d_model {cfg.d_model}, "
-        f"{cfg.n_heads} heads, d_ff {cfg.d_ff}, "
-        + (f"{cfg.n_encoder_layers} encoder and {cfg.n_decoder_layers} decoder layers"
-           if src.task == "translate" else f"{cfg.n_encoder_layers} layers" if src.task in ("classify", "mlm")
-           else f"{cfg.n_decoder_layers} layers")
+        (f"Imported from a {imported} folder by qkv {src.qkv_version}" if imported else
+         f"Trained with qkv {src.qkv_version} (the Transformer of \"Attention Is All You Need\")")
+        + f", exported from `{checkpoint_name(src.path)}` for `{runtime}`: {'pre' if cfg.norm_first else 'post'}-norm, "
+        f"d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+        + (f"{cfg.n_encoder_layers} encoder and {cfg.n_decoder_layers} decoder layers" if src.task == "translate"
+           else f"{cfg.n_encoder_layers} layers" if src.task in ("mlm", "classify") else f"{cfg.n_decoder_layers} layers")
         + f", {cfg.positional} positions, "
         + ("one vocabulary" if src.task in ("classify", "mlm") else "one shared vocabulary" if src.tokenizers.joint
            else "separate source and target vocabularies")
-        + f" ({src.tokenizer('tgt').vocab_size} pieces, {tokenizer}).",
+        + f" ({tokens}).",
         "",
         "## Use",
         "",

@@ -55,7 +55,16 @@ LOGIT_TOLERANCE = 1e-4
 
 
 def check(src: Source) -> None:
-    """Refuse, by name, what a MarianMTModel cannot compute."""
+    """Refuse, by name, what a MarianMTModel (or an imported model's own class) cannot compute."""
+    from qkv.export import hf_families
+
+    found = hf_families.family_of(src)
+    if found is not None:
+        return hf_families.check(src, *found)
+    imported = hf_families.imported_architecture(src)
+    if imported is not None and imported != "MarianMTModel":
+        raise QkvError(f"{src.path} was imported from a {imported} folder: --format hf writes an import back as "
+                       f"its own class ({', '.join(hf_families.written())}) and translation models as MarianMTModel")
     cfg = src.model
     if src.key != ("translate", "transformer"):
         other = " (export it with --format ctranslate2)" if cfg.arch == "transformer" and cfg.task in ("lm", "prefix_lm") \
@@ -309,6 +318,12 @@ def write(src: Source, out: Path) -> dict:
 
 def _write(src: Source, out: Path, version: str) -> dict:
     from transformers import MarianMTModel
+
+    from qkv.export import hf_families
+
+    found = hf_families.family_of(src)
+    if found is not None:  # an imported model: its own family's class
+        return hf_families.write(src, out, *found, version)
 
     torch.manual_seed(0)  # the random init that the checkpoint's weights then replace
     model = MarianMTModel(marian_config(src))
