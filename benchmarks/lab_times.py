@@ -125,14 +125,15 @@ def concurrent_times(root: Path, task: str, presets: list[str], threads: int, bu
                 row["best_exact"] = max(row["best_exact"], r["valid_exact"])
                 if r["valid_exact"] >= target and row["seconds"] is None:
                     row["seconds"], row["step"] = round(r["time"] - started[n], 1), r["step"]
+    round_s = round(time.time() - started[names[0]], 1)  # the Transformer's answer: the others stop here
     lab.stop_all()
     for n in names:
         rows[n]["status"] = lab.status(n)
         r = rows[n]
         log(f"{task:<8} N={len(presets)} {r['preset']:<15} start-up {r['startup_s']} s, first point +{r['first_point_s']} s, "
             + (f"{r['seconds']} s to {100 * target:g}% (update {r['step']})" if r["seconds"] is not None
-               else f"not reached in {budget:g} s (best {100 * r['best_exact']:.1f}%)"))
-    return {"task": task, "n": len(presets), "threads": threads, "budget_s": budget, "cold": cold,
+               else f"not reached by {round_s:g} s (best {100 * r['best_exact']:.1f}%)"))
+    return {"task": task, "n": len(presets), "threads": threads, "budget_s": budget, "cold": cold, "round_s": round_s,
             "runs": list(rows.values())}
 
 
@@ -185,7 +186,8 @@ def api_latency(root: Path, seconds: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--tasks", default=",".join(t for t, spec in TASKS.items() if spec.kind == "translate"),
+                    help="the tasks timed (default: the translation tasks, whose validation has an exact match)")
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each timed run (default 2)")
     ap.add_argument("--budget", type=float, default=120, help="seconds a timed run may take (default 120)")
@@ -254,9 +256,11 @@ def concurrent_main(args) -> None:
     print(f"| task | runs at once | preset | start-up | first point after update 1 | time to {100 * args.target:g}% |")
     print("|---|---:|---|---:|---:|---:|")
     for c in result["concurrent"]:
-        for r in c["runs"]:
-            when = f"{r['seconds']:.0f} s (update {r['step']})" if r["seconds"] is not None else \
-                f"not in {c['budget_s']:g} s ({100 * r['best_exact']:.1f}%)"
+        for k, r in enumerate(c["runs"]):
+            when = (f"{r['seconds']:.0f} s (update {r['step']})" if r["seconds"] is not None else
+                    f"not in {c['budget_s']:g} s ({100 * r['best_exact']:.1f}%)" if k == 0 else
+                    f"not by {c.get('round_s') or c['budget_s']:.0f} s, when the round ended "
+                    f"({100 * r['best_exact']:.1f}%)")
             print(f"| {c['task']} | {c['n']} | {r['preset']} | {r['startup_s']} s | {r['first_point_s']} s | {when} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

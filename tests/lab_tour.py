@@ -4,7 +4,7 @@ tests/test_lab_tour_browser.py walks it end to end (runs started by the tour wai
 the look-inside steps read the test fixtures' checkpoints). Run as a script it trains the tour's runs
 for real and writes each step's screenshot (how docs/img/tour/*.png are made)::
 
-    python tests/lab_tour.py --out docs/img/tour            # a few minutes: four small runs train first
+    python tests/lab_tour.py --out docs/img/tour            # about 6 minutes: four small runs train first
 
 Each step does what the tour says to try and returns the part of the page the tour describes; the
 step's name is the screenshot's (``NN-name.png``) and the anchor of its heading in docs/lab.md.
@@ -232,7 +232,8 @@ def shoot(page, element, path: Path, max_height: int = 1000) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="train the tour's runs in a lab and screenshot each step of the tour")
     ap.add_argument("--out", default="docs/img/tour", help="where the NN-step.png files go")
-    ap.add_argument("--train-seconds", type=int, default=150, help="each run's time limit")
+    ap.add_argument("--train-seconds", type=int, default=240,
+                    help="each run's time limit (the Transformer solves reverse in about 160 s on an idle 2-core machine)")
     ap.add_argument("--chromium", default=None, help="Chromium's executable (default: the tests' search)")
     args = ap.parse_args(argv)
 
@@ -266,8 +267,15 @@ def main(argv=None) -> int:
             end = time.time() + args.train_seconds + 120
             while lab.running() and time.time() < end:
                 time.sleep(5)
-            for name in t.started:
-                print(name, json.dumps(lab.describe(name)["status"]), flush=True)
+            for name in t.started:  # what the tour's text quotes of the screenshots' runs
+                d, valid = lab.describe(name), [r for r in lab.metrics(name)["records"] if "valid_exact" in r]
+                last = valid[-1] if valid else {}
+                solved = next((r for r in valid if r["valid_exact"] >= 0.99), None)
+                print(name, json.dumps({"status": d["status"], "reason": d.get("reason", ""), "update": last.get("step"),
+                                        "last_exact": last.get("valid_exact"),
+                                        "best_exact": max((r["valid_exact"] for r in valid), default=None),
+                                        "seconds_to_99": round(solved["time"] - d["started"], 1) if solved else None}),
+                      flush=True)
             page.reload()
             page.wait_for_selector("#task option", state="attached")
             t.started.clear()
