@@ -248,8 +248,8 @@ def first_record(lab: Lab, name: str, timeout: float = 120) -> dict:
 def test_a_warm_run_is_forked_from_the_zygote_and_ends_as_a_cold_one_does(tmp_path):
     """With warm(), a run is a fork of the zygote (not a fresh interpreter: its command line is the
     zygote's, its parent the zygote), trains, stops on request with last/ committed and its reason
-    recorded; one killed outright says so; the zygote's end (kill -9) sends the next run cold, and a new
-    zygote takes the one after."""
+    recorded; one killed outright says so; the zygote's end (kill -9) leaves its running run to end as
+    asked, sends the next run cold, and a new zygote takes the one after."""
     from qkv.lab.zygote import WarmRun
 
     lab = Lab(tmp_path / "runs", LabLimits(max_runs=2))
@@ -277,8 +277,14 @@ def test_a_warm_run_is_forked_from_the_zygote_and_ends_as_a_cold_one_does(tmp_pa
         d = lab.describe("k")
         assert d["status"] == "failed" and d["reason"] == "killed by SIGKILL (signal 9)", d
 
+        lab.start("o", "copy", "transformer", model=TINY, train=LONG)  # a run the zygote will not see end
+        first_record(lab, "o")
         os.kill(zygote, signal.SIGKILL)
         lab.zygote.proc.wait(10)
+        assert lab.procs["o"].poll() is None  # a run outlives the zygote that forked it
+        lab.stop("o")
+        assert lab.procs["o"].wait(120) is not None  # its end seen without the zygote
+        assert lab.describe("o")["status"] == "stopped"
         lab.start("c", "copy", "transformer", model=TINY, train=LONG)
         assert isinstance(lab.procs["c"], subprocess.Popen)  # cold: nothing to fork from
         assert lab.zygote.alive() and lab.zygote.proc.pid != zygote  # and the next run gets a new zygote

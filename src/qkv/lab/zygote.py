@@ -135,15 +135,24 @@ class WarmRun:
     """A run forked by the zygote, with ``subprocess.Popen``'s ``pid``, ``returncode``, ``poll``, ``wait``,
     ``send_signal``, ``terminate`` and ``kill``."""
 
-    def __init__(self, zygote: Zygote, pid: int):
+    def __init__(self, zygote: Zygote, pid: int, log: Path):
         self.zygote = zygote
         self.pid = pid
+        self.log = Path(log)
         self.returncode: int | None = None
         self.args = ["qkv.lab.zygote", str(pid)]
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self.zygote.exit_code(self.pid)
+        if self.returncode is None and self.zygote.orphaned(self.pid):
+            # the zygote was killed and the run, no longer its child, has ended: nobody can tell its exit
+            # status, so its log does (qkv train's last words when it ends well: "stopped: ...")
+            try:
+                said = self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
+            except OSError:
+                said = []
+            self.returncode = 0 if any(line.startswith("stopped: ") for line in said) else 1
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -208,15 +217,22 @@ class Zygote:
         return self.proc.poll() is None
 
     def exit_code(self, pid: int) -> int | None:
+        """Run ``pid``'s exit code as the zygote reported it; None while it runs or when nobody reported it."""
         with self.changed:
-            if pid in self.exits:
-                return self.exits[pid]
-        if not self.alive() and not self._reader.is_alive():  # no one left to say: ask the kernel
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return -signal.SIGKILL if pid not in self.exits else self.exits[pid]
-        return None
+            return self.exits.get(pid)
+
+    def orphaned(self, pid: int) -> bool:
+        """The zygote is gone without reporting run ``pid``'s end, and the run has ended."""
+        if self.alive() or self._reader.is_alive() or self.exit_code(pid) is not None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # reaped by init once it ends; a zombie has ended
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
+        except (OSError, IndexError):
+            return False
 
     def spawn(self, argv: list[str], env: dict[str, str], log: Path, wait: float = READY_TIMEOUT) -> WarmRun | None:
         """Fork ``qkv ARGV`` with ``env``, its output appended to ``log``; None if the zygote cannot (not
@@ -236,7 +252,7 @@ class Zygote:
                 if time.monotonic() > end or not self.alive():
                     return None
                 self.changed.wait(0.1)
-            return WarmRun(self, self.pids[known])
+            return WarmRun(self, self.pids[known], log)
 
     def close(self) -> None:
         if self.alive():
