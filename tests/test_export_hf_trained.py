@@ -1,5 +1,5 @@
-"""``qkv export --format hf`` of a language model qkv trained itself with Llama's (or Qwen2's) switches writes
-a LlamaForCausalLM (Qwen2ForCausalLM): a tiny model trained from scratch for a few updates, exported and loaded
+"""``qkv export --format hf`` of a language model qkv trained itself with Llama's (Qwen2's, GPT-2's) switches
+writes a LlamaForCausalLM (Qwen2ForCausalLM, GPT2LMHeadModel): a tiny model trained from scratch for a few updates, exported and loaded
 back with transformers' own class and tokenizer, computes qkv's logits (within 1e-4 on a right-padded batch),
 greedy ``generate`` continues a prompt token for token as qkv's greedy sampler does, and the tokenizer reads
 texts into qkv's SentencePiece ids (``PreTrainedTokenizerFast``, as the model card loads it: ``AutoTokenizer``
@@ -52,15 +52,18 @@ def train(tmp, name, *switches, tokenizer="bpe"):
 
 @pytest.fixture(scope="module", params=[
     # Llama: tied, unscaled, grouped-query attention
-    ("LlamaForCausalLM", ["--no-qkv-bias", "--no-scale-embeddings", "--n-kv-heads", "1"], "bpe"),
+    ("LlamaForCausalLM", [*LLAMA, "--no-qkv-bias", "--no-scale-embeddings", "--n-kv-heads", "1"], "bpe"),
     # Qwen2: q/k/v biases, untied (the √d_model scale folded into the embedding), RoPE θ 1e6
-    ("Qwen2ForCausalLM", ["--qkv-bias", "--no-tie-output", "--rope-theta", "1000000"], "unigram"),
-], ids=["llama", "qwen2"])
+    ("Qwen2ForCausalLM", [*LLAMA, "--qkv-bias", "--no-tie-output", "--rope-theta", "1000000"], "unigram"),
+    # GPT-2: learned positions, pre-norm LayerNorm with biases, GELU (tanh), every bias, tied, unscaled
+    ("GPT2LMHeadModel", ["--positional", "learned", "--norm-first", "--activation", "gelu_tanh",
+                         "--no-scale-embeddings"], "char"),
+], ids=["llama", "qwen2", "gpt2"])
 def exported(request, tmp_path_factory):
     arch, switches, tokenizer = request.param
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp(arch)
-    ckpt = train(tmp, "run", *LLAMA, *switches, tokenizer=tokenizer)
+    ckpt = train(tmp, "run", *switches, tokenizer=tokenizer)
     assert main(["export", str(ckpt), "--format", "hf", "--out", str(tmp / "hf")]) == 0
     return arch, ckpt, tmp / "hf"
 
@@ -72,6 +75,8 @@ def test_trained_lm_exports_as_its_class_with_qkv_logits(exported, capsys):
     arch, ckpt, out = exported
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [arch]
+    card = (out / "README.md").read_text()
+    assert "written as tokenizer.json" in card and "PreTrainedTokenizerFast.from_pretrained" in card
     hf = getattr(transformers, arch).from_pretrained(str(out)).eval()
     assert type(hf).__name__ == arch
     tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
@@ -144,11 +149,14 @@ def test_paper_lm_is_refused_by_name(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_scaled_tied_embedding_is_refused_by_name(tmp_path, capsys):
-    ckpt = train(tmp_path, "scaled", *LLAMA, "--no-qkv-bias")  # Llama's switches but the paper's √d_model, tied
+def test_scaled_tied_embedding_and_output_bias_are_refused_by_name(tmp_path, capsys):
+    # Llama's switches but the paper's √d_model on a tied embedding, and a trained output bias
+    ckpt = train(tmp_path, "scaled", *LLAMA, "--no-qkv-bias", "--output-bias")
     capsys.readouterr()
     out = tmp_path / "hf"
     assert main(["export", str(ckpt), "--format", "hf", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "scale_embeddings = true with tie_output = true" in err and "positional" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "scale_embeddings = true with tie_output = true" in err and "output_bias = true" in err, err
+    assert "positional =" not in err and "norm =" not in err and "norm_first =" not in err, err
     assert not out.exists()

@@ -10,6 +10,11 @@ into the checkpoint's own ModelConfig (any option the class cannot say, e.g. a q
 refused by name), and the written folder, loaded by transformers, computes the checkpoint's logits
 or hidden states (``verify``).
 
+A language model ``qkv train`` made with Llama's (Qwen2's, GPT-2's) switches is written the same way, as
+the first of :data:`TRAINED` whose config says it all (:func:`as_import` holds it as an import would be:
+its √d_model folded into an untied embedding, a zero output bias), its SentencePiece model as a
+tokenizer.json of the same ids (:func:`sentencepiece_json`).
+
     LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel      logits
     {Bert, Roberta, XLMRoberta, Camembert, DistilBert, Albert}{Model,            hidden states, logits
       ForMaskedLM, ForSequenceClassification}, ElectraModel,                    or class logits
@@ -319,7 +324,7 @@ def imported_architecture(src) -> str | None:
 # --- a language model qkv trained (its own SentencePiece model, qkv's ids) ------------------------------
 
 # the classes a qkv-trained language model is written as, in this order (the first whose config says it all)
-TRAINED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+TRAINED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel")
 # ModelConfig fields a decoder-only language model never reads (an encoder's, a classifier's, a recurrent
 # model's, the initialisation): a trained one keeps them at whatever its run had
 LM_UNREAD = {"n_encoder_layers", "share_embeddings", "src_vocab_size", "mlm_head", "mlm_head_activation", "pooling",
@@ -342,8 +347,7 @@ def as_import(src):
     An import (or a model fine-tuned from one) is returned as it is. A language model qkv trained is held
     the importer's way: its embedding scale √d_model folded into the embedding table (possible only when
     the output projection is a table of its own: a tied one would be scaled too, refused by name), an
-    output bias of zeros where it has none (a trained, non-zero one is refused by name), ``n_kv_heads = 0``
-    as the heads it means."""
+    output bias of zeros where it has none (a trained, non-zero one is refused by name)."""
     from dataclasses import replace
 
     if not trained_lm(src):
@@ -363,8 +367,7 @@ def as_import(src):
     if bias is not None and bool(bias.any()):
         problems.append("output_bias = true (the classes' logits have no bias)")
     weights["output_bias"] = torch.zeros(cfg.tgt_vocab_size)
-    held = replace(cfg, scale_embeddings=False, output_bias=True, n_kv_heads=cfg.kv_heads)  # 0: n_heads, said as such
-    return replace(src, model=held, weights=weights), problems
+    return replace(src, model=replace(cfg, scale_embeddings=False, output_bias=True), weights=weights), problems
 
 
 def trained_refusal(src) -> QkvError:
@@ -459,7 +462,8 @@ def check(src, arch: str, family: Family) -> None:
     the config this export would write back into the checkpoint's own options, or the export is refused."""
     from qkv.importers.folder import Config
 
-    ignored = IGNORED | (LM_UNREAD if trained_lm(src) else set())
+    trained = trained_lm(src)
+    ignored = IGNORED | (LM_UNREAD if trained else set())
     src, problems = as_import(src)
     data = family.config(src, arch).to_dict()
     where = src.path / "config.json"
@@ -468,6 +472,8 @@ def check(src, arch: str, family: Family) -> None:
     except QkvError as e:
         raise QkvError(f"{src.path}: --format hf cannot write it as {arch} ({e})") from None
     mine, theirs = asdict(src.model), asdict(back)
+    if trained and src.model.kv_heads == back.kv_heads:  # 0 is n_heads: the same attention
+        mine["n_kv_heads"] = theirs["n_kv_heads"]
     differ = [f"{k} = {_value(mine[k])} ({arch} has {_value(theirs[k])})" for k in mine
               if k not in ignored and k in theirs and mine[k] != theirs[k]] + problems
     if differ:
