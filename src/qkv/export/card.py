@@ -430,7 +430,9 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
     imported = (src.config.get("imported") or {}).get("architecture") if isinstance(src.config.get("imported"),
                                                                                    dict) else None
     vocab = src.tokenizer("tgt").vocab_size
-    spm = hasattr(src.tokenizer("tgt"), "model_bytes")  # qkv's own SentencePiece model (a trained lm's, --format hf)
+    from qkv.data.tokenizer import Tokenizer
+
+    spm = isinstance(src.tokenizer("tgt"), Tokenizer)  # qkv's own SentencePiece model (a trained lm's, --format hf)
     tokens = (f"{vocab} ids, the imported tokenizer.json" if "tokenizer_json" in export_info and not spm
               else f"{vocab} pieces, SentencePiece {src.train.tokenizer}"
               + (", written as tokenizer.json" if "tokenizer_json" in export_info else ""))
