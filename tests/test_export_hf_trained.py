@@ -1,9 +1,10 @@
-"""``qkv export --format hf`` of a language model qkv trained itself with Llama's (Qwen2's, GPT-2's) switches
-writes a LlamaForCausalLM (Qwen2ForCausalLM, GPT2LMHeadModel): a tiny model trained from scratch for a few updates, exported and loaded
-back with transformers' own class and tokenizer, computes qkv's logits (within 1e-4 on a right-padded batch),
-greedy ``generate`` continues a prompt token for token as qkv's greedy sampler does, and the tokenizer reads
-texts into qkv's SentencePiece ids (``PreTrainedTokenizerFast``, as the model card loads it: ``AutoTokenizer``
-of a Qwen2 folder builds Qwen2's own pipeline instead). A model the classes cannot hold is refused by name, exit 2, nothing
+"""``qkv export --format hf`` of a language model qkv trained itself with Llama's (Qwen2's, GPT-2's)
+switches writes a LlamaForCausalLM (Qwen2ForCausalLM, GPT2LMHeadModel): a tiny model trained from
+scratch for a few updates, exported and loaded back with transformers' own class and tokenizer, computes
+qkv's logits (within 1e-4 on a right-padded batch), greedy ``generate`` continues a prompt token for
+token as qkv's greedy sampler does, and the tokenizer reads texts into qkv's SentencePiece ids
+(``PreTrainedTokenizerFast``, as the model card loads it: ``AutoTokenizer`` of a Qwen2 folder builds
+Qwen2's own pipeline instead). A model the classes cannot hold is refused by name, exit 2, nothing
 written."""
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def train(tmp, name, *switches, tokenizer="bpe"):
     out = tmp / name
     assert main(["train", "--task", "lm", "--train", corpus(tmp / "text.txt"), "--valid-fraction", "0.1",
                  "--preset", "tiny", "--tokenizer", tokenizer, "--vocab-size", "60", "--max-len", "32",
-                 "--max-tokens", "256", "--max-steps", "60", "--eval-every", "60", "--lr", "0.01", "--warmup-steps", "10",
-                 "--schedule", "inverse_sqrt", "--threads", "1",
+                 "--max-tokens", "256", "--max-steps", "60", "--eval-every", "60", "--lr", "0.01",
+                 "--warmup-steps", "10", "--schedule", "inverse_sqrt", "--threads", "1",
                  "--out", str(out), *switches]) == 0
     return out / "best"
 
