@@ -65,6 +65,7 @@ def test_causal_lm_exports_as_its_own_class(tmp_path, name):
     arch = name.removesuffix("-tied")
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [arch]
+    assert "the imported tokenizer.json" in (out / "README.md").read_text()  # not a SentencePiece model's
     cls = getattr(transformers, arch)
     original, exported = cls.from_pretrained(str(folder)).eval(), cls.from_pretrained(str(out)).eval()
     assert type(transformers.AutoModelForCausalLM.from_pretrained(str(out))) is cls

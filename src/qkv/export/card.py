@@ -429,8 +429,13 @@ def write_card(src: Source, fmt: str, out: Path, info: CardInfo, export_info: di
     runtime = export_info.get("runtime", "")
     imported = (src.config.get("imported") or {}).get("architecture") if isinstance(src.config.get("imported"),
                                                                                    dict) else None
-    tokens = (f"{src.tokenizer('tgt').vocab_size} ids, the imported tokenizer.json" if "tokenizer_json" in export_info
-              else f"{src.tokenizer('tgt').vocab_size} pieces, SentencePiece {src.train.tokenizer}")
+    vocab = src.tokenizer("tgt").vocab_size
+    from qkv.data.tokenizer import Tokenizer
+
+    spm = isinstance(src.tokenizer("tgt"), Tokenizer)  # qkv's own SentencePiece model (a trained lm's, --format hf)
+    tokens = (f"{vocab} ids, the imported tokenizer.json" if "tokenizer_json" in export_info and not spm
+              else f"{vocab} pieces, SentencePiece {src.train.tokenizer}"
+              + (", written as tokenizer.json" if "tokenizer_json" in export_info else ""))
     lines = [
         "---", to_yaml(meta), "---", "",
         f"# {src.path.parent.name or src.path.name}: {kind}",

@@ -61,6 +61,8 @@ def check(src: Source) -> None:
     found = hf_families.family_of(src)
     if found is not None:
         return hf_families.check(src, *found)
+    if hf_families.trained_lm(src):  # a language model qkv trained: none of the classes says all its options
+        raise hf_families.trained_refusal(src)
     imported = hf_families.imported_architecture(src)
     if imported is not None and imported != "MarianMTModel":
         raise QkvError(f"{src.path} was imported from a {imported} folder: --format hf writes an import back as "

@@ -10,6 +10,11 @@ into the checkpoint's own ModelConfig (any option the class cannot say, e.g. a q
 refused by name), and the written folder, loaded by transformers, computes the checkpoint's logits
 or hidden states (``verify``).
 
+A language model ``qkv train`` made with Llama's (Qwen2's, GPT-2's) switches is written the same way, as
+the first of :data:`TRAINED` whose config says it all (:func:`as_import` holds it as an import would be:
+its √d_model folded into an untied embedding, a zero output bias), its SentencePiece model as a
+tokenizer.json of the same ids (:func:`sentencepiece_json`).
+
     LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel      logits
     {Bert, Roberta, XLMRoberta, Camembert, DistilBert, Albert}{Model,            hidden states, logits
       ForMaskedLM, ForSequenceClassification}, ElectraModel,                    or class logits
@@ -22,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from qkv.config import BOS, CLS, EOS, PAD, SEP
+from qkv.config import BOS, CLS, EOS, PAD, SEP, UNK
 from qkv.errors import QkvError
 
 LOGIT_TOLERANCE = 1e-4  # max |delta| of the written folder's outputs against the checkpoint's (float32)
@@ -39,8 +44,17 @@ class Family:
     not_in_checkpoint: tuple = ()  # parameters the import leaves out (a pooler): not written
 
 
+def _idmap(src):
+    """qkv id -> the model's: an import's (its tokenizer.json's ids), or one to one for a language model qkv
+    trained (its SentencePiece ids are qkv's)."""
+    from qkv.data.pretrained import IdMap
+
+    ids = getattr(src.tokenizers.src, "ids", None)
+    return ids if ids is not None else IdMap(tuple(range(src.model.tgt_vocab_size)))
+
+
 def _ids(src) -> list[int | None]:
-    return list(src.tokenizers.src.ids.model_ids)
+    return list(_idmap(src).model_ids)
 
 
 def _vocab(src) -> int:
@@ -80,7 +94,7 @@ def llama_read(data: dict, where, arch: str, src):
 def llama_state(tagged, src, c):
     from qkv.importers import llama
 
-    return llama.state_dict(tagged, src.model, src.tokenizers.src.ids, c.path)
+    return llama.state_dict(tagged, src.model, _idmap(src), c.path)
 
 
 # --- GPT-2 ----------------------------------------------------------------------------------------------
@@ -110,7 +124,7 @@ def gpt2_read(data: dict, where, arch: str, src):
 def gpt2_state(tagged, src, c):
     from qkv.importers import gpt2
 
-    return gpt2.state_dict(tagged, src.model, src.tokenizers.src.ids, c.path)
+    return gpt2.state_dict(tagged, src.model, _idmap(src), c.path)
 
 
 # --- BERT, RoBERTa (XLM-R, CamemBERT), DistilBERT, ALBERT, ELECTRA ----------------------------------------
@@ -307,6 +321,102 @@ def imported_architecture(src) -> str | None:
     return arch if isinstance(arch, str) else None
 
 
+# --- a language model qkv trained (its own SentencePiece model, qkv's ids) ------------------------------
+
+# the classes a qkv-trained language model is written as, in this order (the first whose config says it all)
+TRAINED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel")
+# ModelConfig fields a decoder-only language model never reads (an encoder's, a classifier's, a recurrent
+# model's, the initialisation): a trained one keeps them at whatever its run had
+LM_UNREAD = {"n_encoder_layers", "share_embeddings", "src_vocab_size", "mlm_head", "mlm_head_activation", "pooling",
+             "pooler", "pooler_activation", "pooler_dropout", "n_classes", "rnn_nonlinearity", "bidirectional",
+             "attention", "input_feeding", "init"}
+
+
+def trained_lm(src) -> bool:
+    """A decoder-only language model ``qkv train`` made: qkv's own SentencePiece model, no import record."""
+    from qkv.data.tokenizer import Tokenizer
+
+    pair = src.tokenizers
+    return (src.key == ("lm", "transformer") and src.config.get("imported") is None
+            and isinstance(pair.src, Tokenizer) and pair.tgt is pair.src)
+
+
+def as_import(src):
+    """``src`` as an import of the family would hold it, and what of it no such class computes (``field = value``).
+
+    An import (or a model fine-tuned from one) is returned as it is. A language model qkv trained is held
+    the importer's way: its embedding scale √d_model folded into the embedding table (possible only when
+    the output projection is a table of its own: a tied one would be scaled too, refused by name), an
+    output bias of zeros where it has none (a trained, non-zero one is refused by name)."""
+    from dataclasses import replace
+
+    if not trained_lm(src):
+        return src, []
+    import math
+
+    import torch
+
+    cfg, weights, problems = src.model, dict(src.weights), []
+    if cfg.scale_embeddings:
+        if cfg.tie_output:
+            problems.append("scale_embeddings = true with tie_output = true (the classes scale no embedding, and the "
+                            "factor √d_model cannot be folded into a table the output projection shares)")
+        else:
+            weights["embed.weight"] = weights["embed.weight"] * math.sqrt(cfg.d_model)
+    bias = weights.get("output_bias")
+    if bias is not None and bool(bias.any()):
+        problems.append("output_bias = true (the classes' logits have no bias)")
+    weights["output_bias"] = torch.zeros(cfg.tgt_vocab_size)
+    return replace(src, model=replace(cfg, scale_embeddings=False, output_bias=True), weights=weights), problems
+
+
+def trained_refusal(src) -> QkvError:
+    """Why a language model qkv trained is none of :data:`TRAINED`: what the first cannot say, by name."""
+    try:
+        check(src, TRAINED[0], FAMILIES[TRAINED[0]])
+    except QkvError as e:
+        return QkvError(f"{e}; --format hf writes a language model qkv trained as {' or '.join(TRAINED)} (the "
+                        "first whose config says every option; --format ctranslate2 converts other switches)")
+    return QkvError(f"internal: {src.path} is a {TRAINED[0]}")
+
+
+def sentencepiece_json(model_bytes: bytes, where) -> str:
+    """qkv's SentencePiece model as a tokenizer.json that reads a text into the same ids: its pieces and
+    scores (BPE's merges in the order of their pieces' scores, as transformers' ``generate_merges`` orders
+    them; Unigram's scores; a char model: its characters, no merges), its normalisation (the precompiled
+    NFKC map, extra whitespace removed), the dummy prefix ``▁``, byte fallback, its control and
+    user-defined pieces as added tokens. Not the same: a text that spells a control piece (``</s>``) or a
+    user-defined one (``[MASK]``: SentencePiece puts a ``▁`` piece before it)."""
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE, Unigram
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_bytes)
+    spec, norm = proto.trainer_spec, proto.normalizer_spec
+    pieces = [(p.piece, p.score) for p in proto.pieces]
+    if spec.model_type == 1:  # unigram
+        model = Unigram(pieces, unk_id=spec.unk_id, byte_fallback=spec.byte_fallback)
+    elif spec.model_type in (2, 4):  # bpe, char
+        vocab = {p: i for i, (p, _) in enumerate(pieces)}
+        merges = generate_merges(vocab, pieces) if spec.model_type == 2 else []
+        model = BPE(vocab, merges, unk_token=spec.unk_piece, fuse_unk=True, byte_fallback=spec.byte_fallback)
+    else:
+        raise QkvError(f"{where}: a SentencePiece model of type {spec.model_type} (qkv trains bpe, unigram, char)")
+    tok = Tokenizer(model)
+    steps = [normalizers.Precompiled(norm.precompiled_charsmap)] if norm.precompiled_charsmap else []
+    if norm.remove_extra_whitespaces:
+        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip()]
+    tok.normalizer = normalizers.Sequence(steps)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always" if norm.add_dummy_prefix
+                                                 else "never")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     *([decoders.Strip(" ", 1, 0)] if norm.add_dummy_prefix else [])])
+    tok.add_tokens([AddedToken(p.piece, normalized=False, special=p.type == 3) for p in proto.pieces if p.type in (3, 4)])
+    return tok.to_str(pretty=True)
+
+
 def family_of(src) -> tuple[str, Family] | None:
     """(architecture, Family) of an imported checkpoint this module writes; None for every other. A
     checkpoint that records no import but reads a tokenizer.json (one that ``train --init-from`` an
@@ -330,10 +440,11 @@ CANDIDATES = {
 
 def _class_of_options(src) -> str | None:
     pair = src.tokenizers
-    if getattr(getattr(pair, "src", None), "tokenizer_json", None) is None or pair.tgt is not pair.src:
-        return None  # qkv's own SentencePiece models: --format hf writes a MarianMTModel
+    trained = trained_lm(src)
+    if not trained and (getattr(getattr(pair, "src", None), "tokenizer_json", None) is None or pair.tgt is not pair.src):
+        return None  # qkv's own SentencePiece models but a language model's: --format hf writes a MarianMTModel
     task = src.model.task + ("-head" if src.model.task == "mlm" and src.model.mlm_head else "")
-    for arch in CANDIDATES.get(task, ()):
+    for arch in TRAINED if trained else CANDIDATES.get(task, ()):
         try:
             check(src, arch, FAMILIES[arch])
         except QkvError:
@@ -351,6 +462,9 @@ def check(src, arch: str, family: Family) -> None:
     the config this export would write back into the checkpoint's own options, or the export is refused."""
     from qkv.importers.folder import Config
 
+    trained = trained_lm(src)
+    ignored = IGNORED | (LM_UNREAD if trained else set())
+    src, problems = as_import(src)
     data = family.config(src, arch).to_dict()
     where = src.path / "config.json"
     try:
@@ -358,8 +472,10 @@ def check(src, arch: str, family: Family) -> None:
     except QkvError as e:
         raise QkvError(f"{src.path}: --format hf cannot write it as {arch} ({e})") from None
     mine, theirs = asdict(src.model), asdict(back)
+    if trained and src.model.kv_heads == back.kv_heads:  # 0 is n_heads: the same attention
+        mine["n_kv_heads"] = theirs["n_kv_heads"]
     differ = [f"{k} = {_value(mine[k])} ({arch} has {_value(theirs[k])})" for k in mine
-              if k not in IGNORED and k in theirs and mine[k] != theirs[k]]
+              if k not in ignored and k in theirs and mine[k] != theirs[k]] + problems
     if differ:
         raise QkvError(f"{src.path} has {', '.join(differ)}: --format hf writes it as {arch}, which cannot say it")
 
@@ -374,6 +490,17 @@ def tokenizer_files(src, out) -> dict[str, str]:
     from qkv.data.pretrained import SLOT_NAMES
 
     tok = src.tokenizers.src
+    if trained_lm(src):  # qkv's SentencePiece model, converted; its ids are qkv's
+        (out / "tokenizer.json").write_text(sentencepiece_json(tok.model_bytes, src.path / "spm.model"),
+                                            encoding="utf-8")
+        specials = {f"{name}_token": tok.id_to_piece(slot) for slot, name in ((PAD, "pad"), (UNK, "unk"), (BOS, "bos"),
+                                                                               (EOS, "eos"))}
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials, "add_bos_token": False,
+                  "add_eos_token": False, "model_max_length": src.model.max_positions,
+                  "clean_up_tokenization_spaces": False}
+        text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+        (out / "tokenizer_config.json").write_text(text, encoding="utf-8")
+        return specials
     (out / "tokenizer.json").write_bytes(tok.tokenizer_json)
     roles = dict(SLOT_NAMES)
     if imported_architecture(src) == "T5ForConditionalGeneration":
@@ -398,6 +525,7 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
     from qkv.export.source import checkpoint_name
     from qkv.importers.folder import Config
 
+    original, (src, _) = src, as_import(src)  # check() refused what the class cannot hold
     config = family.config(src, arch)
     cls = getattr(transformers, arch)
     with torch.device("meta"):
@@ -420,6 +548,10 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
     if unexpected or set(missing) - set(unfilled) - set(_tied(model)) - set(_buffers(model)):
         raise QkvError(f"internal: {arch} names differ (missing {sorted(missing)[:5]}, unexpected {unexpected[:5]})")
     model.eval()
+    if trained_lm(original):  # qkv's search never emits its special pieces (EOS ends a text) and pads with PAD
+        from qkv.decoding.greedy import banned_ids
+
+        model.generation_config.update(suppress_tokens=list(banned_ids(original.tokenizers.tgt)), pad_token_id=PAD)
     if family.kind == "seq2seq":  # qkv's saved search as generate()'s (the import read it from these fields)
         dec = src.decode
         start = 2 if arch == "BartForConditionalGeneration" else 1  # max_length counts the start (and BART's <s>)
@@ -427,8 +559,8 @@ def write(src, out, arch: str, family: Family, version: str) -> dict:
                                        early_stopping=dec.early_stopping, max_length=dec.max_len_b + start)
     # what the import left out (a BertModel's pooler) is not written: transformers initialises it and says so
     model.save_pretrained(str(out), state_dict=state)
-    specials = tokenizer_files(src, out)
-    check = verify(src, out, arch, family)
+    specials = tokenizer_files(original, out)
+    check = verify(original, out, arch, family)  # against the checkpoint as it is (its scale not folded)
     return {"format": "hf", "transformers_version": version, "qkv_version": src.qkv_version,
             "checkpoint": checkpoint_name(src.path), "task": src.task, "runtime": f"transformers.{arch}",
             "special_tokens": specials, "tokenizer_json": {"src": "tokenizer.json"}, "not_in_checkpoint": unfilled,
@@ -543,7 +675,8 @@ def verify(src, out, arch: str, family: Family) -> dict:
     tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
     t = src.tokenizers.src
     texts = ["Hello, world! 123", "The quick brown fox.", t.decode([probe(src)[0]])[0]]
-    want = [t.to_model_ids(t.encode_text(x)) for x in texts]
+    # a trained model's prompt: its SentencePiece ids, no BOS (qkv's LanguageModel.prompt_ids of one line)
+    want = t.encode(texts) if trained_lm(src) else [t.to_model_ids(t.encode_text(x)) for x in texts]
     got_ids = tok(texts)["input_ids"]
     if got_ids != want:
         raise QkvError(f"the exported tokenizer disagrees with {src.path}'s on {texts!r}: {got_ids} != {want}")
@@ -555,11 +688,12 @@ def usage(src, here: str) -> str:
     """The model card's code for the written class."""
     arch, family = family_of(src)
     if family.kind == "lm":
+        made = "from qkv's SentencePiece model" if trained_lm(src) else "as imported"
         return f"""```python
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 {here}
-tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)  # tokenizer.json as imported
+tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)  # tokenizer.json {made}
 model = AutoModelForCausalLM.from_pretrained(model_dir)  # {arch}
 batch = tokenizer(["the text to continue"], return_tensors="pt")
 out = model.generate(**batch, do_sample=False, max_new_tokens=40)
@@ -607,5 +741,5 @@ def pipeline_tag(src) -> str:
     return "text-generation"
 
 
-__all__ = ["FAMILIES", "Family", "check", "family_of", "imported_architecture", "pipeline_tag", "usage", "verify",
-           "write", "written"]
+__all__ = ["FAMILIES", "Family", "as_import", "check", "family_of", "imported_architecture", "pipeline_tag",
+           "sentencepiece_json", "trained_lm", "trained_refusal", "usage", "verify", "write", "written"]
