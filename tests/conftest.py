@@ -26,6 +26,24 @@ def browser():
         b.close()
 
 
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept(request):
+    """Each test leaves this process's SIGINT and SIGTERM handlers as it found them: one left ignored would
+    pass on to every later subprocess (a child started with SIGINT ignored never sees Ctrl-C, so a later
+    Ctrl-C test would wait for nothing). A test that changed one gets it put back, with a warning naming it."""
+    import signal
+    import warnings
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    changed = [sig for sig, handler in before.items() if signal.getsignal(sig) is not handler]
+    for sig in changed:
+        signal.signal(sig, before[sig])
+    if changed:
+        warnings.warn(f"{request.node.nodeid} left the handler of {', '.join(signal.Signals(s).name for s in changed)} "
+                      f"changed (put back)", stacklevel=1)
+
+
 # Long tests (minutes each, beyond the suite's budget on a 2-core machine) are marked ``@pytest.mark.long`` and
 # skipped unless QKV_LONG_TESTS=1; docs/training.md#tests names them.
 LONG_SKIP = "long test (minutes): QKV_LONG_TESTS=1 python -m pytest -q -m long"
