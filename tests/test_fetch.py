@@ -322,15 +322,28 @@ def test_a_dripping_server_cannot_hold_a_fetch(hostile, tmp_path, capsys, kind, 
 def test_ctrl_c_is_status_130_and_leaves_nothing(hostile, tmp_path, sig):
     """Ctrl-C (or SIGTERM) in the middle of a download: status 130, one line, no part file."""
     out = tmp_path / "tm"
+
+    def as_a_shell_starts_it():  # SIGINT and SIGTERM at their defaults and unblocked, whatever this process has
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     proc = subprocess.Popen([sys.executable, str(ROOT / "recipes" / "timemachine" / "fetch.py"), "--out", str(out),
-                             "--mirror", hostile + "drip/"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--mirror", hostile + "drip/"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_a_shell_starts_it)
     try:
         deadline = time.monotonic() + 30
         while not (out / "timemachine.txt.part").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else ""
             time.sleep(0.05)
         proc.send_signal(getattr(signal, sig))
-        _, err = proc.communicate(timeout=20)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:  # say what the process was doing and which signals it took
+            status = Path(f"/proc/{proc.pid}/status")
+            said = [line for line in status.read_text().splitlines() if line.startswith(("State", "Sig", "Shd"))] \
+                if status.exists() else []
+            pytest.fail(f"fetch.py did not end within 20 s of {sig}: {said}")
     finally:
         if proc.poll() is None:
             proc.kill()
