@@ -32,13 +32,13 @@ from pathlib import Path
 import torch
 
 from qkv.config import BOS, EOS, PAD, ModelConfig, TrainConfig, to_dict
+from qkv.importers.folder import ADDED_ROW_LOGIT  # the logit of a row qkv adds, one value for every family
 from qkv.importers.marian import ACTIVATIONS, decode_config, layers_state, taker
 
 ARCHITECTURE = "BartForConditionalGeneration"
 ARCHITECTURES = (ARCHITECTURE, "MBartForConditionalGeneration")
 MODEL_TYPES = ("bart", "mbart")
 DEFAULT_ARCHITECTURE = ARCHITECTURE
-ADDED_ROW_LOGIT = -1e4
 
 
 def refuse(where: Path, what: str):

@@ -45,8 +45,8 @@ from typing import Callable
 import torch
 
 from qkv.config import CLS, ModelConfig, TrainConfig
+from qkv.importers.folder import ADDED_ROW_LOGIT  # the logit of a row qkv adds, one value for every family
 
-ADDED_ROW_LOGIT = -1e4  # exp(-1e4) is 0 in float32; finite, so that a label-smoothed loss stays finite
 ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForPreTraining")
 MODEL_TYPES = ("bert",)
 DEFAULT_ARCHITECTURE = "BertModel"
