@@ -22,6 +22,23 @@ def served(*models):
     return TestClient(create_app(load_models([str(m) for m in models], limits), limits), base_url="http://127.0.0.1")
 
 
+def padded_logits(lm, hf, ids: list[list[int]]):
+    """qkv's language model ``lm`` and transformers' ``hf`` on the right-padded batch of ``ids`` (qkv's ids, as
+    qkv's batches are): ``(got, want, real, have)``, both logits in qkv's vocabulary order, ``real`` the
+    positions that are not padding, ``have`` the rows that are the model's own tokens (not rows qkv adds)."""
+    from qkv.config import PAD
+
+    width = max(map(len, ids))
+    tokens = torch.tensor([x + [PAD] * (width - len(x)) for x in ids])
+    real = tokens != PAD
+    model_ids = torch.tensor([m if m is not None else 0 for m in lm.tokenizer.ids.model_ids])
+    have = torch.tensor([m is not None for m in lm.tokenizer.ids.model_ids])
+    with torch.inference_mode():
+        want = hf(input_ids=model_ids[tokens], attention_mask=real.long()).logits[..., model_ids]
+        got = lm.model(tokens)
+    return got, want, real, have
+
+
 def eager(model):
     """``model`` computing attention with transformers' eager implementation (the one that returns weights)."""
     model.set_attn_implementation("eager")

@@ -101,21 +101,13 @@ def test_token_ids_equal_gpt2_tokenizer(gpt2_dir, imported):
 
 
 def test_logits_equal_transformers_on_a_padded_batch(gpt2_dir, imported):
+    from import_folders import padded_logits
+
     import qkv
-    from qkv.config import PAD
 
     hf, _ = reference(gpt2_dir)
     lm = qkv.load(imported)
-    t = lm.tokenizer
-    ids = t.encode(TEXT[:4])
-    width = max(map(len, ids))
-    tokens = torch.tensor([x + [PAD] * (width - len(x)) for x in ids])  # right-padded, as qkv's batches
-    real = tokens != PAD
-    model_ids = torch.tensor([m if m is not None else 0 for m in t.ids.model_ids])
-    have = torch.tensor([m is not None for m in t.ids.model_ids])
-    with torch.inference_mode():
-        want = hf(input_ids=model_ids[tokens], attention_mask=real.long()).logits[..., model_ids]
-        got = lm.model(tokens)
+    got, want, real, have = padded_logits(lm, hf, lm.tokenizer.encode(TEXT[:4]))
     assert float((got - want)[real][:, have].abs().max()) <= 1e-4
     assert want[real].std() > 1.0  # logits that discriminate
 

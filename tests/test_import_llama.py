@@ -122,20 +122,11 @@ def test_token_ids_equal_the_tokenizer(folder):
 
 
 def test_logits_equal_transformers_on_a_padded_batch(folder):
-    from qkv.config import PAD
+    from import_folders import padded_logits
 
     hf, tok = reference(folder)
     lm = load(folder)
-    t = lm.tokenizer
-    ids = [t.encode_text(s) for s in TEXT + SAMPLE[:3]]
-    width = max(map(len, ids))
-    tokens = torch.tensor([x + [PAD] * (width - len(x)) for x in ids])  # right-padded
-    real = tokens != PAD
-    model_ids = torch.tensor([m if m is not None else 0 for m in t.ids.model_ids])
-    have = torch.tensor([m is not None for m in t.ids.model_ids])
-    with torch.inference_mode():
-        want = hf(input_ids=model_ids[tokens], attention_mask=real.long()).logits[..., model_ids]
-        got = lm.model(tokens)
+    got, want, real, have = padded_logits(lm, hf, [lm.tokenizer.encode_text(s) for s in TEXT + SAMPLE[:3]])
     diff = float((got - want)[real][:, have].abs().max())
     print(f"{folder.name}: max |qkv - transformers| {diff:.2e}, logits std {float(want[real].std()):.2f}")
     assert diff <= 1e-4, diff
